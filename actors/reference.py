@@ -1,0 +1,157 @@
+"""The reference executor: the executor protocol in plain Python, no engine.
+
+Primitives:
+- ``ReferenceExecutor(vocab_size=64, capabilities=None)``: a fake model whose next-token logits
+  are a deterministic function of the resident (token, relative position) pairs, so eviction,
+  re-basing and import/export change or preserve them the way a real engine would.
+
+It is the yardstick of the conformance suite: the same plan must leave the same resident ranges
+on every executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
+from kvres.policy.capabilities import Capabilities
+from kvres.policy.errors import (
+    BlockMismatchError,
+    CapabilityError,
+    SessionExistsError,
+    UnknownSessionError,
+)
+from kvres.policy.positions import PositionMap
+from kvres.policy.ranges import Range
+
+REFERENCE_CAPABILITIES = Capabilities(
+    remove_tail=True,
+    remove_middle=True,
+    position_shift=True,
+    recompute_range=True,
+    attention_scores=True,
+    kv_export=True,
+)
+_GEOMETRY = KVGeometry(n_layers=1, n_kv_heads=1, head_dim=1)
+
+
+@dataclass
+class _Session:
+    tokens: list[int] = field(default_factory=list)
+    positions: PositionMap = field(default_factory=PositionMap)
+
+
+class ReferenceExecutor:
+    engine = "reference"
+
+    def __init__(self, vocab_size: int = 64, capabilities: Capabilities | None = None) -> None:
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self._caps = capabilities or REFERENCE_CAPABILITIES
+        self._sessions: dict[str, _Session] = {}
+        self.fingerprint = make_fingerprint(
+            f"reference-v{vocab_size}", self.engine, "i32", "i32", _GEOMETRY
+        )
+
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSessionError(session_id) from None
+
+    def open_session(self, session_id: str) -> None:
+        if session_id in self._sessions:
+            raise SessionExistsError(session_id)
+        self._sessions[session_id] = _Session()
+
+    def close_session(self, session_id: str) -> None:
+        self._get(session_id)
+        del self._sessions[session_id]
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def token_log(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).tokens)
+
+    def resident_ranges(self, session_id: str) -> list[Range]:
+        return self._get(session_id).positions.resident_ranges()
+
+    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
+        return self._get(session_id).positions.all_positions()
+
+    def _weights(self, s: _Session) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Resident tokens and the attention weight the last query gives each of them."""
+        pos = s.positions.all_positions()
+        mask = pos >= 0
+        tokens = np.asarray(s.tokens, dtype=np.int64)[mask]
+        dist = pos[mask].max() - pos[mask] if mask.any() else pos[mask]
+        salient = 1.0 + 4.0 * (tokens % 7 == 0)
+        return tokens, salient / (1.0 + dist)
+
+    def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        s = self._get(session_id)
+        toks = [int(t) for t in tokens]
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+        if not toks:
+            raise ValueError("append needs at least one token")
+        s.positions.append(len(toks))
+        s.tokens.extend(toks)
+        ids, weights = self._weights(s)
+        logits = np.zeros(self.vocab_size, dtype=np.float64)
+        np.add.at(logits, ids, weights)
+        return logits.astype(np.float32)
+
+    def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
+        s = self._get(session_id)
+        if rebase and not self._caps.position_shift:
+            raise CapabilityError("this executor cannot re-base positions (position_shift is false)")
+        s.positions.evict(rng, rebase)
+
+    def admit_range(self, session_id: str, rng: Range) -> None:
+        self._get(session_id).positions.admit(rng)
+
+    def export_range(self, session_id: str, rng: Range) -> KVBlock:
+        s = self._get(session_id)
+        positions = s.positions.positions(rng)
+        token_ids = tuple(s.tokens[rng.start : rng.end])
+        return KVBlock(
+            fingerprint=self.fingerprint, model_id=f"reference-v{self.vocab_size}",
+            engine=self.engine, type_k="i32", type_v="i32", geometry=_GEOMETRY,
+            session_id=session_id, token_range=rng, token_ids=token_ids,
+            payload=np.asarray(token_ids, dtype=np.int32).tobytes(),
+            positions=tuple(int(p) for p in positions),
+        )
+
+    def import_range(self, session_id: str, block: KVBlock) -> None:
+        s = self._get(session_id)
+        block.check_fingerprint(self.fingerprint)
+        rng = block.token_range
+        s.positions.check_evicted(rng)
+        if list(block.token_ids) != s.tokens[rng.start : rng.end]:
+            raise BlockMismatchError(
+                f"block for {rng} carries other token ids than session {session_id!r} has there"
+            )
+        offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
+        s.positions.admit(rng, offsets)
+
+    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
+        s = self._get(session_id)
+        for rng in ranges:
+            s.positions.check_resident(rng)
+        pos = s.positions.all_positions()
+        mask = pos >= 0
+        _, weights = self._weights(s)
+        full = np.zeros(len(s.tokens))
+        full[mask] = weights
+        return [float(full[r.start : r.end].sum()) for r in ranges]

@@ -1,0 +1,1 @@
+"""kvres.cluster: what drivers touch (connect, SessionManager, Session, config, metrics, CLI)."""

@@ -1,0 +1,314 @@
+"""Block codec: a fixed prefix, a msgpack header and the raw payload; never pickle.
+
+Primitives:
+- ``encode_block(block) -> bytes``: the whole encoded block (one concatenation copy).
+- ``encode_head(block) -> bytes``: prefix + header only, for writers that send the payload
+  separately (``os.writev([head, payload])``) and so never copy it.
+- ``decode_block(data, expected_fingerprint=None) -> KVBlock``: validates everything; the payload of
+  the result is a zero-copy ``memoryview`` slice of ``data``.
+- ``decode_head(data) -> (BlockHeader, payload_offset)`` and ``block_from_parts(header, payload)``:
+  the same validation in two steps, for readers that read the header before the payload.
+- ``head_length(prefix) -> int``: validates the 20-byte fixed prefix and returns prefix + header size.
+- ``encoded_size(block) -> int``.
+
+Layout (little endian)::
+
+    offset 0   8 bytes  magic  b"KVRESBLK"
+           8   u16      format version (FORMAT_VERSION)
+          10   u16      reserved, 0
+          12   u32      header length H
+          16   u32      crc32 of the header bytes
+          20   H bytes  msgpack map: v, fp, model_id, engine, type_k, type_v, geom [L, heads, dim],
+                        sid, range [start, end], tokens, pos, meta, plen, pcrc
+        20+H   plen     payload; crc32 in pcrc
+
+The header checksum is verified before msgpack parses anything; the payload checksum before the
+block is returned. Every failure is a ``BlockCorruptError`` subclass (``BlockVersionError``,
+``BlockLengthError``, ``BlockChecksumError``) or, when the caller names a fingerprint the block
+does not have, ``BlockFingerprintError``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from kvres.policy.ranges import Range
+
+from .block import KVBlock, KVGeometry
+from .errors import (
+    BlockChecksumError,
+    BlockCorruptError,
+    BlockEncodeError,
+    BlockLengthError,
+    BlockVersionError,
+    ColdStoreError,
+)
+from .keys import validate_fingerprint, validate_session_id
+
+MAGIC = b"KVRESBLK"
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<8sHHII")
+PREFIX_SIZE = PREFIX.size  # 20
+MAX_HEADER_BYTES = 64 << 20
+MAX_STR_LEN = 1024
+
+_HEADER_KEYS = frozenset(
+    {"v", "fp", "model_id", "engine", "type_k", "type_v", "geom", "sid", "range", "tokens", "pos",
+     "meta", "plen", "pcrc"}
+)
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    """A decoded, validated header; the payload is not read yet."""
+
+    fingerprint: str
+    model_id: str
+    engine: str
+    type_k: str
+    type_v: str
+    geometry: KVGeometry
+    session_id: str
+    token_range: Range
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    meta: dict[str, Any]
+    payload_len: int
+    payload_crc: int
+
+
+def payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
+    """A flat byte view of ``payload`` (no copy)."""
+    view = memoryview(payload)
+    if view.format != "B" or view.ndim != 1:
+        try:
+            view = view.cast("B")
+        except TypeError as exc:
+            raise BlockEncodeError(f"payload must be a C-contiguous buffer, got {view!r}") from exc
+    return view
+
+
+def encode_head(block: KVBlock) -> bytes:
+    """Prefix + msgpack header of ``block``; the payload goes right after it."""
+    validate_session_id(block.session_id)
+    validate_fingerprint(block.fingerprint)
+    for name in ("model_id", "engine", "type_k", "type_v"):
+        value = getattr(block, name)
+        if not isinstance(value, str) or len(value) > MAX_STR_LEN:
+            raise BlockEncodeError(
+                f"KVBlock.{name} must be a str of at most {MAX_STR_LEN} characters, got {value!r:.80}"
+            )
+    payload = payload_view(block.payload)
+    geom = block.geometry
+    header = {
+        "v": FORMAT_VERSION,
+        "fp": block.fingerprint,
+        "model_id": block.model_id,
+        "engine": block.engine,
+        "type_k": block.type_k,
+        "type_v": block.type_v,
+        "geom": [geom.n_layers, geom.n_kv_heads, geom.head_dim],
+        "sid": block.session_id,
+        "range": [block.token_range.start, block.token_range.end],
+        "tokens": list(block.token_ids),
+        "pos": list(block.positions),
+        "meta": block.meta,
+        "plen": payload.nbytes,
+        "pcrc": zlib.crc32(payload),
+    }
+    try:
+        packed = msgpack.packb(header, use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BlockEncodeError(
+            f"block {block.session_id!r} {block.token_range}: header cannot be encoded with msgpack "
+            f"({exc}); meta must hold only str/int/float/bool/None/bytes/list/dict"
+        ) from exc
+    if len(packed) > MAX_HEADER_BYTES:
+        raise BlockEncodeError(
+            f"block {block.session_id!r} {block.token_range}: header is {len(packed)} bytes, "
+            f"the limit is {MAX_HEADER_BYTES}"
+        )
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(packed), zlib.crc32(packed)) + packed
+
+
+def encoded_size(block: KVBlock) -> int:
+    """Bytes ``encode_block(block)`` produces."""
+    return len(encode_head(block)) + block.payload_nbytes
+
+
+def encode_block(block: KVBlock) -> bytes:
+    """The encoded block: prefix, msgpack header, raw payload."""
+    return b"".join((encode_head(block), payload_view(block.payload)))
+
+
+def _read_prefix(view: memoryview) -> tuple[int, int]:
+    """Validate the fixed prefix; return (header length, header crc)."""
+    if view.nbytes < PREFIX_SIZE:
+        raise BlockLengthError(
+            f"block truncated: {view.nbytes} bytes, the fixed prefix alone needs {PREFIX_SIZE}"
+        )
+    magic, version, reserved, header_len, header_crc = PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise BlockCorruptError(f"not a kvres block: magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise BlockVersionError(
+            f"block format version {version} is not supported; this build reads version {FORMAT_VERSION}"
+        )
+    if reserved != 0:
+        raise BlockCorruptError(f"reserved prefix field is {reserved}, expected 0")
+    if header_len > MAX_HEADER_BYTES:
+        raise BlockCorruptError(f"header length {header_len} exceeds the limit {MAX_HEADER_BYTES}")
+    return int(header_len), int(header_crc)
+
+
+def head_length(prefix: bytes | bytearray | memoryview) -> int:
+    """Bytes of prefix + header, from the first ``PREFIX_SIZE`` bytes of an encoded block."""
+    header_len, _ = _read_prefix(payload_view(prefix))
+    return PREFIX_SIZE + header_len
+
+
+def _expect(cond: bool, what: str, value: object) -> None:
+    if not cond:
+        raise BlockCorruptError(f"bad header field {what}: {value!r:.120}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_tuple(value: object, what: str) -> tuple[int, ...]:
+    _expect(isinstance(value, list), what, value)
+    assert isinstance(value, list)
+    for item in value:
+        _expect(_is_int(item), what, item)
+    return tuple(value)
+
+
+def _parse_header(raw: memoryview) -> BlockHeader:
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises many types on malformed input
+        raise BlockCorruptError(f"header is not valid msgpack: {exc}") from exc
+    _expect(isinstance(obj, dict), "header", type(obj).__name__)
+    assert isinstance(obj, dict)
+    if set(obj) != _HEADER_KEYS:
+        raise BlockCorruptError(
+            f"header keys {sorted(map(str, obj))} differ from the expected {sorted(_HEADER_KEYS)}"
+        )
+    if obj["v"] != FORMAT_VERSION:
+        raise BlockVersionError(
+            f"header format version {obj['v']!r} is not supported; this build reads {FORMAT_VERSION}"
+        )
+    for name in ("fp", "model_id", "engine", "type_k", "type_v", "sid"):
+        _expect(isinstance(obj[name], str) and len(obj[name]) <= MAX_STR_LEN, name, obj[name])
+    geom = _int_tuple(obj["geom"], "geom")
+    rng = _int_tuple(obj["range"], "range")
+    _expect(len(geom) == 3, "geom", geom)
+    _expect(len(rng) == 2, "range", rng)
+    _expect(isinstance(obj["meta"], dict), "meta", obj["meta"])
+    for name in ("plen", "pcrc"):
+        _expect(_is_int(obj[name]) and obj[name] >= 0, name, obj[name])
+    try:
+        validate_session_id(obj["sid"])
+        validate_fingerprint(obj["fp"])
+        return BlockHeader(
+            fingerprint=obj["fp"],
+            model_id=obj["model_id"],
+            engine=obj["engine"],
+            type_k=obj["type_k"],
+            type_v=obj["type_v"],
+            geometry=KVGeometry(*geom),
+            session_id=obj["sid"],
+            token_range=Range(*rng),
+            token_ids=_int_tuple(obj["tokens"], "tokens"),
+            positions=_int_tuple(obj["pos"], "pos"),
+            meta=obj["meta"],
+            payload_len=obj["plen"],
+            payload_crc=obj["pcrc"],
+        )
+    except BlockCorruptError:
+        raise
+    except (ColdStoreError, ValueError, TypeError) as exc:
+        raise BlockCorruptError(f"header fields are inconsistent: {exc}") from exc
+
+
+def decode_head(data: bytes | bytearray | memoryview) -> tuple[BlockHeader, int]:
+    """Validate prefix and header at the start of ``data``; return the header and payload offset.
+
+    ``data`` may hold only the prefix and header (the payload is not inspected).
+    """
+    view = payload_view(data)
+    header_len, header_crc = _read_prefix(view)
+    end = PREFIX_SIZE + header_len
+    if view.nbytes < end:
+        raise BlockLengthError(
+            f"block truncated: {view.nbytes} bytes, prefix + header need {end}"
+        )
+    raw = view[PREFIX_SIZE:end]
+    if zlib.crc32(raw) != header_crc:
+        raise BlockChecksumError(
+            f"header checksum mismatch: stored {header_crc:#010x}, computed {zlib.crc32(raw):#010x}"
+        )
+    return _parse_header(raw), end
+
+
+def block_from_parts(
+    header: BlockHeader, payload: bytes | bytearray | memoryview, *, verify: bool = True
+) -> KVBlock:
+    """A ``KVBlock`` from a validated header and its payload; checks length and checksum."""
+    view = payload_view(payload)
+    if view.nbytes != header.payload_len:
+        raise BlockLengthError(
+            f"payload of {header.session_id!r} {header.token_range} is {view.nbytes} bytes, "
+            f"header says {header.payload_len}"
+        )
+    if verify and zlib.crc32(view) != header.payload_crc:
+        raise BlockChecksumError(
+            f"payload checksum mismatch for {header.session_id!r} {header.token_range}: stored "
+            f"{header.payload_crc:#010x}, computed {zlib.crc32(view):#010x}"
+        )
+    try:
+        return KVBlock(
+            fingerprint=header.fingerprint,
+            model_id=header.model_id,
+            engine=header.engine,
+            type_k=header.type_k,
+            type_v=header.type_v,
+            geometry=header.geometry,
+            session_id=header.session_id,
+            token_range=header.token_range,
+            token_ids=header.token_ids,
+            payload=payload if isinstance(payload, (bytes, bytearray)) else view,
+            positions=header.positions,
+            meta=header.meta,
+        )
+    except (ValueError, TypeError) as exc:
+        raise BlockCorruptError(f"header fields are inconsistent: {exc}") from exc
+
+
+def decode_block(
+    data: bytes | bytearray | memoryview, expected_fingerprint: str | None = None
+) -> KVBlock:
+    """Decode and validate one encoded block; the payload is a zero-copy view of ``data``.
+
+    Raises a ``BlockCorruptError`` subclass for damaged bytes, and ``BlockFingerprintError`` when
+    ``expected_fingerprint`` is given and the block has another.
+    """
+    view = payload_view(data)
+    header, offset = decode_head(view)
+    expected_total = offset + header.payload_len
+    if view.nbytes != expected_total:
+        kind = "truncated" if view.nbytes < expected_total else "followed by trailing bytes"
+        raise BlockLengthError(
+            f"block {header.session_id!r} {header.token_range} is {kind}: {view.nbytes} bytes, "
+            f"header + payload need exactly {expected_total}"
+        )
+    block = block_from_parts(header, view[offset:])
+    if expected_fingerprint is not None:
+        block.check_fingerprint(expected_fingerprint)
+    return block

@@ -1,0 +1,147 @@
+"""Blocks: the planner's unit of residency.
+
+Primitives:
+- ``BlockFlag``: PINNED, SINK, RECENT, RETRIEVED (``PROTECTED`` = the ones never evicted).
+- ``CacheClass``: TASK_PINNED < REPO_MAP < VOLATILE, ordered by evictability.
+- ``Block(range, cache_class, flags, last_used, token_hash)``.
+- ``BlockTable``: the same blocks as numpy columns, for sessions with many thousands of blocks;
+  ``BlockTable.from_blocks(blocks)``, ``BlockTable.uniform(ranges, block_size)``, ``table[i]``.
+- ``split_into_blocks(ranges, block_size)``: cut resident ranges into block-aligned blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .ranges import Range
+
+
+class BlockFlag(enum.IntFlag):
+    NONE = 0
+    PINNED = 1
+    SINK = 2
+    RECENT = 4
+    RETRIEVED = 8
+
+
+PROTECTED_FLAGS = BlockFlag.PINNED | BlockFlag.SINK | BlockFlag.RECENT
+
+
+class CacheClass(enum.IntEnum):
+    """Higher value = more evictable; the planner evicts VOLATILE blocks first."""
+
+    TASK_PINNED = 0
+    REPO_MAP = 1
+    VOLATILE = 2
+
+
+@dataclass(frozen=True)
+class Block:
+    range: Range
+    cache_class: CacheClass = CacheClass.VOLATILE
+    flags: BlockFlag = BlockFlag.NONE
+    last_used: int = 0
+    token_hash: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.range.empty:
+            raise ValueError(f"Block.range must not be empty, got {self.range}")
+
+    @property
+    def tokens(self) -> int:
+        return len(self.range)
+
+    @property
+    def protected(self) -> bool:
+        return bool(self.flags & PROTECTED_FLAGS)
+
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """Blocks as columns: what the planner works on, without one Python object per block."""
+
+    starts: IntArray
+    ends: IntArray
+    cache_class: IntArray
+    flags: IntArray
+    last_used: IntArray
+
+    def __post_init__(self) -> None:
+        n = self.starts.shape[0]
+        for name in ("ends", "cache_class", "flags", "last_used"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"BlockTable.{name} has shape {getattr(self, name).shape}, expected ({n},)")
+        bad = np.nonzero((self.starts < 0) | (self.ends <= self.starts))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"BlockTable row {i} has invalid range [{self.starts[i]}, {self.ends[i]})")
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def __getitem__(self, i: int) -> Block:
+        return Block(
+            Range(int(self.starts[i]), int(self.ends[i])), CacheClass(int(self.cache_class[i])),
+            BlockFlag(int(self.flags[i])), int(self.last_used[i]),
+        )
+
+    def to_blocks(self, index: Iterable[int] | None = None) -> list[Block]:
+        return [self[int(i)] for i in (range(len(self)) if index is None else index)]
+
+    @classmethod
+    def from_blocks(cls, blocks: Sequence[Block]) -> BlockTable:
+        n = len(blocks)
+
+        def column(values: Iterable[int]) -> IntArray:
+            return np.fromiter(values, dtype=np.int64, count=n)
+
+        return cls(
+            column(b.range.start for b in blocks), column(b.range.end for b in blocks),
+            column(int(b.cache_class) for b in blocks), column(int(b.flags) for b in blocks),
+            column(b.last_used for b in blocks),
+        )
+
+    @classmethod
+    def uniform(
+        cls, span: Range, block_size: int, cache_class: CacheClass = CacheClass.VOLATILE
+    ) -> BlockTable:
+        """``span`` cut at multiples of ``block_size``; block i was last used at time i."""
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        first = span.start // block_size * block_size
+        edges = np.arange(first, span.end + block_size, block_size, dtype=np.int64)
+        edges = np.unique(np.clip(edges, span.start, span.end))
+        starts, ends = edges[:-1], edges[1:]
+        n = starts.shape[0]
+        return cls(
+            starts, ends, np.full(n, int(cache_class), dtype=np.int64), np.zeros(n, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+        )
+
+
+def split_into_blocks(
+    ranges: Iterable[Range],
+    block_size: int,
+    *,
+    cache_class: CacheClass = CacheClass.VOLATILE,
+    last_used: int = 0,
+) -> list[Block]:
+    """Cut ``ranges`` into blocks whose boundaries are multiples of ``block_size``."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be > 0, got {block_size}")
+    blocks: list[Block] = []
+    for r in sorted(ranges):
+        start = r.start
+        while start < r.end:
+            end = min(r.end, (start // block_size + 1) * block_size)
+            blocks.append(Block(Range(start, end), cache_class=cache_class, last_used=last_used))
+            start = end
+    return blocks

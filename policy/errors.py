@@ -1,0 +1,47 @@
+"""Typed errors shared by every layer.
+
+Primitives:
+- ``KvresError``: the base of every kvres error.
+- ``UnknownSessionError`` (also a KeyError), ``SessionExistsError``,
+  ``RangeError`` (also a ValueError): a range outside the session or in the wrong residency state,
+  ``CapabilityError``: the backend cannot do what was asked,
+  ``ModelLoadError``: a model file is missing or not what it claims to be,
+  ``BlockMismatchError``: a KV block made by another model / KV type / geometry.
+"""
+
+from __future__ import annotations
+
+
+class KvresError(Exception):
+    """Base of every kvres error."""
+
+
+class UnknownSessionError(KvresError, KeyError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"unknown session id {session_id!r}")
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SessionExistsError(KvresError, ValueError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session id {session_id!r} is already open")
+        self.session_id = session_id
+
+
+class RangeError(KvresError, ValueError):
+    """A token range outside a session, or not in the residency state an operation needs."""
+
+
+class CapabilityError(KvresError, NotImplementedError):
+    """The backend cannot perform the requested operation (see its Capabilities)."""
+
+
+class ModelLoadError(KvresError, ValueError):
+    """A model file is missing, unreadable, or not the format it should be."""
+
+
+class BlockMismatchError(KvresError, ValueError):
+    """A KV block belongs to another model, KV type or geometry than the executor's."""
