@@ -67,10 +67,12 @@ class ReferenceExecutor:
         except KeyError:
             raise UnknownSessionError(session_id) from None
 
-    def open_session(self, session_id: str) -> None:
+    def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
         if session_id in self._sessions:
             raise SessionExistsError(session_id)
-        self._sessions[session_id] = _Session()
+        session = _Session(tokens=[int(t) for t in tokens])
+        session.positions.extend_evicted(len(session.tokens))
+        self._sessions[session_id] = session
 
     def close_session(self, session_id: str) -> None:
         self._get(session_id)
@@ -143,7 +145,7 @@ class ReferenceExecutor:
                 f"block for {rng} carries other token ids than session {session_id!r} has there"
             )
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
-        s.positions.admit(rng, offsets)
+        s.positions.admit(rng, offsets, preferred_first=block.positions[0])
 
     def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
         s = self._get(session_id)

@@ -1,1 +1,26 @@
-"""kvres.cluster: what drivers touch (connect, SessionManager, Session, config, metrics, CLI)."""
+"""kvres.cluster: what drivers touch.
+
+Primitives: ``connect``, ``SessionManager``, ``Session``; configuration ``KvresConfig``,
+``BackendConfig``, ``ColdStoreConfig``, ``SessionPolicy``. Importing this package does not start
+Ray; ``connect`` does.
+"""
+
+from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
+
+__all__ = [
+    "BackendConfig",
+    "ColdStoreConfig",
+    "KvresConfig",
+    "Session",
+    "SessionManager",
+    "SessionPolicy",
+    "connect",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name in ("connect", "Session", "SessionManager"):
+        from . import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'kvres.cluster' has no attribute {name!r}")

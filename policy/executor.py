@@ -1,7 +1,8 @@
 """The executor protocol: the one seam every engine implements.
 
 Primitives:
-- ``Executor``: ``capabilities``, ``open_session``, ``append``, ``token_log``, ``resident_ranges``,
+- ``Executor``: ``capabilities``, ``open_session`` (optionally with a token log whose KV is not
+  resident: a restored session, filled by ``import_range`` / ``admit_range``), ``append``, ``token_log``, ``resident_ranges``,
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
   ``block_attention_scores``, ``close_session``.
 - ``apply_plan(executor, session_id, plan, spill)``: carry a ``Plan`` out on an executor
@@ -13,6 +14,8 @@ session ever received. The engine keeps its own cache position per resident toke
 importing a range ``[a, b)`` places it at cache position ``p(prev) + (a - prev)`` after the
 nearest resident token ``prev`` before it (or keeps the original distance to the next resident
 token when there is none before), shifting the resident tail up first when it is in the way.
+An imported block goes back to its original positions (``KVBlock.positions``) when they lie after
+the previous resident token, so suspend + resume restores the exact layout.
 
 Errors: an unknown session id raises ``UnknownSessionError``; a range outside the token log, or
 not fully resident (evict, export) / not fully evicted (admit, import), raises ``RangeError``;
@@ -36,7 +39,9 @@ from .ranges import Range
 class Executor(Protocol):
     def capabilities(self) -> Capabilities: ...
 
-    def open_session(self, session_id: str) -> None: ...
+    def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
+        """Open a session; ``tokens`` become its token log with no KV resident yet."""
+        ...
 
     def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """Add tokens to the session (batched prefill); return next-token logits (float32)."""

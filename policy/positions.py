@@ -108,6 +108,13 @@ class PositionMap:
         return np.where(self._resident, self._pos, -1)
 
     # -- updates --------------------------------------------------------------------------
+    def extend_evicted(self, n: int) -> None:
+        """Add ``n`` tokens to the log without KV (a restored session before its blocks return)."""
+        if n < 0:
+            raise ValueError(f"cannot extend the log by {n} tokens")
+        self._resident = np.concatenate([self._resident, np.zeros(n, dtype=bool)])
+        self._pos = np.concatenate([self._pos, np.zeros(n, dtype=np.int64)])
+
     def append(self, n: int) -> int:
         """Make room for ``n`` new resident tokens; returns the first one's cache position."""
         if n < 0:
@@ -131,8 +138,15 @@ class PositionMap:
             self.next_pos += shift
         return EvictOp(p0, p1, shift)
 
-    def plan_admit(self, rng: Range, offsets: IntArray | None = None) -> AdmitOp:
-        """Where ``rng`` would go if admitted now (no change made)."""
+    def plan_admit(
+        self, rng: Range, offsets: IntArray | None = None, preferred_first: int | None = None
+    ) -> AdmitOp:
+        """Where ``rng`` would go if admitted now (no change made).
+
+        ``preferred_first`` (an imported block's original first position) is used when it lies
+        after the previous resident token, so a suspended session comes back at exactly the
+        positions it had; otherwise the distance rule of the module docstring applies.
+        """
         self.check_evicted(rng)
         if offsets is None:
             offsets = np.arange(len(rng), dtype=np.int64)
@@ -152,12 +166,18 @@ class PositionMap:
             first = max(0, int(self._pos[nxt]) - (nxt - rng.start))
         else:
             first = max(0, self.next_pos - (self.length - rng.start))
+        if preferred_first is not None and preferred_first >= 0 and (
+            not before.size or preferred_first > int(self._pos[before[-1]])
+        ):
+            first = preferred_first
         tail_from = int(self._pos[nxt]) if nxt is not None else self.next_pos
         tail_shift = max(0, first + span - tail_from) if nxt is not None else 0
         return AdmitOp(first, tail_from, tail_shift, tuple(int(first + o) for o in offsets))
 
-    def admit(self, rng: Range, offsets: IntArray | None = None) -> AdmitOp:
-        op = self.plan_admit(rng, offsets)
+    def admit(
+        self, rng: Range, offsets: IntArray | None = None, preferred_first: int | None = None
+    ) -> AdmitOp:
+        op = self.plan_admit(rng, offsets, preferred_first)
         if op.tail_shift:
             tail = np.arange(self.length) >= rng.end
             self._pos[tail & self._resident] += op.tail_shift

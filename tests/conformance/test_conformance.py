@@ -179,3 +179,25 @@ def test_import_into_overlapping_resident_range_is_refused(make_executor: Callab
     with pytest.raises(RangeError):
         executor.import_range("s", block)
     assert _state(executor) == before
+
+
+def test_restored_session_gets_its_exact_layout_back(make_executor: Callable[[], Any]) -> None:
+    """Suspend/resume: export every resident range of a re-based session, reopen it from its
+    token log alone, import the blocks: same positions, same next-token logits."""
+    executor = make_executor()
+    _open(executor)
+    executor.evict_range("s", Range(16, 96), rebase=True)
+    expected_ranges = executor.resident_ranges("s")
+    blocks = [executor.export_range("s", r) for r in expected_ranges]
+    log = executor.token_log("s")
+    reference = make_executor()
+    _open(reference)
+    reference.evict_range("s", Range(16, 96), rebase=True)
+    expected = reference.append("s", [NEXT_TOKEN])
+    executor.close_session("s")
+    executor.open_session("s", log)
+    assert executor.resident_ranges("s") == []
+    for block in reversed(blocks):  # order must not matter
+        executor.import_range("s", block)
+    assert executor.resident_ranges("s") == expected_ranges
+    np.testing.assert_array_equal(executor.append("s", [NEXT_TOKEN]), expected)

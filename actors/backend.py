@@ -1,0 +1,428 @@
+"""One backend: an executor (one engine instance) and the sessions on it, kept under budget.
+
+Primitives:
+- ``BackendHost(config, executor, plan, store, metrics)``: a plain class (works without Ray).
+  ``open_session``, ``append``, ``generate``, ``stream``, ``suspend``, ``resume``, ``close``,
+  ``session_stats``, ``stats``. Before tokens arrive it asks ``plan`` (the planner: a callable
+  taking a ``BackendPlanInput``) for room whenever a session or the backend would go over its
+  budget, and carries the plan out: idle sessions suspended to the cold store, ranges evicted
+  (exported to the cold store first when the session spills).
+- ``StorePort``: where blocks go: ``put(block) -> ColdRef``, ``get(ref)``, ``delete(ref)``,
+  ``tiers(refs)``. ``ColdRef`` names the store that holds a block, so another backend (on another
+  node) can fetch it when a session migrates.
+- ``SuspendRecord``: everything needed to bring a session back on any backend of the same model.
+
+A session's token log is the source of truth: no failure on the way (a lost or corrupt block, a
+foreign block) loses tokens; missing KV is recomputed from the log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.cluster.config import BackendConfig, SessionPolicy
+from kvres.cluster.metrics import COUNTERS, Metrics, NullMetrics
+from kvres.coldstore import BlockKey, ColdStoreError
+from kvres.policy import (
+    BlockMismatchError,
+    KvresError,
+    Range,
+    RangeError,
+    SessionExistsError,
+    StreamPolicy,
+    UnknownSessionError,
+    subtract_range,
+)
+from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
+
+from .sampling import sample_token
+
+
+class BackendFullError(KvresError):
+    """The backend cannot make room: its budget is taken by sessions it may not evict."""
+
+
+@dataclass(frozen=True)
+class ColdRef:
+    store: str
+    key: BlockKey
+    nbytes: int
+
+
+class StorePort(Protocol):
+    name: str
+
+    def put(self, block: Any) -> ColdRef: ...
+
+    def get(self, ref: ColdRef) -> Any | None: ...
+
+    def delete(self, ref: ColdRef) -> None: ...
+
+    def tiers(self, refs: Sequence[ColdRef]) -> list[str | None]: ...
+
+
+@dataclass
+class SuspendRecord:
+    session_id: str
+    token_log: list[int]
+    resident_ranges: list[Range]
+    blocks: list[ColdRef]
+    cold: list[ColdRef]
+    policy: SessionPolicy
+    last_logits: npt.NDArray[np.float32] | None
+    counters: dict[str, int]
+    fingerprint: str
+
+
+@dataclass
+class _Session:
+    policy: SessionPolicy
+    last_used: int
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    cold: list[ColdRef] = field(default_factory=list)  # spilled by eviction
+    last_logits: npt.NDArray[np.float32] | None = None
+    suspended: SuspendRecord | None = None
+
+
+class BackendHost:
+    def __init__(
+        self,
+        config: BackendConfig,
+        executor: Any,
+        plan: Callable[[BackendPlanInput], BackendPlan],
+        store: StorePort | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.executor = executor
+        self._plan = plan
+        self._store = store
+        self._metrics = metrics or NullMetrics()
+        self._clock = itertools.count(1)
+        self._sessions: dict[str, _Session] = {}
+        self.fingerprint: str = getattr(executor, "fingerprint", "")
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _get(self, session_id: str, *, live: bool = True) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise UnknownSessionError(session_id)
+        if live and s.suspended is not None:
+            raise KvresError(f"session {session_id!r} is suspended; resume it first")
+        return s
+
+    def _touch(self, session_id: str) -> _Session:
+        s = self._get(session_id)
+        s.last_used = next(self._clock)
+        return s
+
+    def _count(self, session_id: str, name: str, value: int = 1) -> None:
+        self._sessions[session_id].counters[name] += value
+        self._metrics.count(name, self.name, session_id, value)
+
+    def _publish(self) -> None:
+        total = 0
+        for sid, s in self._sessions.items():
+            tokens = 0 if s.suspended else self._resident_tokens(sid)
+            total += tokens
+            self._metrics.set_resident(self.name, sid, tokens)
+        self._metrics.set_backend_resident(self.name, total)
+
+    def _resident_tokens(self, session_id: str) -> int:
+        return sum(len(r) for r in self.executor.resident_ranges(session_id))
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    # -- session lifecycle -----------------------------------------------------------------
+    def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
+        if session_id in self._sessions:
+            raise SessionExistsError(session_id)
+        policy = policy or SessionPolicy()
+        if policy.kind != "none" and policy.budget_tokens and policy.budget_tokens > self.config.kv_budget_tokens:
+            raise ValueError(
+                f"session budget_tokens={policy.budget_tokens} exceeds backend {self.name!r} "
+                f"kv_budget_tokens={self.config.kv_budget_tokens}"
+            )
+        self._make_room(session_id, 0, newcomer=True)
+        self.executor.open_session(session_id)
+        self._sessions[session_id] = _Session(policy, next(self._clock))
+        self._publish()
+
+    def close(self, session_id: str) -> None:
+        s = self._get(session_id, live=False)
+        if s.suspended is None:
+            self.executor.close_session(session_id)
+        if self._store is not None:
+            for ref in s.cold + (s.suspended.blocks if s.suspended else []):
+                self._store.delete(ref)
+        del self._sessions[session_id]
+        self._metrics.set_resident(self.name, session_id, 0)
+        self._publish()
+
+    # -- tokens in and out -----------------------------------------------------------------
+    def _chunk(self, policy: SessionPolicy, remaining: int) -> int:
+        if policy.kind == "none" or policy.budget_tokens is None:
+            return remaining
+        room = policy.budget_tokens - policy.sink_tokens - policy.recent_tokens
+        step = max(1, room // 2)
+        return min(remaining, step)
+
+    def append(self, session_id: str, tokens: Sequence[int]) -> int:
+        """Append tokens (prefilled in chunks that fit the budget); returns the log length."""
+        s = self._touch(session_id)
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("append needs at least one token")
+        done = 0
+        while done < len(toks):
+            n = self._chunk(s.policy, len(toks) - done)
+            self._make_room(session_id, n)
+            s.last_logits = self.executor.append(session_id, toks[done : done + n])
+            done += n
+        self._publish()
+        return len(self.executor.token_log(session_id))
+
+    def stream(
+        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> Iterator[int]:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if temperature > 0 and seed is None:
+            seed = 0
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        s = self._touch(session_id)
+        if s.last_logits is None:
+            raise KvresError(f"session {session_id!r} has no tokens yet: append a prompt first")
+        produced = 0
+        while produced < max_tokens:
+            n = self._chunk(s.policy, max_tokens - produced)
+            self._make_room(session_id, n)
+            for _ in range(n):
+                token = sample_token(s.last_logits, temperature, rng)
+                s.last_logits = self.executor.append(session_id, [token])
+                produced += 1
+                yield token
+        self._publish()
+
+    def generate(
+        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> list[int]:
+        return list(self.stream(session_id, max_tokens, temperature, seed))
+
+    # -- pressure --------------------------------------------------------------------------
+    def _view(self, session_id: str, active: str | None, incoming: int) -> SessionView:
+        s = self._sessions[session_id]
+        p = s.policy
+        return SessionView(
+            session_id=session_id,
+            resident_ranges=tuple(self.executor.resident_ranges(session_id)),
+            last_used=s.last_used,
+            active=session_id == active,
+            incoming_tokens=incoming if session_id == active else 0,
+            budget_tokens=p.budget_tokens if p.kind != "none" else None,
+            stream_policy=StreamPolicy(p.kind != "none", p.sink_tokens, p.recent_tokens),
+            evictable=p.kind != "none",
+            block_size=p.block_size,
+        )
+
+    def _with_scores(self, view: SessionView) -> SessionView:
+        s = self._sessions[view.session_id]
+        if s.policy.kind != "scored" or not self.executor.capabilities().attention_scores:
+            return view
+        table = view.blocks()
+        ranges = [table[i].range for i in range(len(table))]
+        scores = tuple(self.executor.block_attention_scores(view.session_id, ranges))
+        return SessionView(**{**view.__dict__, "scores": scores})
+
+    def _needs_plan(self, views: list[SessionView]) -> bool:
+        total = sum(v.resident_tokens + v.incoming_tokens for v in views)
+        if total > self.config.kv_budget_tokens:
+            return True
+        return any(
+            v.budget_tokens is not None and v.resident_tokens + v.incoming_tokens > v.budget_tokens
+            for v in views
+        )
+
+    def _make_room(self, active: str | None, incoming: int, newcomer: bool = False) -> None:
+        """Ask the planner for room for ``incoming`` tokens of session ``active`` (a ``newcomer``
+        is not on the engine yet: a session being opened or resumed) and carry the plan out."""
+        live = [sid for sid, s in self._sessions.items() if s.suspended is None and sid != active]
+        views = [self._view(sid, active, incoming) for sid in live]
+        if newcomer:
+            if len(live) >= self._max_live_sessions():
+                # every sequence slot is taken: the least recently used session has to go
+                idle = min(views, key=lambda v: v.last_used)
+                self.suspend(idle.session_id)
+                self._count(idle.session_id, "suspends")
+                views.remove(idle)
+            views.append(SessionView(active or "", (), last_used=1 << 62, active=True,
+                                     incoming_tokens=incoming))
+        elif active is not None:
+            views.append(self._view(active, active, incoming))
+        if not self._needs_plan(views):
+            return
+        views = [self._with_scores(v) if v.active and not newcomer else v for v in views]
+        t0 = time.perf_counter()
+        plan = self._plan(BackendPlanInput(views, self.config.kv_budget_tokens, self.executor.capabilities()))
+        self._metrics.observe_plan_ms(self.name, (time.perf_counter() - t0) * 1e3)
+        for action in plan.actions:
+            if action.kind == "suspend":
+                self.suspend(action.session_id)
+                self._count(action.session_id, "suspends")
+            else:
+                self._evict(action.session_id, action.ranges, action.rebase)
+        if plan.over_budget:
+            raise BackendFullError(
+                f"backend {self.name!r} cannot fit {incoming} more tokens for session {active!r} "
+                f"within kv_budget_tokens={self.config.kv_budget_tokens}: "
+                + "; ".join(plan.diagnostics[-2:])
+            )
+
+    def _max_live_sessions(self) -> int:
+        return int(getattr(self.executor, "max_sessions", self.config.n_seq_max))
+
+    def _evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:
+        s = self._sessions[session_id]
+        spill = s.policy.spill and self._store is not None and self.executor.capabilities().kv_export
+        for rng in sorted(ranges, reverse=True):
+            if spill:
+                assert self._store is not None
+                s.cold.append(self._store.put(self.executor.export_range(session_id, rng)))
+                self._count(session_id, "spills")
+            self.executor.evict_range(session_id, rng, rebase=rebase)
+            self._count(session_id, "evictions")
+
+    # -- suspend / resume ------------------------------------------------------------------
+    def suspend(self, session_id: str) -> SuspendRecord:
+        """Export all of the session's KV to the cold store and free it on the engine."""
+        s = self._get(session_id)
+        if self._store is None:
+            raise KvresError(f"backend {self.name!r} has no cold store: cannot suspend {session_id!r}")
+        resident = self.executor.resident_ranges(session_id)
+        refs = [self._store.put(self.executor.export_range(session_id, r)) for r in resident]
+        record = SuspendRecord(
+            session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
+            s.policy, s.last_logits, dict(s.counters), self.fingerprint,
+        )
+        self.executor.close_session(session_id)
+        s.suspended = record
+        self._publish()
+        return record
+
+    def detach(self, session_id: str) -> SuspendRecord:
+        """Suspend and forget the session here (it moves to another backend)."""
+        s = self._get(session_id, live=False)
+        record = s.suspended or self.suspend(session_id)
+        del self._sessions[session_id]
+        self._metrics.set_resident(self.name, session_id, 0)
+        self._publish()
+        return record
+
+    def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
+        """Bring a suspended session back (from this backend's record or one handed over);
+        returns the number of tokens that had to be recomputed."""
+        if record is None:
+            record = self._get(session_id, live=False).suspended
+            if record is None:
+                return 0  # already live
+        elif session_id in self._sessions:
+            raise SessionExistsError(session_id)
+        if self._store is None:
+            raise KvresError(f"backend {self.name!r} has no cold store: cannot resume {session_id!r}")
+        previous = self._sessions.pop(session_id, None)
+        try:
+            self._make_room(session_id, sum(len(r) for r in record.resident_ranges), newcomer=True)
+            self.executor.open_session(session_id, record.token_log)
+        except BaseException:
+            if previous is not None:
+                self._sessions[session_id] = previous  # still suspended, nothing lost
+            raise
+        s = _Session(record.policy, next(self._clock), dict(record.counters), list(record.cold),
+                     record.last_logits)
+        self._sessions[session_id] = s
+        try:
+            recomputed = self._restore(session_id, record)
+        except BaseException:
+            self.executor.close_session(session_id)
+            if previous is not None:
+                self._sessions[session_id] = previous
+            else:
+                del self._sessions[session_id]
+            raise
+        for ref in record.blocks:
+            self._store.delete(ref)
+        self._publish()
+        return recomputed
+
+    def _restore(self, session_id: str, record: SuspendRecord) -> int:
+        assert self._store is not None
+        for ref in record.blocks:
+            try:
+                block = self._store.get(ref)
+                if block is not None:
+                    self.executor.import_range(session_id, block)
+                    self._count(session_id, "admissions")
+            except (ColdStoreError, BlockMismatchError, RangeError):
+                continue  # recomputed from the token log below
+        recomputed = 0
+        for rng in record.resident_ranges:
+            missing = [rng]
+            for have in self.executor.resident_ranges(session_id):
+                missing = [m for part in missing for m in subtract_range([part], have)]
+            for part in missing:
+                self.executor.admit_range(session_id, part)
+                recomputed += len(part)
+        if recomputed:
+            self._count(session_id, "recomputed_tokens", recomputed)
+        return recomputed
+
+    # -- stats -----------------------------------------------------------------------------
+    def session_stats(self, session_id: str) -> dict[str, Any]:
+        s = self._get(session_id, live=False)
+        live = s.suspended is None
+        resident = self.executor.resident_ranges(session_id) if live else []
+        refs = list(s.cold) + (list(s.suspended.blocks) if s.suspended else [])
+        tiers = self._store.tiers(refs) if (self._store is not None and refs) else []
+        cold: dict[str, dict[str, int]] = {}
+        for ref, tier in zip(refs, tiers, strict=True):
+            if tier is None:
+                continue
+            entry = cold.setdefault(tier, {"blocks": 0, "bytes": 0})
+            entry["blocks"] += 1
+            entry["bytes"] += ref.nbytes
+        return {
+            "session_id": session_id,
+            "backend": self.name,
+            "state": "live" if live else "suspended",
+            "policy": s.policy.model_dump(),
+            "token_count": len(self.executor.token_log(session_id)) if live else len(s.suspended.token_log),
+            "resident_ranges": [(r.start, r.end) for r in resident],
+            "resident_tokens": sum(len(r) for r in resident),
+            "cold": cold,
+            "counters": dict(s.counters),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        live = {sid: self._resident_tokens(sid) for sid, s in self._sessions.items() if s.suspended is None}
+        return {
+            "backend": self.name,
+            "engine": self.config.engine,
+            "model": str(self.config.model_path),
+            "fingerprint": self.fingerprint,
+            "kv_budget_tokens": self.config.kv_budget_tokens,
+            "resident_tokens": sum(live.values()),
+            "free_tokens": self.config.kv_budget_tokens - sum(live.values()),
+            "sessions": {
+                sid: {"state": "suspended" if s.suspended else "live", "resident_tokens": live.get(sid, 0)}
+                for sid, s in self._sessions.items()
+            },
+        }

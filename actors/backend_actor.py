@@ -1,0 +1,94 @@
+"""The backend as a Ray actor: a thin shell around ``BackendHost``.
+
+Primitives:
+- ``BackendServer(config, namespace)``: builds the executor, finds the planner and this node's
+  cold store by name, and forwards: ``open_session``, ``append``, ``append_text``, ``generate``,
+  ``stream`` (a Ray streaming generator: one object per token), ``suspend``, ``resume``,
+  ``detach``, ``close``, ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
+- ``BackendActor``: ``ray.remote(BackendServer)``; ``backend_actor_name(name)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import ray
+
+from kvres.cluster.config import BackendConfig, SessionPolicy
+from kvres.cluster.default_model import default_model_path
+from kvres.cluster.metrics import RayMetrics
+
+from .backend import BackendHost, SuspendRecord
+from .engines import make_executor
+from .planner_actor import PLANNER_NAME
+from .store_ports import RayStorePort, cold_store_name
+
+
+def backend_actor_name(name: str) -> str:
+    return f"kvres-backend-{name}"
+
+
+class BackendServer:
+    def __init__(self, config: BackendConfig, namespace: str) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        planner = ray.get_actor(PLANNER_NAME, namespace=namespace)
+        model = config.model_path or default_model_path()
+        self.host = BackendHost(
+            config,
+            make_executor(config, model),
+            lambda inp: ray.get(planner.plan.remote(config.name, inp)),
+            RayStorePort(cold_store_name(self.node_id), namespace),
+            RayMetrics(),
+        )
+
+    def ping(self) -> str:
+        return self.node_id
+
+    def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
+        self.host.open_session(session_id, policy)
+
+    def append(self, session_id: str, tokens: Sequence[int]) -> int:
+        return self.host.append(session_id, tokens)
+
+    def append_text(self, session_id: str, text: str) -> list[int]:
+        add_bos = not self.host.executor.token_log(session_id)
+        tokens = self.tokenize(text, add_bos)
+        self.host.append(session_id, tokens)
+        return tokens
+
+    def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
+                 seed: int | None = None) -> list[int]:
+        return self.host.generate(session_id, max_tokens, temperature, seed)
+
+    @ray.method(num_returns="streaming")  # type: ignore[misc]
+    def stream(self, session_id: str, max_tokens: int, temperature: float = 0.0,
+               seed: int | None = None) -> Iterator[int]:
+        yield from self.host.stream(session_id, max_tokens, temperature, seed)
+
+    def suspend(self, session_id: str) -> None:
+        self.host.suspend(session_id)
+
+    def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
+        return self.host.resume(session_id, record)
+
+    def detach(self, session_id: str) -> SuspendRecord:
+        return self.host.detach(session_id)
+
+    def close(self, session_id: str) -> None:
+        self.host.close(session_id)
+
+    def session_stats(self, session_id: str) -> dict[str, Any]:
+        return self.host.session_stats(session_id)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.host.stats(), "node_id": self.node_id}
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return list(self.host.executor.tokenize(text, add_bos))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return str(self.host.executor.detokenize(tokens))
+
+
+BackendActor = ray.remote(BackendServer)

@@ -1,0 +1,1 @@
+"""T* tier choice on this machine: ``.venv/bin/python -m benchmarks.tier_choice`` (see ``bench``)."""

@@ -1,0 +1,141 @@
+"""Validated configuration (pydantic): backends, cold store, session policies.
+
+Primitives:
+- ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV), block size,
+  resident budget, spill (keep evicted blocks in the cold store) or drop.
+- ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types, threads, GPUs.
+- ``ColdStoreConfig``: RAM and disk byte budgets, disk folder.
+- ``KvresConfig``: the whole thing; ``KvresConfig.from_env(env)`` applies ``KVRES_*`` overrides.
+
+Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+KVType = Literal["f32", "f16", "q8_0", "q4_0"]
+MiB = 1024 * 1024
+
+
+class SessionPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["none", "streaming", "scored"] = "none"
+    scorer: Literal["snapkv", "h2o"] = "snapkv"
+    block_size: int = Field(16, ge=1, le=4096)
+    budget_tokens: int | None = Field(None, ge=1)
+    sink_tokens: int = Field(4, ge=0)
+    recent_tokens: int = Field(64, ge=0)
+    observation_window: int = Field(16, ge=1, le=4096)
+    spill: bool = True
+
+    @model_validator(mode="after")
+    def _budget_fits_protected(self) -> SessionPolicy:
+        if self.kind == "none":
+            return self
+        if self.budget_tokens is None:
+            raise ValueError(f"budget_tokens is required for a {self.kind!r} policy")
+        floor = self.sink_tokens + self.recent_tokens + self.block_size
+        if self.budget_tokens < floor:
+            raise ValueError(
+                f"budget_tokens={self.budget_tokens} is smaller than sink_tokens "
+                f"({self.sink_tokens}) + recent_tokens ({self.recent_tokens}) + one block "
+                f"({self.block_size}) = {floor}"
+            )
+        return self
+
+    @classmethod
+    def streaming(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
+                  block_size: int = 16, spill: bool = True) -> SessionPolicy:
+        return cls(kind="streaming", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
+                   recent_tokens=recent_tokens, block_size=block_size, spill=spill)
+
+    @classmethod
+    def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o"] = "snapkv",
+               sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
+               spill: bool = True) -> SessionPolicy:
+        return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
+                   sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
+                   spill=spill)
+
+
+class BackendConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("backend-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    engine: Literal["llama", "openvino"] = "llama"
+    model_path: Path | None = None  # None: the project's default model
+    n_ctx: int = Field(4096, ge=64, le=1 << 20)
+    n_seq_max: int = Field(8, ge=1, le=64)
+    kv_budget_tokens: int = Field(2048, ge=16)
+    type_k: KVType = "f16"
+    type_v: KVType = "f16"
+    n_threads: int | None = Field(None, ge=1, le=256)
+    num_gpus: float = Field(0.0, ge=0.0)
+    node_id: str | None = None  # pin the backend to this Ray node
+    openvino_mode: Literal["state", "recompute"] = "state"
+
+    @model_validator(mode="after")
+    def _check(self) -> BackendConfig:
+        if self.n_ctx % 2:
+            raise ValueError(f"n_ctx must be even, got {self.n_ctx}")
+        if self.kv_budget_tokens > self.n_ctx:
+            raise ValueError(
+                f"kv_budget_tokens={self.kv_budget_tokens} exceeds n_ctx={self.n_ctx}"
+            )
+        if self.model_path is not None and not Path(self.model_path).is_file():
+            raise ValueError(f"model_path {str(self.model_path)!r} does not exist")
+        return self
+
+
+class ColdStoreConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ram_budget_bytes: int = Field(256 * MiB, ge=0)
+    disk_budget_bytes: int = Field(1024 * MiB, ge=0)
+    disk_dir: Path | None = None  # None: a per-node folder under the system temp dir
+
+
+class KvresConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends: list[BackendConfig] = Field(default_factory=lambda: [BackendConfig()], min_length=1)
+    cold_store: ColdStoreConfig = Field(default_factory=ColdStoreConfig)
+    default_policy: SessionPolicy = Field(default_factory=SessionPolicy)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> KvresConfig:
+        names = [b.name for b in self.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"backend names must be unique, got {names}")
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KvresConfig:
+        """``KVRES_CONFIG`` (a JSON file path or inline JSON) first, then per-field overrides
+        applied to every backend: KVRES_MODEL, KVRES_ENGINE, KVRES_N_CTX, KVRES_KV_BUDGET_TOKENS,
+        KVRES_N_THREADS, KVRES_TYPE_K, KVRES_TYPE_V."""
+        env = os.environ if env is None else env
+        raw: dict[str, object] = {}
+        source = env.get("KVRES_CONFIG")
+        if source:
+            text = Path(source).read_text() if not source.lstrip().startswith("{") else source
+            raw = json.loads(text)
+        overrides = {
+            "KVRES_MODEL": "model_path", "KVRES_ENGINE": "engine", "KVRES_N_CTX": "n_ctx",
+            "KVRES_KV_BUDGET_TOKENS": "kv_budget_tokens", "KVRES_N_THREADS": "n_threads",
+            "KVRES_TYPE_K": "type_k", "KVRES_TYPE_V": "type_v",
+        }
+        patch = {field: env[var] for var, field in overrides.items() if env.get(var)}
+        backends = raw.get("backends") or [{}]
+        if not isinstance(backends, list):
+            raise ValueError(f"KVRES_CONFIG backends must be a list, got {backends!r}")
+        raw["backends"] = [{**b, **patch} for b in backends]
+        return cls.model_validate(raw)

@@ -1,0 +1,30 @@
+"""A Ray job: attach to the running cluster (``ray job submit -- python examples/ray_job.py``),
+find or create the kvres actors in namespace ``kvres``, run one session, leave the actors running.
+
+Submit: ``ray job submit --address http://127.0.0.1:8265 -- python examples/ray_job.py``
+(``KVRES_MODEL`` chooses the model; default: the project's own model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from kvres.cluster import SessionPolicy, connect
+
+
+def main() -> None:
+    manager = connect(address=os.environ.get("RAY_ADDRESS", "auto"))
+    session = manager.open_session(policy=SessionPolicy.streaming(96, recent_tokens=32))
+    session.append(list(range(3, 200)))
+    session.generate(64)
+    stats = session.stats()
+    print("KVRES_JOB_RESULT " + json.dumps({"session": session.session_id,
+                                            "resident_tokens": stats["resident_tokens"],
+                                            "token_count": stats["token_count"],
+                                            "backends": manager.backends()}))
+    session.close()
+
+
+if __name__ == "__main__":
+    main()

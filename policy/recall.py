@@ -1,0 +1,125 @@
+"""Recall or recompute: bring a cold block back from its tier, or re-prefill its tokens.
+
+Primitives:
+- ``TierCost(name, bandwidth_gbps, latency_s)``: what reading from one cold tier costs
+  (``bytes / bandwidth + latency``); ``TierCost.seconds(n_bytes)``.
+- ``PrefillCost(tokens_per_s, fixed_s=0)``: what recomputing costs (``fixed + tokens / rate``).
+- ``recall_or_recompute(block_bytes, n_tokens, tier, prefill) -> RecallDecision``: one block, with
+  every term; ties go to recall (the exact stored KV beats a recomputation).
+- ``recall_mask(block_bytes, n_tokens, tier, prefill) -> np.ndarray[bool]``: the same rule for many
+  blocks at once (True = recall), for planner-sized inputs.
+
+Costs come from measured probes (see ``kvres.actors.probes``), the same as T*. Pure: numpy/stdlib.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import KvresError
+
+GB = 1e9
+
+Action = Literal["recall", "recompute"]
+
+
+class RecallCostError(KvresError, ValueError):
+    """A cost term that cannot be used (negative, zero where a rate is needed, not finite)."""
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise RecallCostError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise RecallCostError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TierCost:
+    """Reading ``n`` bytes from a tier takes ``latency_s + n / (bandwidth_gbps * 1e9)`` seconds."""
+
+    name: str
+    bandwidth_gbps: float
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive(f"TierCost({self.name!r}).bandwidth_gbps", self.bandwidth_gbps)
+        _non_negative(f"TierCost({self.name!r}).latency_s", self.latency_s)
+
+    def seconds(self, n_bytes: float) -> float:
+        _non_negative("n_bytes", n_bytes)
+        return self.latency_s + n_bytes / (self.bandwidth_gbps * GB)
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """Recomputing ``n`` tokens takes ``fixed_s + n / tokens_per_s`` seconds (measured prefill rate)."""
+
+    tokens_per_s: float
+    fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("PrefillCost.tokens_per_s", self.tokens_per_s)
+        _non_negative("PrefillCost.fixed_s", self.fixed_s)
+
+    def seconds(self, n_tokens: int) -> float:
+        if n_tokens < 0:
+            raise RecallCostError(f"n_tokens must be >= 0, got {n_tokens}")
+        return self.fixed_s + n_tokens / self.tokens_per_s
+
+
+@dataclass(frozen=True)
+class RecallDecision:
+    action: Action
+    block_bytes: int
+    n_tokens: int
+    tier: TierCost
+    prefill: PrefillCost
+    recall_s: float  # block_bytes / tier bandwidth + tier latency
+    recompute_s: float  # n_tokens / prefill rate + prefill fixed cost
+
+    @property
+    def saving_s(self) -> float:
+        """Time the chosen action saves over the other one (>= 0)."""
+        return abs(self.recompute_s - self.recall_s)
+
+
+def recall_or_recompute(block_bytes: int, n_tokens: int, tier: TierCost, prefill: PrefillCost) -> RecallDecision:
+    """Recall when reading the block back is no slower than re-prefilling its tokens."""
+    if block_bytes < 0:
+        raise RecallCostError(f"block_bytes must be >= 0, got {block_bytes}")
+    recall_s = tier.seconds(block_bytes)
+    recompute_s = prefill.seconds(n_tokens)
+    return RecallDecision(
+        action="recall" if recall_s <= recompute_s else "recompute",
+        block_bytes=block_bytes,
+        n_tokens=n_tokens,
+        tier=tier,
+        prefill=prefill,
+        recall_s=recall_s,
+        recompute_s=recompute_s,
+    )
+
+
+def recall_mask(
+    block_bytes: npt.ArrayLike, n_tokens: npt.ArrayLike, tier: TierCost, prefill: PrefillCost
+) -> npt.NDArray[np.bool_]:
+    """Vectorised ``recall_or_recompute``: True where a block should be recalled."""
+    b = np.asarray(block_bytes, dtype=np.float64)
+    n = np.asarray(n_tokens, dtype=np.float64)
+    if b.size and (b.min() < 0 or not np.isfinite(b).all()):
+        raise RecallCostError("block_bytes must be finite and >= 0")
+    if n.size and (n.min() < 0 or not np.isfinite(n).all()):
+        raise RecallCostError("n_tokens must be finite and >= 0")
+    recall_s = tier.latency_s + b / (tier.bandwidth_gbps * GB)
+    recompute_s = prefill.fixed_s + n / prefill.tokens_per_s
+    out: npt.NDArray[np.bool_] = recall_s <= recompute_s
+    return out

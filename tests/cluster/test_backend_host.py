@@ -1,0 +1,109 @@
+"""BackendHost without Ray: budgets, suspend/resume, spill to a real cold store, lost blocks.
+
+The engine here is the reference executor (the project's pure-Python executor that the
+conformance table holds every engine to); the Ray tests run the same host on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvres.actors.backend import BackendFullError, BackendHost
+from kvres.actors.coldstore_actor import ColdStoreServer
+from kvres.actors.reference import ReferenceExecutor
+from kvres.actors.store_ports import LocalStorePort
+from kvres.cluster.config import BackendConfig, SessionPolicy
+from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy.backend_planner import plan_backend
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return [3 + (i * 5 + seed) % 50 for i in range(n)]
+
+
+@pytest.fixture()
+def stores(tmp_path):
+    return {"node-a": ColdStoreServer(1 << 20, tmp_path / "a", 1 << 24),
+            "node-b": ColdStoreServer(1 << 20, tmp_path / "b", 1 << 24)}
+
+
+def host(stores, name="node-a", budget=512, n_seq_max=4) -> BackendHost:
+    config = BackendConfig(name=f"b-{name}", kv_budget_tokens=budget, n_ctx=1024, n_seq_max=n_seq_max)
+    return BackendHost(config, ReferenceExecutor(), plan_backend, LocalStorePort(name, stores))
+
+
+def test_streaming_session_stays_under_budget(stores) -> None:
+    h = host(stores)
+    h.open_session("s", SessionPolicy.streaming(128, sink_tokens=4, recent_tokens=32))
+    for _ in range(8):
+        h.append("s", tokens(64))
+        assert h.session_stats("s")["resident_tokens"] <= 128
+    generated = h.generate("s", 200)
+    assert len(generated) == 200
+    stats = h.session_stats("s")
+    assert stats["resident_tokens"] <= 128 and stats["token_count"] == 8 * 64 + 200
+    assert stats["counters"]["evictions"] > 0 and stats["counters"]["spills"] == stats["counters"]["evictions"]
+    assert stats["resident_ranges"][0] == (0, 16)  # sinks stay
+    assert sum(v["blocks"] for v in stats["cold"].values()) == stats["counters"]["spills"]
+
+
+def test_suspend_resume_gives_the_same_continuation(stores) -> None:
+    a, b = host(stores), host(stores)
+    for h in (a, b):
+        h.open_session("s", SessionPolicy.streaming(128, recent_tokens=32))
+        h.append("s", tokens(300))
+    expected = a.generate("s", 40)
+    b.suspend("s")
+    assert b.session_stats("s")["state"] == "suspended"
+    with pytest.raises(KvresError, match="suspended"):
+        b.generate("s", 1)
+    assert b.resume("s") == 0
+    assert b.generate("s", 40) == expected
+
+
+def test_migrate_between_hosts_and_lost_block_is_recomputed(stores) -> None:
+    a, b, ref = host(stores, "node-a"), host(stores, "node-b"), host(stores)
+    for h in (a, ref):
+        h.open_session("s", SessionPolicy())
+        h.append("s", tokens(100))
+    expected = ref.generate("s", 20)
+    record = a.detach("s")
+    stores["node-a"].delete(record.blocks[0].key)  # the block is lost on the way
+    recomputed = b.resume("s", record)
+    assert recomputed == 100
+    assert b.generate("s", 20) == expected
+    with pytest.raises(UnknownSessionError):
+        a.session_stats("s")
+
+
+def test_idle_session_is_suspended_first_and_comes_back(stores) -> None:
+    h = host(stores, budget=256)
+    h.open_session("idle", SessionPolicy())
+    h.append("idle", tokens(150))
+    h.open_session("busy", SessionPolicy.streaming(200, recent_tokens=32))
+    h.append("busy", tokens(190))
+    assert h.session_stats("idle")["state"] == "suspended"
+    assert h.session_stats("busy")["resident_tokens"] <= 200
+    h.resume("idle")  # makes room by suspending the other, least recently used
+    assert h.session_stats("idle")["resident_tokens"] == 150
+    assert h.session_stats("busy")["state"] == "suspended"
+
+
+def test_backend_full_is_typed_and_loses_nothing(stores) -> None:
+    h = host(stores, budget=64)
+    h.open_session("s", SessionPolicy())
+    h.append("s", tokens(60))
+    with pytest.raises(BackendFullError, match="kv_budget_tokens=64"):
+        h.append("s", tokens(10))
+    assert h.session_stats("s")["token_count"] == 60
+
+
+def test_bad_input(stores) -> None:
+    h = host(stores)
+    with pytest.raises(UnknownSessionError, match="nope"):
+        h.append("nope", [1])
+    with pytest.raises(ValueError, match="exceeds backend"):
+        h.open_session("s", SessionPolicy.streaming(1024))
+    h.open_session("s", SessionPolicy())
+    with pytest.raises(ValueError, match="max_tokens"):
+        h.generate("s", -1)

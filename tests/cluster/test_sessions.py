@@ -1,0 +1,138 @@
+"""The driver API on a real local Ray cluster with the real llama engine (stories260K)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pydantic
+import pytest
+
+from kvres.cluster import BackendConfig, SessionPolicy
+from kvres.policy import KvresError, UnknownSessionError
+
+PROMPT = list(range(3, 203))  # 200 token ids, valid in stories260K's 512-token vocabulary
+
+
+def test_streaming_session_grown_to_8x_budget_stays_under_budget(manager) -> None:
+    session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    session.append(PROMPT[:100])
+    assert session.stats()["resident_tokens"] <= 128
+    while session.stats()["token_count"] < 8 * 128:
+        session.generate(96)
+        stats = session.stats()
+        assert stats["resident_tokens"] <= 128, stats
+    assert stats["counters"]["evictions"] > 0 and stats["counters"]["spills"] > 0
+    assert stats["resident_ranges"][0] == (0, 16)
+    assert sum(t["blocks"] for t in stats["cold"].values()) == stats["counters"]["spills"]
+    session.close()
+
+
+def test_stream_yields_what_generate_returns(manager) -> None:
+    a = manager.open_session(backend="b0")
+    b = manager.open_session(backend="b0")
+    a.append(PROMPT)
+    b.append(PROMPT)
+    assert list(a.stream(24)) == b.generate(24)
+    a.close()
+    b.close()
+
+
+def _pair(manager, policy: SessionPolicy, backend: str = "b0"):
+    ref = manager.open_session(policy=policy, backend=backend)
+    sub = manager.open_session(policy=policy, backend=backend)
+    for s in (ref, sub):
+        s.append(PROMPT)
+        s.generate(40)
+    return ref, sub
+
+
+@pytest.mark.parametrize("policy", [SessionPolicy(), SessionPolicy.streaming(160, recent_tokens=32)],
+                         ids=["none", "streaming"])
+def test_suspend_resume_and_migrate_continue_identically(manager, policy) -> None:
+    ref, sub = _pair(manager, policy)
+    expected = ref.generate(16) + ref.generate(32)  # same calls: eviction happens per call
+    sub.suspend()
+    assert sub.stats()["state"] == "suspended" and sub.stats()["resident_tokens"] == 0
+    assert sub.resume() == 0
+    assert sub.generate(16) == expected[:16]
+    sub.migrate("b1")
+    assert sub.backend == "b1" and manager.session(sub.session_id).backend == "b1"
+    assert sub.generate(32) == expected[16:]
+    ref.close()
+    sub.close()
+
+
+def test_idle_session_is_suspended_first_and_comes_back_intact(manager) -> None:
+    reference = manager.open_session(backend="b0")
+    reference.append(PROMPT[:180])
+    expected = reference.generate(20)
+    idle = manager.open_session(backend="small")
+    idle.append(PROMPT[:180])
+    busy = manager.open_session(backend="small", policy=SessionPolicy.streaming(200, recent_tokens=32))
+    busy.append(PROMPT[:150])
+    assert idle.stats()["state"] == "suspended"
+    assert busy.stats()["state"] == "live"
+    idle.resume()
+    assert idle.stats()["resident_tokens"] == 180
+    assert idle.generate(20) == expected
+    for s in (reference, idle, busy):
+        s.close()
+
+
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def _metric(body: str, name: str, session: str) -> float | None:
+    for line in body.splitlines():
+        if line.startswith(f"ray_{name}{{") and f'session="{session}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_metrics_endpoint_matches_session_stats(manager, metrics_port) -> None:
+    session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    session.append(PROMPT)
+    session.generate(64)
+    stats = session.stats()
+    want = {
+        "kvres_resident_tokens": stats["resident_tokens"],
+        "kvres_evictions_total": stats["counters"]["evictions"],
+        "kvres_spills_total": stats["counters"]["spills"],
+    }
+    deadline = time.time() + 30
+    while True:
+        body = _scrape(metrics_port)
+        got = {name: _metric(body, name, session.session_id) for name in want}
+        if got == want or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert got == want
+    assert re.search(r"^ray_kvres_plan_latency_ms_bucket", body, re.M)
+    session.close()
+
+
+def test_bad_input_is_typed_and_loses_nothing(manager, tmp_path) -> None:
+    with pytest.raises(UnknownSessionError, match="no-such-session"):
+        manager.session("no-such-session")
+    with pytest.raises(pydantic.ValidationError, match="model_path"):
+        BackendConfig(model_path=tmp_path / "missing.gguf")
+    with pytest.raises(pydantic.ValidationError, match="n_ctx"):
+        BackendConfig(n_ctx=10)
+    with pytest.raises(pydantic.ValidationError, match=r"budget_tokens=40 is smaller than sink_tokens"):
+        SessionPolicy.streaming(40, recent_tokens=32)
+    with pytest.raises(KvresError, match="unknown backend 'nope'"):
+        manager.open_session(backend="nope")
+    session = manager.open_session(backend="b0")
+    session.append(PROMPT[:50])
+    with pytest.raises(ValueError, match="token id"):
+        session.append([99999])
+    with pytest.raises(KvresError, match="unknown backend"):
+        session.migrate("nope")
+    assert session.stats()["token_count"] == 50
+    assert len(session.generate(5)) == 5
+    session.close()
+    with pytest.raises(UnknownSessionError):
+        session.stats()

@@ -1,0 +1,75 @@
+"""The examples and the command line, run as a user would: a driver script on an embedded local
+cluster, and a Ray job submitted with ``ray job submit`` to a cluster started with ``ray start``
+(then ``kvres status`` against it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import free_port
+from tests.conftest import REPO_ROOT, shared_model_path
+
+BIN = Path(sys.executable).parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    # a throwaway cluster bound to 127.0.0.1: no token authentication between its own processes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({"RAY_AUTH_MODE": "disabled", **extra})
+    return env
+
+
+def test_driver_example() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "driver.py"), "--model", str(shared_model_path())],
+        capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO_ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["generated"] == 400 and result["resident_tokens"] <= 128
+    assert result["counters"]["evictions"] > 0
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    port, dash = free_port(), free_port()
+    env = _env()
+    subprocess.run(
+        [str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+         f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--disable-usage-stats"],
+        check=True, capture_output=True, timeout=180, env=env,
+    )
+    try:
+        yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120, env=env)
+
+
+def test_ray_job_submit_and_status(ray_head) -> None:
+    gcs, dashboard = ray_head
+    runtime_env = json.dumps({"env_vars": {"KVRES_MODEL": str(shared_model_path()), "KVRES_N_CTX": "1024",
+                                           "KVRES_KV_BUDGET_TOKENS": "512", "KVRES_N_THREADS": "1"}})
+    out = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", dashboard, "--runtime-env-json", runtime_env,
+         "--", sys.executable, str(REPO_ROOT / "examples" / "ray_job.py")],
+        capture_output=True, text=True, timeout=400, env=_env(), cwd=REPO_ROOT,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("KVRES_JOB_RESULT "))
+    result = json.loads(line.removeprefix("KVRES_JOB_RESULT "))
+    assert result["resident_tokens"] <= 96 and result["token_count"] == 197 + 64
+    status = subprocess.run(
+        [str(BIN / "kvres"), "status", "--address", gcs, "--namespace", "kvres"],
+        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO_ROOT,
+    )
+    assert status.returncode == 0, status.stderr[-3000:]
+    report = json.loads(status.stdout)
+    assert [b["backend"] for b in report["backends"]] == ["backend-0"]
+    assert report["backends"][0]["kv_budget_tokens"] == 512
+    assert len(report["cold_stores"]) == 1
