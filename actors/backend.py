@@ -68,6 +68,52 @@ class StorePort(Protocol):
     def tiers(self, refs: Sequence[ColdRef]) -> list[str | None]: ...
 
 
+class RecallChooser(Protocol):
+    """Whether to import a cold block (True) or recompute its tokens from the log (False)."""
+
+    def __call__(self, block_bytes: int, n_tokens: int, tier: str) -> bool: ...
+
+
+def recall_chooser(tiers: dict[str, Any], prefill: Any) -> RecallChooser:
+    """A chooser from measured costs: ``tiers`` maps "ram"/"disk" to a ``TierCost``, ``prefill``
+    is a ``PrefillCost`` (see ``kvres.policy.recall``)."""
+    from kvres.policy.recall import recall_or_recompute
+
+    def choose(block_bytes: int, n_tokens: int, tier: str) -> bool:
+        cost = tiers.get(tier)
+        if cost is None:
+            return True
+        return recall_or_recompute(block_bytes, n_tokens, cost, prefill).action == "recall"
+
+    return choose
+
+
+class ProbedRecallChooser:
+    """Recall-or-recompute from this device's measured costs (``kvres.actors.probes``): the RAM
+    tier costs what a measured block import costs, recompute what a measured prefill costs.
+    Probes run on first use and are cached per device; the disk tier has no measured read cost
+    yet, so disk blocks are always recalled."""
+
+    def __init__(self, model_path: str) -> None:
+        self._model_path = model_path
+        self._choose: RecallChooser | None = None
+
+    def __call__(self, block_bytes: int, n_tokens: int, tier: str) -> bool:
+        if self._choose is None:
+            from kvres.actors.probes import load_probes
+            from kvres.policy.recall import PrefillCost, TierCost
+
+            p = load_probes(self._model_path)
+            if p.import_gbps is None or p.prefill_tokens_per_s is None:
+                self._choose = lambda *_: True
+            else:
+                self._choose = recall_chooser(
+                    {"ram": TierCost("ram", p.import_gbps, p.import_latency_s or 0.0)},
+                    PrefillCost(p.prefill_tokens_per_s, p.prefill_fixed_s or 0.0),
+                )
+        return self._choose(block_bytes, n_tokens, tier)
+
+
 @dataclass
 class SuspendRecord:
     session_id: str
@@ -99,6 +145,7 @@ class BackendHost:
         plan: Callable[[BackendPlanInput], BackendPlan],
         store: StorePort | None = None,
         metrics: Metrics | None = None,
+        recall: RecallChooser | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -106,6 +153,7 @@ class BackendHost:
         self._plan = plan
         self._store = store
         self._metrics = metrics or NullMetrics()
+        self._recall = recall
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint: str = getattr(executor, "fingerprint", "")
@@ -365,7 +413,12 @@ class BackendHost:
 
     def _restore(self, session_id: str, record: SuspendRecord) -> int:
         assert self._store is not None
-        for ref in record.blocks:
+        tiers = self._store.tiers(record.blocks) if (self._recall and record.blocks) else []
+        for i, ref in enumerate(record.blocks):
+            if tiers and tiers[i] is not None and not self._recall(  # type: ignore[misc]
+                ref.nbytes, len(ref.key.token_range), str(tiers[i])
+            ):
+                continue  # cheaper to recompute from the token log than to read it back
             try:
                 block = self._store.get(ref)
                 if block is not None:

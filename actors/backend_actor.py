@@ -19,8 +19,8 @@ from kvres.cluster.config import BackendConfig, SessionPolicy
 from kvres.cluster.default_model import default_model_path
 from kvres.cluster.metrics import RayMetrics
 
-from .backend import BackendHost, SuspendRecord
-from .engines import make_executor
+from .backend import BackendHost, ProbedRecallChooser, SuspendRecord
+from .engines import make_executor, resolve_kv_tier
 from .planner_actor import PLANNER_NAME
 from .store_ports import RayStorePort, cold_store_name
 
@@ -34,12 +34,14 @@ class BackendServer:
         self.node_id = ray.get_runtime_context().get_node_id()
         planner = ray.get_actor(PLANNER_NAME, namespace=namespace)
         model = config.model_path or default_model_path()
+        config, self.tier_decision = resolve_kv_tier(config, model)
         self.host = BackendHost(
             config,
             make_executor(config, model),
             lambda inp: ray.get(planner.plan.remote(config.name, inp)),
             RayStorePort(cold_store_name(self.node_id), namespace),
             RayMetrics(),
+            recall=ProbedRecallChooser(str(model)) if config.engine == "llama" else None,
         )
 
     def ping(self) -> str:
@@ -82,7 +84,9 @@ class BackendServer:
         return self.host.session_stats(session_id)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.host.stats(), "node_id": self.node_id}
+        tier = self.tier_decision.as_dict() if self.tier_decision is not None else None
+        return {**self.host.stats(), "node_id": self.node_id, "kv_types": (self.host.config.type_k,
+                self.host.config.type_v), "tier_decision": tier}
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return list(self.host.executor.tokenize(text, add_bos))

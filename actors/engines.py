@@ -1,15 +1,42 @@
 """Build the executor a backend config asks for.
 
 Primitives:
+- ``resolve_kv_tier(config, model_path, env) -> (config, decision)``: with KVRES_KV_AUTO_TIER=1,
+  the T* choice (``kvres.actors.kv_tier_choice``) sets the KV types and the resident token budget
+  (the spilled tail lives in the cold store); otherwise the config comes back unchanged.
 - ``make_executor(config, model_path)``: a ``LlamaExecutor`` or an ``OpenVINOExecutor``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvres.cluster.config import BackendConfig
+
+
+def resolve_kv_tier(
+    config: BackendConfig, model_path: Path, env: Mapping[str, str] | None = None
+) -> tuple[BackendConfig, Any]:
+    """The config a llama backend really runs with. KV types the user set explicitly are kept
+    (an explicit V type disables the choice); the byte budget is ``kv_budget_tokens`` at f16."""
+    if config.engine != "llama":
+        return config, None
+    from kvres.actors.kv_tier_choice import choose_kv_types
+    from kvres.policy.capacity import profile_from_gguf
+
+    budget_bytes = profile_from_gguf(model_path).kv_bytes_for_context(config.kv_budget_tokens)
+    explicit_k = config.type_k if "type_k" in config.model_fields_set else None
+    explicit_v = config.type_v if "type_v" in config.model_fields_set else None
+    choice = choose_kv_types(model_path, config.n_ctx, budget_bytes, explicit_k, explicit_v, env)
+    if choice.decision is None:
+        return config, None
+    resident = max(1, min(config.n_ctx, int(choice.resident_budget_tokens)))
+    tuned = config.model_copy(
+        update={"type_k": choice.type_k, "type_v": choice.type_v, "kv_budget_tokens": resident}
+    )
+    return tuned, choice.decision
 
 
 def make_executor(config: BackendConfig, model_path: Path) -> Any:
@@ -23,3 +50,6 @@ def make_executor(config: BackendConfig, model_path: Path) -> Any:
     from kvres.actors.openvino import OpenVINOExecutor
 
     return OpenVINOExecutor(str(model_path), mode=config.openvino_mode)
+
+
+__all__ = ["make_executor", "resolve_kv_tier"]

@@ -107,3 +107,25 @@ def test_bad_input(stores) -> None:
     h.open_session("s", SessionPolicy())
     with pytest.raises(ValueError, match="max_tokens"):
         h.generate("s", -1)
+
+
+@pytest.mark.parametrize(("bandwidth_gbps", "recomputed"), [(100.0, 0), (1e-6, 300)],
+                         ids=["fast-tier-recalls", "slow-tier-recomputes"])
+def test_resume_chooses_recall_or_recompute_from_costs(stores, bandwidth_gbps, recomputed) -> None:
+    from kvres.actors.backend import recall_chooser
+    from kvres.policy.recall import PrefillCost, TierCost
+
+    chooser = recall_chooser({"ram": TierCost("ram", bandwidth_gbps, 1e-6),
+                              "disk": TierCost("disk", bandwidth_gbps, 1e-4)},
+                             PrefillCost(tokens_per_s=10_000.0, fixed_s=1e-4))
+    config = BackendConfig(name="b", kv_budget_tokens=512, n_ctx=1024)
+    h = BackendHost(config, ReferenceExecutor(), plan_backend, LocalStorePort("node-a", stores),
+                    recall=chooser)
+    ref = host(stores)
+    for x in (h, ref):
+        x.open_session("s", SessionPolicy())
+        x.append("s", tokens(300))
+    expected = ref.generate("s", 10)
+    h.suspend("s")
+    assert h.resume("s") == recomputed
+    assert h.generate("s", 10) == expected

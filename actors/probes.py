@@ -1,0 +1,617 @@
+"""Measured host and engine costs for the KV tier choice (T*) and for recall-vs-recompute.
+
+Primitives:
+- ``measure_host_ram_gbps(buffer_bytes=None, repeats=5)``: memcpy bandwidth (``np.copyto`` between
+  buffers four times the last-level cache, best of ``repeats``); the destination is checksummed
+  against the source after every copy, so the copy cannot be elided and a wrong copy is an error.
+- ``measure_gpu_gbps()``: (device memory GB/s, host -> device PCIe GB/s) where a CUDA GPU exists
+  (through torch, pinned host memory), else None: the machine has no device link.
+- ``measure_c_engage(model_path)``: the fixed cost of engaging the spill path, from a llama.cpp
+  micro-benchmark (see its docstring); ``measure_prefill_cost(model_path)``: prefill (tokens/s,
+  fixed s per call);
+  ``measure_import_cost(model_path)``: (GB/s, fixed latency) of re-admitting an exported KV block;
+  ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks.
+- ``load_probes(model_path=None, env=os.environ, cache_dir=None, refresh=False) -> ProbeResults``:
+  every figure, measured once per device (and per model where it depends on one), cached in
+  ``<cache dir>/probes-<device>.json``; the cache dir is ``platformdirs.user_cache_dir("kvres")``
+  or ``KVRES_CACHE_DIR``. ``KVRES_HOST_RAM_GBPS``, ``KVRES_PCIE_GBPS``, ``KVRES_VRAM_GBPS`` and
+  ``KVRES_C_ENGAGE_MS`` override the figures (and are then not measured).
+- ``ProbeError``: a probe that could not run or gave an impossible figure.
+
+GB/s here is 1e9 bytes per second of payload moved (a memcpy of n bytes counts n, not 2n).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvres.policy.errors import KvresError
+from kvres.policy.tiering import Link, effective_bandwidth, env_float
+
+CACHE_VERSION = 1
+ENV_CACHE_DIR = "KVRES_CACHE_DIR"
+ENV_HOST_RAM = "KVRES_HOST_RAM_GBPS"
+ENV_PCIE = "KVRES_PCIE_GBPS"
+ENV_VRAM = "KVRES_VRAM_GBPS"
+ENV_C_ENGAGE = "KVRES_C_ENGAGE_MS"
+DEFAULT_C_ENGAGE_MS = 0.8  # DESIGN.md 4.5 reference, used only when no model is given to measure it
+
+MIN_PLAUSIBLE_GBPS = 0.05
+MAX_PLAUSIBLE_GBPS = 20_000.0  # above any real memory system: a figure past it means an elided copy
+
+
+class ProbeError(KvresError, RuntimeError):
+    """A probe could not run, or measured something impossible."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Host RAM
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache reported by sysfs (32 MiB if unknown)."""
+    best = 0
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = path.read_text().strip().upper()
+            scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+    return best or 32 * 1024**2
+
+
+def measure_host_ram_gbps(buffer_bytes: int | None = None, repeats: int = 8) -> float:
+    """memcpy bandwidth of host RAM in GB/s: best of ``repeats`` copies of ``buffer_bytes``."""
+    if buffer_bytes is None:
+        buffer_bytes = min(max(4 * last_level_cache_bytes(), 64 * 1024**2), 512 * 1024**2)
+    if buffer_bytes < 8 or repeats < 1:
+        raise ProbeError(f"host RAM probe needs buffer_bytes >= 8 and repeats >= 1, got {buffer_bytes}, {repeats}")
+    n = buffer_bytes // 8
+    rng = np.random.default_rng(12345)
+    src = rng.integers(0, 2**63 - 1, size=n, dtype=np.int64)
+    dst = np.zeros_like(src)  # touched once so page faults are not timed
+    dst += 1
+    best = math.inf
+    for i in range(repeats):
+        src[i % n] ^= 0x5A5A  # a different source each round: no copy can be reused
+        expected = int(src.sum(dtype=np.int64))
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        elapsed = time.perf_counter() - t0
+        if int(dst.sum(dtype=np.int64)) != expected:  # reads all of dst: the copy had to happen
+            raise ProbeError("host RAM probe: destination checksum differs from the source")
+        best = min(best, elapsed)
+    gbps = n * 8 / max(best, 1e-9) / 1e9
+    _check_plausible("host RAM bandwidth", gbps)
+    return gbps
+
+
+def _check_plausible(what: str, gbps: float) -> None:
+    if not (MIN_PLAUSIBLE_GBPS <= gbps <= MAX_PLAUSIBLE_GBPS):
+        raise ProbeError(
+            f"{what} probe measured {gbps:.3g} GB/s, outside {MIN_PLAUSIBLE_GBPS}..{MAX_PLAUSIBLE_GBPS}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (only where one exists)
+
+
+def gpu_present() -> bool:
+    """Cheap check (no torch import): an NVIDIA device node or nvidia-smi on PATH."""
+    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
+def gpu_name() -> str | None:
+    if not gpu_present():
+        return None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception:  # torch missing or broken CUDA: no usable device
+        return None
+    return None
+
+
+def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[float, float] | None:
+    """(device memory GB/s, host -> device GB/s over pinned memory), or None without a CUDA GPU.
+
+    Device memory: a device-to-device copy of ``n_bytes`` counts 2 * n bytes of traffic (read and
+    write; what decode does with weights and KV). PCIe: a pinned host buffer copied to the device.
+    """
+    if gpu_name() is None:
+        return None
+    import torch
+
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
+    host.random_(0, 255)
+
+    def best_time(fn: Any) -> float:
+        fn()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return best
+
+    vram = 2 * n_bytes / best_time(lambda: dst.copy_(src)) / 1e9
+    pcie = n_bytes / best_time(lambda: src.copy_(host, non_blocking=True)) / 1e9
+    if int(src[:4096].sum().item()) != int(host[:4096].sum().item()):
+        raise ProbeError("PCIe probe: device copy differs from the host buffer")
+    _check_plausible("device memory bandwidth", vram)
+    _check_plausible("PCIe bandwidth", pcie)
+    return vram, pcie
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp micro-benchmarks
+
+_LOG_CALLBACK: Any = None
+
+
+def _llama_cpp() -> Any:
+    """llama_cpp with its backend initialised. The llama executor's engine module owns the one
+    per-process log routing (llama.cpp logs -> Python logging); use it when it is there, so a
+    probe never replaces it. Without it, llama.cpp's log is silenced once."""
+    global _LOG_CALLBACK
+    try:
+        from kvres.actors.llama.engine import _llama
+
+        return _llama()
+    except (ImportError, AttributeError):
+        pass
+    import llama_cpp as L
+
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = L.llama_log_callback(lambda level, text, user_data: None)
+        L.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p())
+        L.llama_backend_init()
+    return L
+
+
+class _Engine:
+    """One model + context (2 sequences, unified KV, one thread) + a reusable batch."""
+
+    def __init__(self, model_path: str | os.PathLike[str], n_ctx: int, n_batch: int) -> None:
+        L = _llama_cpp()
+        self.L = L
+        if not os.path.isfile(model_path):
+            raise ProbeError(f"probe model not found: {os.fspath(model_path)!r}")
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 999 if L.llama_supports_gpu_offload() else 0
+        self.model = L.llama_model_load_from_file(os.fsencode(model_path), mp)
+        if not self.model:
+            raise ProbeError(f"llama.cpp could not load probe model {os.fspath(model_path)!r}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx + (n_ctx % 2)
+        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_seq_max = 2
+        cp.n_threads = cp.n_threads_batch = 1
+        cp.kv_unified = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise ProbeError("llama.cpp could not create a probe context")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(n_batch, 0, 1)
+        self.n_batch = n_batch
+        vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(vocab))
+
+    def close(self) -> None:
+        L = self.L
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
+
+    def tokens(self, n: int, seed: int = 0) -> list[int]:
+        rng = np.random.default_rng(seed)
+        return [int(t) for t in rng.integers(3, max(4, self.n_vocab), size=n)]
+
+    def decode(self, tokens: Sequence[int], pos0: int, seq: int = 0) -> None:
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            b = self.batch
+            b.n_tokens = len(chunk)
+            for i, tok in enumerate(chunk):
+                b.token[i] = tok
+                b.pos[i] = pos0 + start + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = i == len(chunk) - 1
+            rc = self.L.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise ProbeError(f"llama_decode failed with {rc}")
+
+    def rm(self, seq: int, p0: int, p1: int) -> None:
+        self.L.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def export(self, p0: int, p1: int, scratch: int = 1) -> Any:
+        """Cells [p0, p1) of sequence 0 as a llama_state_seq blob (via a scratch sequence)."""
+        L = self.L
+        L.llama_memory_seq_cp(self.mem, 0, scratch, p0, p1)
+        size = L.llama_state_seq_get_size(self.ctx, scratch)
+        buf = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self.ctx, buf, size, scratch)
+        self.rm(scratch, -1, -1)
+        if written != size:
+            raise ProbeError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        return buf
+
+    def admit(self, blob: Any, scratch: int = 1) -> None:
+        """Re-admit an exported blob into sequence 0 at its original positions."""
+        L = self.L
+        if L.llama_state_seq_set_data(self.ctx, blob, len(blob), scratch) == 0:
+            raise ProbeError("llama_state_seq_set_data refused the block")
+        L.llama_memory_seq_cp(self.mem, scratch, 0, -1, -1)
+        self.rm(scratch, -1, -1)
+
+
+@contextlib.contextmanager
+def _engine(model_path: str | os.PathLike[str], n_ctx: int, n_batch: int = 512) -> Iterator[_Engine]:
+    eng = _Engine(model_path, n_ctx, n_batch)
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+def _fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x."""
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
+
+
+@dataclass(frozen=True)
+class CEngageMeasurement:
+    c_engage_s: float
+    tail_tokens: tuple[int, ...]
+    tail_bytes: tuple[int, ...]
+    resident_step_s: float  # median decode step, whole cache resident
+    spill_step_s: tuple[float, ...]  # median step with the tail evicted and re-admitted, per tail
+    n_prompt: int
+
+
+def measure_c_engage(
+    model_path: str | os.PathLike[str],
+    n_prompt: int = 256,
+    tails: Sequence[int] = (16, 64, 128),
+    steps: int = 40,
+) -> CEngageMeasurement:
+    """The fixed per-token cost of engaging the spill path, from a llama.cpp micro-benchmark.
+
+    Both variants attend over the same keys (``n_prompt`` cached tokens + the new one) with the
+    same shapes. Resident: the whole cache stays in the context; a decode step, then the new
+    token is removed. Windowed + tail: the last ``tail`` tokens live outside the context as an
+    exported ``llama_state_seq`` blob; each step re-admits them (``llama_state_seq_set_data`` into
+    a scratch sequence + ``llama_memory_seq_cp``), decodes, and evicts them again
+    (``llama_memory_seq_rm``), which is the per-token work of a spilled tail. The extra time per
+    step is fitted as ``c_engage + tail_bytes / bw`` over several tails; c_engage is the intercept
+    (floored at 0, the smallest tail's extra time if the fit has no positive slope). Steps of the
+    two variants are interleaved so drift hits both alike; medians resist scheduler noise.
+    """
+    if n_prompt < 2 or not tails or min(tails) < 1 or max(tails) >= n_prompt or steps < 1:
+        raise ProbeError(f"c_engage probe needs 1 <= tails < n_prompt, steps >= 1; got {n_prompt}, {tails}, {steps}")
+    with _engine(model_path, n_ctx=n_prompt + 8) as eng:
+        eng.decode(eng.tokens(n_prompt), 0)
+        resident: list[float] = []
+        spill_medians: list[float] = []
+        tail_bytes: list[int] = []
+        for tail in tails:
+            blob = eng.export(n_prompt - tail, n_prompt)
+            tail_bytes.append(len(blob))
+            spill: list[float] = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                eng.decode([5], n_prompt)
+                eng.rm(0, n_prompt, -1)
+                resident.append(time.perf_counter() - t0)
+                eng.rm(0, n_prompt - tail, -1)  # the tail is out: windowed cache
+                t0 = time.perf_counter()
+                eng.admit(blob)
+                eng.decode([5], n_prompt)
+                eng.rm(0, n_prompt - tail, -1)
+                spill.append(time.perf_counter() - t0)
+                eng.admit(blob)  # back to fully resident for the next resident step
+            spill_medians.append(float(np.median(spill)))
+    res = float(np.median(resident))
+    extra = [s - res for s in spill_medians]
+    if len(tails) >= 2 and len(set(tail_bytes)) >= 2:
+        intercept, slope = _fit_line(tail_bytes, extra)
+        c = intercept if slope > 0 else min(extra)
+    else:
+        c = extra[0]
+    return CEngageMeasurement(
+        c_engage_s=max(0.0, c),
+        tail_tokens=tuple(tails),
+        tail_bytes=tuple(tail_bytes),
+        resident_step_s=res,
+        spill_step_s=tuple(spill_medians),
+        n_prompt=n_prompt,
+    )
+
+
+def measure_prefill_cost(
+    model_path: str | os.PathLike[str], sizes: Sequence[int] = (16, 64, 256), repeats: int = 3
+) -> tuple[float, float]:
+    """(tokens/s, fixed s per call) of prefill: best-of-``repeats`` prefills of several sizes into
+    an empty cache, fitted as ``fixed + n / rate``."""
+    if not sizes or min(sizes) < 1 or repeats < 1:
+        raise ProbeError(f"prefill probe needs sizes >= 1 and repeats >= 1, got {sizes}, {repeats}")
+    with _engine(model_path, n_ctx=max(sizes) + 8) as eng:
+        toks = eng.tokens(max(sizes))
+        eng.decode(toks[:8], 0)  # warm-up: graph allocation is not prefill
+        eng.rm(0, -1, -1)
+        times: list[float] = []
+        for n in sizes:
+            best = math.inf
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                eng.decode(toks[:n], 0)
+                best = min(best, time.perf_counter() - t0)
+                eng.rm(0, -1, -1)
+            times.append(best)
+    fixed, slope = _fit_line(sizes, times) if len(set(sizes)) >= 2 else (0.0, times[0] / sizes[0])
+    if slope <= 0:
+        fixed, slope = 0.0, max(t / n for t, n in zip(times, sizes, strict=True))
+    return 1.0 / slope, max(0.0, fixed)
+
+
+def measure_import_cost(
+    model_path: str | os.PathLike[str],
+    block_tokens: Sequence[int] = (16, 64, 256),
+    n_prompt: int = 320,
+    repeats: int = 9,
+) -> tuple[float, float]:
+    """(GB/s, fixed latency s) of re-admitting an exported KV block from host memory.
+
+    Blocks of several sizes are exported from a prefilled context, evicted, and re-admitted
+    (``llama_state_seq_set_data`` + ``llama_memory_seq_cp``); the median times are fitted as
+    ``latency + bytes / bandwidth``.
+    """
+    if not block_tokens or max(block_tokens) > n_prompt or min(block_tokens) < 1:
+        raise ProbeError(f"import probe needs 1 <= block_tokens <= n_prompt, got {block_tokens}, {n_prompt}")
+    with _engine(model_path, n_ctx=n_prompt + 8) as eng:
+        eng.decode(eng.tokens(n_prompt), 0)
+        sizes: list[int] = []
+        times: list[float] = []
+        for n in block_tokens:
+            blob = eng.export(n_prompt - n, n_prompt)
+            samples = []
+            for _ in range(repeats):
+                eng.rm(0, n_prompt - n, -1)
+                t0 = time.perf_counter()
+                eng.admit(blob)
+                samples.append(time.perf_counter() - t0)
+            sizes.append(len(blob))
+            times.append(float(np.median(samples)))
+    latency, slope = _fit_line(sizes, times) if len(set(sizes)) >= 2 else (0.0, times[0] / sizes[0])
+    if slope <= 0:  # noise swamped the size dependence: bill everything as bandwidth
+        latency, slope = 0.0, max(t / s for t, s in zip(times, sizes, strict=True))
+    return 1.0 / slope / 1e9, max(0.0, latency)
+
+
+def measure_block_bytes(model_path: str | os.PathLike[str], block_tokens: Sequence[int] = (16, 64, 256)) -> list[int]:
+    """Bytes of a real exported KV block (``llama_state_seq`` blob) of each size, default KV types."""
+    if not block_tokens or min(block_tokens) < 1:
+        raise ProbeError(f"block sizes must be >= 1, got {block_tokens}")
+    n_prompt = max(block_tokens)
+    with _engine(model_path, n_ctx=n_prompt + 8) as eng:
+        eng.decode(eng.tokens(n_prompt), 0)
+        return [len(eng.export(n_prompt - n, n_prompt)) for n in block_tokens]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached results
+
+
+def device_key() -> str:
+    """A file-name-safe id of this machine's compute device (the GPU if any, else the CPU)."""
+    name = gpu_name()
+    if name is None:
+        cpu = platform.processor() or platform.machine()
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        name = f"cpu-{cpu}-{os.cpu_count()}"
+    digest = hashlib.sha256(f"{platform.node()}|{name}".encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:48]
+    return f"{slug}-{digest}"
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    override = env.get(ENV_CACHE_DIR)
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(str(platformdirs.user_cache_dir("kvres")))
+
+
+def cache_path(env: Mapping[str, str] | None = None, device: str | None = None) -> Path:
+    return cache_dir(env) / f"probes-{device or device_key()}.json"
+
+
+def model_key(model_path: str | os.PathLike[str]) -> str:
+    """Name + size + a hash of the first MiB: the same file gets the same key wherever it lies."""
+    p = Path(model_path)
+    with p.open("rb") as fh:
+        head = hashlib.sha256(fh.read(1024**2)).hexdigest()[:12]
+    return f"{p.name}-{p.stat().st_size}-{head}"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+        return {}
+    return data
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class ProbeResults:
+    """Every figure the tier choice and recall-vs-recompute need; ``sources`` says where each came
+    from: "measured", "cached", "env" or "default"."""
+
+    device: str
+    host_ram_gbps: float
+    pcie_gbps: float | None
+    vram_gbps: float
+    c_engage_ms: float
+    prefill_tokens_per_s: float | None = None
+    prefill_fixed_s: float | None = None
+    import_gbps: float | None = None
+    import_latency_s: float | None = None
+    cache_file: str | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def bw_eff_gbps(self) -> float:
+        return effective_bandwidth(self.host_ram_gbps, self.pcie_gbps)[0]
+
+    @property
+    def link(self) -> Link:
+        return effective_bandwidth(self.host_ram_gbps, self.pcie_gbps)[1]
+
+    @property
+    def c_engage_s(self) -> float:
+        return self.c_engage_ms / 1e3
+
+
+def load_probes(
+    model_path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    refresh: bool = False,
+    engine_probes: bool = True,
+) -> ProbeResults:
+    """Probe results for this device: env overrides, else the cache, else measured (then cached).
+
+    ``model_path`` (a GGUF) is what the llama.cpp micro-benchmarks run; without it c_engage is the
+    DESIGN.md reference (0.8 ms, source "default") and the model-specific figures are None.
+    ``engine_probes=False`` skips the llama.cpp probes (c_engage then "default" unless cached).
+    """
+    env = os.environ if env is None else env
+    overrides = {
+        "host_ram_gbps": env_float(env, ENV_HOST_RAM, None, strict=True),
+        "pcie_gbps": env_float(env, ENV_PCIE, None, strict=True),
+        "vram_gbps": env_float(env, ENV_VRAM, None, strict=True),
+        "c_engage_ms": env_float(env, ENV_C_ENGAGE, None),
+    }
+    device = device_key()
+    path = cache_path(env, device)
+    cached = {} if refresh else _read_cache(path)
+    data: dict[str, Any] = {"version": CACHE_VERSION, "device": device, **cached}
+    data.setdefault("models", {})
+    sources: dict[str, str] = {}
+    dirty = False
+
+    def figure(name: str, measure: Any) -> Any:
+        nonlocal dirty
+        if overrides.get(name) is not None:
+            sources[name] = "env"
+            return overrides[name]
+        if name in cached:
+            sources[name] = "cached"
+            return cached[name]
+        value = measure()
+        data[name] = value
+        sources[name] = "measured"
+        dirty = True
+        return value
+
+    host = figure("host_ram_gbps", measure_host_ram_gbps)
+    gpu: tuple[float, float] | None = None
+    need_pcie = overrides["pcie_gbps"] is None and "pcie_gbps" not in cached
+    need_vram = overrides["vram_gbps"] is None and "vram_gbps" not in cached
+    if need_pcie or need_vram:
+        gpu = measure_gpu_gbps()
+    pcie = figure("pcie_gbps", lambda: None if gpu is None else gpu[1])
+    vram = figure("vram_gbps", lambda: host if gpu is None else gpu[0])  # CPU: the "device" is host RAM
+
+    model_figs: dict[str, Any] = {}
+    if model_path is not None and engine_probes:
+        key = model_key(model_path)
+        model_cached = dict(data["models"].get(key, {}))
+        model_figs = dict(model_cached)
+        if "prefill_tokens_per_s" not in model_figs:
+            model_figs["prefill_tokens_per_s"], model_figs["prefill_fixed_s"] = measure_prefill_cost(model_path)
+        if "import_gbps" not in model_figs:
+            model_figs["import_gbps"], model_figs["import_latency_s"] = measure_import_cost(model_path)
+        if model_figs != model_cached:
+            data["models"][key] = model_figs
+            dirty = True
+        sources["model"] = "cached" if model_figs == model_cached else "measured"
+
+    if overrides["c_engage_ms"] is not None:
+        c_ms, sources["c_engage_ms"] = overrides["c_engage_ms"], "env"
+    elif "c_engage_ms" in cached:
+        c_ms, sources["c_engage_ms"] = cached["c_engage_ms"], "cached"
+    elif model_path is not None and engine_probes:
+        m = measure_c_engage(model_path)
+        c_ms, sources["c_engage_ms"] = m.c_engage_s * 1e3, "measured"
+        data["c_engage_ms"] = c_ms
+        data["c_engage_model"] = Path(model_path).name
+        dirty = True
+    else:
+        c_ms, sources["c_engage_ms"] = DEFAULT_C_ENGAGE_MS, "default"
+
+    if dirty:
+        _write_cache(path, data)
+    return ProbeResults(
+        device=device,
+        host_ram_gbps=float(host),
+        pcie_gbps=None if pcie is None else float(pcie),
+        vram_gbps=float(vram),
+        c_engage_ms=float(c_ms),
+        prefill_tokens_per_s=model_figs.get("prefill_tokens_per_s"),
+        prefill_fixed_s=model_figs.get("prefill_fixed_s"),
+        import_gbps=model_figs.get("import_gbps"),
+        import_latency_s=model_figs.get("import_latency_s"),
+        cache_file=str(path),
+        sources=sources,
+    )

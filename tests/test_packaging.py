@@ -1,0 +1,29 @@
+"""A normal (non-editable) install maps the four folders to kvres.* and works outside the repo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+
+def test_wheel_install_imports_from_outside_the_repository(tmp_path) -> None:
+    target = tmp_path / "site"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(REPO_ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    code = (
+        "import kvres.policy, kvres.coldstore, kvres.actors, kvres.cluster, kvres.actors.llama\n"
+        "import kvres.actors.openvino\n"
+        "print(kvres.policy.__file__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(str(target)), out.stdout
