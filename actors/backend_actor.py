@@ -35,11 +35,12 @@ class BackendServer:
         planner = ray.get_actor(PLANNER_NAME, namespace=namespace)
         model = config.model_path or default_model_path()
         config, self.tier_decision = resolve_kv_tier(config, model)
+        store = RayStorePort(cold_store_name(self.node_id), namespace)
         self.host = BackendHost(
             config,
-            make_executor(config, model),
+            make_executor(config, model, store),
             lambda inp: ray.get(planner.plan.remote(config.name, inp)),
-            RayStorePort(cold_store_name(self.node_id), namespace),
+            store,
             RayMetrics(),
             recall=ProbedRecallChooser(str(model)) if config.engine == "llama" else None,
         )

@@ -4,7 +4,8 @@ Primitives:
 - ``resolve_kv_tier(config, model_path, env) -> (config, decision)``: with KVRES_KV_AUTO_TIER=1,
   the T* choice (``kvres.actors.kv_tier_choice``) sets the KV types and the resident token budget
   (the spilled tail lives in the cold store); otherwise the config comes back unchanged.
-- ``make_executor(config, model_path)``: a ``LlamaExecutor`` or an ``OpenVINOExecutor``.
+- ``make_executor(config, model_path, cold_store=None)``: a ``LlamaExecutor`` or an
+  ``OpenVINOExecutor`` (whose "recompute" mode parks evicted blocks in ``cold_store``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def resolve_kv_tier(
     return tuned, choice.decision
 
 
-def make_executor(config: BackendConfig, model_path: Path) -> Any:
+def make_executor(config: BackendConfig, model_path: Path, cold_store: Any = None) -> Any:
     if config.engine == "llama":
         from kvres.actors.llama import LlamaExecutor
 
@@ -49,7 +50,10 @@ def make_executor(config: BackendConfig, model_path: Path) -> Any:
         )
     from kvres.actors.openvino import OpenVINOExecutor
 
-    return OpenVINOExecutor(str(model_path), mode=config.openvino_mode)
+    return OpenVINOExecutor(
+        str(model_path), mode=config.openvino_mode, cold_store=cold_store,
+        num_threads=config.n_threads or 1,
+    )
 
 
 __all__ = ["make_executor", "resolve_kv_tier"]

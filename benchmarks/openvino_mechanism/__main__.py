@@ -14,8 +14,14 @@ token's logits ready" (the plan's evictions plus one decode step) is measured on
 The plan-only time (``apply_seconds``) is reported too; for recompute it hides the deferred
 re-prefill. Each point is the median over ``--repeats`` fresh prefills (prefill excluded). The ratios
 ``ov_recompute / llama_shift``, ``ov_state / llama_shift`` and ``ov_recompute / ov_state`` come from
-the same run. The next-token logits after each plan are also compared with llama's (max |diff|).
+the same run. The next-token logits after each plan are also compared with llama's (max |diff|):
+state mode does what llama.cpp does (~1e-5); recompute mode differs by design, because the
+survivors' KV is recomputed without the evicted tokens while llama keeps their original KV.
 All engines run single-threaded with f32 KV.
+
+A second section (``engine_eviction``, see ``engine_eviction.py``) sets OpenVINO's own eviction in
+openvino-genai (``CacheEvictionConfig``, SUM / NORM_SUM) beside kvres's StreamingLLM plan on the
+state mechanism: time per generated token and agreement with the full-cache continuation.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from kvres.coldstore.block import KVBlock
 from kvres.policy import Block, PlanInput, StreamPolicy, apply_plan, plan_hot_set, split_into_blocks
 
+from .engine_eviction import compare_engine_eviction
 from .llama_native import LlamaNative, NativeSession
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K.gguf"
@@ -146,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--no-genai", action="store_true", help="skip the openvino-genai comparison")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
@@ -156,12 +164,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r = rows[-1]
                 print(f"{n:5d} {name:17s} " + "  ".join(f"{k} {v * 1e3:8.3f} ms" for k, v in r["seconds"].items())
                       + "  |  " + "  ".join(f"{k} {v:7.1f}" for k, v in r["ratios"].items()))
+    engine_eviction = None
+    if not args.no_genai:
+        import tempfile
+
+        from kvres.actors.openvino.genai import export_genai_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            genai_dir = export_genai_model(args.model, Path(tmp) / "genai")
+            engine_eviction = compare_engine_eviction(args.model, genai_dir)
+        for name, m in engine_eviction["methods"].items():
+            print(f"{name:15s} {m['ms_per_token_incl_prefill']:7.2f} ms/token  "
+                  f"agrees with full cache for {m['agree_with_full_cache']} tokens")
     result = {
         "benchmark": "openvino_mechanism",
         "model": str(args.model),
         "repeats": args.repeats,
         "host": {"machine": platform.machine(), "python": platform.python_version(), "threads": 1},
         "rows": rows,
+        "engine_eviction": engine_eviction,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openvino_mechanism.json").write_text(json.dumps(result, indent=2))

@@ -4,7 +4,7 @@ Primitives:
 - ``LlamaNative(model_path, n_ctx=1024, f32_kv=True)``: one context, one sequence (seq 0);
   ``decode(tokens, positions) -> logits of the last token``, ``remove(p0, p1)``
   (``llama_memory_seq_rm``), ``shift(p0, p1, delta)`` (``llama_memory_seq_add``, llama.cpp applies
-  the RoPE K-shift), ``clear()``, ``close()``.
+  the RoPE K-shift), ``tokenize(text)``, ``clear()``, ``close()``.
 - ``NativeSession(engine)``: the executor operations on that sequence, positions kept by the shared
   ``PositionMap`` so they match every executor: ``append``, ``evict_range`` (native rm + shift),
   ``admit_range`` (tail shift, then decode the range over the cells before it), ``rebuild()``
@@ -90,6 +90,15 @@ class LlamaNative:
             raise RuntimeError(f"llama_decode returned {rc}")
         ptr = L.llama_get_logits_ith(self.ctx, n - 1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32).copy()
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        L = self._L
+        data = text.encode("utf-8")
+        buf = (L.llama_token * (len(data) + 8))()
+        n = L.llama_tokenize(L.llama_model_get_vocab(self.model), data, len(data), buf, len(buf), add_bos, False)
+        if n < 0:
+            raise ValueError(f"llama_tokenize needs {-n} slots")
+        return list(buf[:n])
 
     def remove(self, p0: int, p1: int, seq: int = 0) -> None:
         if not self._L.llama_memory_seq_rm(self.mem, seq, p0, p1):

@@ -35,6 +35,10 @@ def manager(metrics_port: int):
             BackendConfig(name="b0", model_path=model, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000, n_threads=1),
             BackendConfig(name="b1", model_path=model, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000, n_threads=1),
             BackendConfig(name="small", model_path=model, n_ctx=1024, n_seq_max=4, kv_budget_tokens=320, n_threads=1),
+            BackendConfig(name="ov", engine="openvino", model_path=model, n_ctx=2048, kv_budget_tokens=2000,
+                          n_threads=1),
+            BackendConfig(name="ov-recompute", engine="openvino", openvino_mode="recompute",
+                          model_path=model, n_ctx=2048, kv_budget_tokens=2000, n_threads=1),
         ],
         cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=64 << 20),
     )

@@ -136,3 +136,40 @@ def test_bad_input_is_typed_and_loses_nothing(manager, tmp_path) -> None:
     session.close()
     with pytest.raises(UnknownSessionError):
         session.stats()
+
+
+@pytest.mark.parametrize("backend", ["ov", "ov-recompute"])
+def test_openvino_backend_through_the_same_api(manager, backend) -> None:
+    """Sessions open on OpenVINO exactly as on llama.cpp: streaming under budget, suspend/resume
+    continuing identically."""
+    policy = SessionPolicy.streaming(128, recent_tokens=32)
+    ref = manager.open_session(policy=policy, backend=backend)
+    sub = manager.open_session(policy=policy, backend=backend)
+    for s in (ref, sub):
+        s.append(PROMPT)
+        assert s.stats()["resident_tokens"] <= 128
+    expected = ref.generate(24)
+    sub.suspend()
+    sub.resume()
+    assert sub.generate(24) == expected
+    stats = sub.stats()
+    assert stats["resident_tokens"] <= 128 and stats["counters"]["evictions"] > 0
+    assert manager.status()["backends"][[b["backend"] for b in manager.status()["backends"]].index(backend)]["engine"] == "openvino"
+    for s in (ref, sub):
+        s.close()
+
+
+def test_migration_across_engines_recomputes_from_the_token_log(manager) -> None:
+    """A llama.cpp block cannot be imported into OpenVINO (its fingerprint says so): the session
+    still moves, its KV recomputed from the token log, nothing lost."""
+    session = manager.open_session(backend="b0")
+    session.append(PROMPT)
+    session.generate(8)
+    before = session.stats()
+    session.migrate("ov")
+    after = session.stats()
+    assert after["backend"] == "ov" and after["token_count"] == before["token_count"]
+    assert after["resident_ranges"] == before["resident_ranges"]
+    assert after["counters"]["recomputed_tokens"] == before["resident_tokens"]
+    assert len(session.generate(8)) == 8
+    session.close()

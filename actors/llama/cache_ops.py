@@ -1,0 +1,202 @@
+"""Cell-level KV operations on one llama context: what the executor's mechanism is made of.
+
+Primitives:
+- ``CacheOps(ctx, n_sessions, filler_token, can_shift)``: session sequences are ``0..n_sessions-1``; it
+  owns sequence ``n_sessions + i`` (the parking sequence of session ``i``, see below) and
+  ``scratch = 2 * n_sessions`` (export / import / recompute staging), and counts the cells
+  sessions hold (``live``) and the parked ones.
+  ``place(seq, tokens, first) -> logits``: compute tokens into ``seq`` at positions ``first..``
+  attending to the sequence's cells before ``first``.
+  ``remove(seq, positions, shift)``: drop the cells at ``positions`` (one contiguous span of
+  the sequence), then move the cells after them by ``shift`` (re-basing).
+  ``shift(seq, p0, delta)``: move ``[p0, inf)``. ``drop(seq)``: free a whole sequence.
+  ``export(seq, p0, p1) -> bytes``: serialise positions ``[p0, p1)`` of a sequence.
+  ``restore(seq, payload, positions, delta) -> bool``: put serialised cells (exported at
+  ``positions``) into ``seq`` moved by ``delta`` positions.
+
+Why parking: with flash attention, llama.cpp's CPU kernel accumulates V in f16 in KV *cell*
+order, so the same cells in another physical order give logits that differ by ~1e-3. llama.cpp
+refills the first free cell, so a token appended after an eviction would land in the hole, in
+front of older cells. Removed cells are therefore parked (shared into the session's parking
+sequence, invisible to every query) instead of freed: new cells go after the existing ones and a
+session's cells stay in position order. Re-admitting or importing a range first frees the
+parked cells at its positions, so it refills its own hole. Parked cells are all released when
+the allocator would otherwise run short; they count as free for capacity.
+
+Why ``place`` can stage in ``scratch``: llama.cpp accepts a decode for a sequence only at its
+last position + 1. Tokens that go anywhere else (the middle, or after a gap of evicted
+positions) are decoded in the scratch sequence, which shares the session's cells before the
+target, and then shared into the session. After a gap they are computed right after the last
+earlier cell and moved up to their target (a K-shift), since no decode can leave a gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.policy.errors import CapabilityError
+
+from .engine import LlamaContext
+from .errors import ContextFullError
+
+
+class CacheOps:
+    def __init__(self, ctx: LlamaContext, n_sessions: int, filler_token: int, can_shift: bool) -> None:
+        self.ctx = ctx
+        self.can_shift = can_shift
+        self.n_sessions = n_sessions
+        self.scratch = 2 * n_sessions
+        self.filler_token = filler_token
+        self.live = 0  # cells held by session sequences
+        self._parked: dict[int, npt.NDArray[np.int64]] = {}  # session seq -> parked positions
+        self.shift_pending = False  # llama.cpp applies K-shifts at the start of the next decode
+
+    @property
+    def parked(self) -> int:
+        return sum(int(p.size) for p in self._parked.values())
+
+    # -- physical room --------------------------------------------------------------------
+    def reserve(self, n: int) -> None:
+        """Make sure the allocator finds ``n`` empty cells, releasing parked cells if needed."""
+        if self.ctx.n_cells - self.live - self.parked >= n:
+            return
+        for seq in list(self._parked):
+            self.unpark(seq)
+        if self.ctx.n_cells - self.live < n:
+            raise ContextFullError(
+                f"the engine context has {self.ctx.n_cells - self.live} empty cells; {n} are needed",
+                needed=n, free=self.ctx.n_cells - self.live,
+            )
+
+    def _park(self, seq: int, positions: npt.NDArray[np.int64]) -> None:
+        self.ctx.seq_cp(seq, self.n_sessions + seq, int(positions[0]), int(positions[-1]) + 1)
+        held = self._parked.get(seq, np.zeros(0, dtype=np.int64))
+        self._parked[seq] = np.concatenate([held, positions.astype(np.int64)])
+
+    def unpark(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Free the session's parked cells at positions ``[p0, p1)`` (all with the defaults)."""
+        held = self._parked.get(seq)
+        if held is None:
+            return
+        hit = (held >= p0) & ((held < p1) if p1 >= 0 else True)
+        if not np.any(hit):
+            return
+        self.ctx.seq_rm(self.n_sessions + seq, p0, p1)
+        rest = held[~hit]
+        if rest.size:
+            self._parked[seq] = rest
+        else:
+            del self._parked[seq]
+
+    # -- placing tokens -------------------------------------------------------------------
+    def place(self, seq: int, tokens: Sequence[int], first: int) -> npt.NDArray[np.float32]:
+        ctx, scratch = self.ctx, self.scratch
+        n = len(tokens)
+        self.unpark(seq, first, first + n)
+        self.reserve(n)
+        last = ctx.pos_max(seq)
+        if last < 0 or last + 1 == first:
+            logits = ctx.decode(tokens, first, seq)
+            self.shift_pending = False
+            self.live += n
+            assert logits is not None
+            return logits
+        ctx.seq_rm(scratch, -1, -1)
+        if first > 0:
+            ctx.seq_cp(seq, scratch, 0, first)
+        prefix_end = ctx.pos_max(scratch)
+        start = first if prefix_end < 0 else prefix_end + 1
+        if start != first and not self.can_shift:
+            ctx.seq_rm(scratch, -1, -1)
+            raise CapabilityError(
+                f"placing tokens at position {first} after a gap (last earlier cell at {prefix_end}) "
+                "needs a K-shift, which this cache cannot do"
+            )
+        try:
+            logits = ctx.decode(tokens, start, scratch)
+        except BaseException:
+            ctx.seq_rm(scratch, -1, -1)
+            raise
+        self.shift_pending = False
+        try:
+            if start != first:
+                ctx.seq_add(scratch, start, -1, first - start)
+                self.shift_pending = True
+            ctx.seq_cp(scratch, seq, first, first + n)
+        finally:
+            ctx.seq_rm(scratch, -1, -1)
+        self.live += n
+        assert logits is not None
+        return logits
+
+    def flush_shifts(self) -> None:
+        """Apply pending K-shifts now (by decoding one throwaway token in the scratch sequence)."""
+        if not self.shift_pending:
+            return
+        self.reserve(1)
+        self.ctx.seq_rm(self.scratch, -1, -1)
+        self.ctx.decode([self.filler_token], 0, self.scratch, logits=False)
+        self.ctx.seq_rm(self.scratch, -1, -1)
+        self.shift_pending = False
+
+    # -- removing and moving --------------------------------------------------------------
+    def remove(self, seq: int, positions: npt.NDArray[np.int64], shift: int = 0) -> None:
+        p0, p1 = int(positions[0]), int(positions[-1]) + 1
+        self._park(seq, positions)
+        self.ctx.seq_rm(seq, p0, p1)
+        self.live -= int(positions.size)
+        if shift:
+            self.shift(seq, p1, shift)
+
+    def require_shift(self, what: str) -> None:
+        if not self.can_shift:
+            raise CapabilityError(f"{what} needs a K-shift, which this cache cannot do "
+                                  "(llama.cpp cannot rotate a quantized K cache)")
+
+    def shift(self, seq: int, p0: int, delta: int) -> None:
+        self.require_shift(f"moving positions [{p0}, ...) by {delta}")
+        self.ctx.seq_add(seq, p0, -1, delta)
+        self.shift_pending = True
+
+    def drop(self, seq: int, n_cells: int) -> None:
+        """Free a session's sequence (``n_cells`` live cells) and its parked cells."""
+        self.unpark(seq)
+        self.ctx.seq_rm(seq, -1, -1)
+        self.live -= n_cells
+
+    # -- serialising ----------------------------------------------------------------------
+    def export(self, seq: int, p0: int, p1: int) -> bytes:
+        # the serialised K rows must carry their rotation, so pending shifts go first
+        self.flush_shifts()
+        ctx, scratch = self.ctx, self.scratch
+        ctx.seq_rm(scratch, -1, -1)
+        ctx.seq_cp(seq, scratch, p0, p1)
+        try:
+            return ctx.state_get(scratch)
+        finally:
+            ctx.seq_rm(scratch, -1, -1)
+
+    def restore(
+        self, seq: int, payload: bytes | bytearray | memoryview, positions: Sequence[int], delta: int
+    ) -> bool:
+        ctx, scratch = self.ctx, self.scratch
+        n_cells = len(positions)
+        if delta:
+            self.require_shift(f"restoring cells exported at {positions[0]}.. {delta:+d} positions away")
+        self.unpark(seq, int(positions[0]), int(positions[-1]) + 1)
+        self.reserve(n_cells)
+        ctx.seq_rm(scratch, -1, -1)
+        try:
+            if not ctx.state_set(scratch, payload):
+                return False
+            if delta:
+                ctx.seq_add(scratch, 0, -1, delta)
+                self.shift_pending = True
+            ctx.seq_cp(scratch, seq, 0, -1)
+        finally:
+            ctx.seq_rm(scratch, -1, -1)
+        self.live += n_cells
+        return True

@@ -1,0 +1,301 @@
+"""Thin wrappers over the low-level llama_cpp API: a loaded model and one engine context.
+
+Primitives:
+- ``KV_TYPE_IDS``: KV precision names accepted here -> ggml type ids.
+- ``LlamaModel(path)``: loads a GGUF file (``ModelLoadError`` when it is missing or not GGUF);
+  ``sha256``, ``n_vocab``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_embd``, ``n_swa``,
+  ``tokenize(text)``, ``detokenize(tokens)``, ``is_eog(token)``, ``bos``, ``close()``.
+- ``LlamaContext(model, n_ctx, n_seq_max, type_k, type_v, flash_attn, n_batch, n_threads,
+  cb_eval=None)``: one llama context with unified KV across ``n_seq_max`` sequences.
+  ``decode(tokens, first_pos, seq, logits=True)`` (prefill in ``n_batch`` chunks through one
+  reused batch), ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``,
+  ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``, ``can_shift``, ``close()``.
+
+Nothing here knows about sessions or token logs; the executor does. llama.cpp prints through a
+log callback installed once per process that forwards to the ``kvres.llama`` logger.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.policy.errors import ModelLoadError
+
+from .errors import ContextFullError, EngineError
+
+logger = logging.getLogger("kvres.llama")
+
+KV_TYPE_IDS: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2}
+QUANTIZED_KV_TYPES = frozenset({"q8_0", "q4_0"})
+FLASH_ATTN_DISABLED = 0
+FLASH_ATTN_ENABLED = 1
+
+# ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. llama.cpp warns about things
+# callers cannot act on (e.g. unused special-token ids), so its warnings are logged as info.
+_GGML_LOG_TO_LOGGING = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.WARNING}
+_init_lock = threading.Lock()
+_log_callback: Any = None
+_hash_cache: dict[tuple[str, int, int], str] = {}
+
+
+def _llama() -> Any:
+    """The llama_cpp module, with the backend initialised and its log routed once per process."""
+    global _log_callback
+    import llama_cpp
+
+    with _init_lock:
+        if _log_callback is None:
+            last = [logging.DEBUG]
+
+            def forward(level: int, text: bytes, _user: Any) -> None:
+                if level != 5:
+                    last[0] = _GGML_LOG_TO_LOGGING.get(level, logging.DEBUG)
+                logger.log(last[0], "%s", text.decode("utf-8", "replace").rstrip())
+
+            _log_callback = llama_cpp.llama_log_callback(forward)
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, computed once per (path, size, mtime) in this process."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _hash_cache:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+        _hash_cache[key] = digest.hexdigest()
+    return _hash_cache[key]
+
+
+class LlamaModel:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"model file not found: {os.fspath(path)!r}")
+        with self.path.open("rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(
+                f"not a GGUF model file: {os.fspath(path)!r} (starts with {magic!r}, expected b'GGUF')"
+            )
+        self.sha256 = file_sha256(self.path)
+        ll = _llama()
+        params = ll.llama_model_default_params()
+        self._ptr = ll.llama_model_load_from_file(os.fsencode(self.path), params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not load the GGUF model {os.fspath(path)!r}")
+        self._vocab = ll.llama_model_get_vocab(self._ptr)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        self.n_layer = int(ll.llama_model_n_layer(self._ptr))
+        self.n_head = int(ll.llama_model_n_head(self._ptr))
+        self.n_head_kv = int(ll.llama_model_n_head_kv(self._ptr))
+        self.n_embd = int(ll.llama_model_n_embd(self._ptr))
+        self.n_swa = int(ll.llama_model_n_swa(self._ptr))
+        self.bos = int(ll.llama_vocab_bos(self._vocab))
+
+    @property
+    def ptr(self) -> Any:
+        if not self._ptr:
+            raise EngineError("the model has been closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr:
+            _llama().llama_model_free(self._ptr)
+            self._ptr = None
+
+    def is_eog(self, token: int) -> bool:
+        return bool(_llama().llama_vocab_is_eog(self._vocab, int(token)))
+
+    def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        ll = _llama()
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_bos, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_bos, parse_special)
+        if n < 0:
+            raise EngineError(f"llama_tokenize failed on {len(raw)} bytes of text")
+        return [int(t) for t in buf[:n]]
+
+    def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
+        ll = _llama()
+        ids = (ll.llama_token * max(1, len(tokens)))(*[int(t) for t in tokens])
+        cap = 8 * len(tokens) + 16
+        for _ in range(2):
+            out = ctypes.create_string_buffer(cap)
+            n = ll.llama_detokenize(self._vocab, ids, len(tokens), out, cap, False, render_special)
+            if n >= 0:
+                return out.raw[:n].decode("utf-8", "replace")
+            cap = -n
+        raise EngineError(f"llama_detokenize failed on {len(tokens)} tokens")
+
+
+class _Batch:
+    """One ``llama_batch`` whose arrays are numpy buffers owned here (one sequence per token)."""
+
+    def __init__(self, ll: Any, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        seq_base = self.seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(ll.llama_seq_id) * capacity)(
+            *[ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ll.llama_seq_id)) for i in range(capacity)]
+        )
+        self.struct = ll.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ll.llama_token))
+        self.struct.embd = None
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, tokens: npt.NDArray[np.int32], first_pos: int, seq: int, want_last: bool) -> None:
+        n = tokens.shape[0]
+        self.token[:n] = tokens
+        self.pos[:n] = np.arange(first_pos, first_pos + n, dtype=np.int32)
+        self.seq[:n] = seq
+        self.logits[:n] = 0
+        self.logits[n - 1] = 1 if want_last else 0
+        self.struct.n_tokens = n
+
+
+class LlamaContext:
+    def __init__(
+        self,
+        model: LlamaModel,
+        n_ctx: int,
+        n_seq_max: int,
+        type_k: str,
+        type_v: str,
+        flash_attn: bool,
+        n_batch: int,
+        n_threads: int,
+        cb_eval: Any = None,
+    ) -> None:
+        ll = _llama()
+        self.model = model
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.flash_attn_type = FLASH_ATTN_ENABLED if flash_attn else FLASH_ATTN_DISABLED
+        params.type_k = KV_TYPE_IDS[type_k]
+        params.type_v = KV_TYPE_IDS[type_v]
+        params.no_perf = True
+        if cb_eval is not None:
+            params.cb_eval = cb_eval
+            params.cb_eval_user_data = None
+        self._cb_eval = cb_eval  # keep the ctypes callback alive as long as the context
+        self._ptr = ll.llama_init_from_model(model.ptr, params)
+        if not self._ptr:
+            raise EngineError(
+                f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
+                f"type_k={type_k}, type_v={type_v}, flash_attn={flash_attn})"
+            )
+        self._mem = ll.llama_get_memory(self._ptr)
+        self.n_cells = int(ll.llama_n_ctx(self._ptr))
+        self.n_batch = int(ll.llama_n_batch(self._ptr))
+        self.can_shift = bool(ll.llama_memory_can_shift(self._mem))
+        self._batch = _Batch(ll, self.n_batch)
+        self._logits_view: npt.NDArray[np.float32] | None = None
+
+    @property
+    def ptr(self) -> Any:
+        if not self._ptr:
+            raise EngineError("the engine context has been closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr:
+            _llama().llama_free(self._ptr)
+            self._ptr = None
+
+    # -- decoding -------------------------------------------------------------------------
+    def decode(
+        self, tokens: Sequence[int], first_pos: int, seq: int, logits: bool = True
+    ) -> npt.NDArray[np.float32] | None:
+        """Decode ``tokens`` into ``seq`` at positions ``first_pos..``, ``n_batch`` per call.
+
+        Returns the last token's logits (a copy) when ``logits``. On failure the tokens this
+        call placed are removed again, so the sequence is as it was.
+        """
+        ll = _llama()
+        arr = np.asarray(tokens, dtype=np.int32)
+        n = arr.shape[0]
+        for start in range(0, n, self.n_batch):
+            chunk = arr[start : start + self.n_batch]
+            last = start + chunk.shape[0] == n
+            self._batch.fill(chunk, first_pos + start, seq, want_last=logits and last)
+            rc = int(ll.llama_decode(self.ptr, self._batch.struct))
+            if rc != 0:
+                ll.llama_memory_seq_rm(self._mem, seq, first_pos, first_pos + n)
+                if rc == 1:
+                    raise ContextFullError(
+                        f"no free KV cells for {chunk.shape[0]} tokens of sequence {seq} "
+                        f"(context of {self.n_cells} cells)",
+                        needed=int(chunk.shape[0]),
+                    )
+                raise EngineError(f"llama_decode returned {rc} for sequence {seq} at position "
+                                  f"{first_pos + start}")
+        if not logits:
+            return None
+        ptr = ll.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).astype(np.float32, copy=True)
+
+    # -- memory ---------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not _llama().llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise EngineError(f"llama_memory_seq_rm refused to remove [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        _llama().llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        _llama().llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def pos_max(self, seq: int) -> int:
+        return int(_llama().llama_memory_seq_pos_max(self._mem, seq))
+
+    def clear(self) -> None:
+        _llama().llama_memory_clear(self._mem, False)
+
+    # -- state ----------------------------------------------------------------------------
+    def state_get(self, seq: int) -> bytes:
+        ll = _llama()
+        size = int(ll.llama_state_seq_get_size(self.ptr, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(ll.llama_state_seq_get_data(self.ptr, buf, size, seq))
+        if written <= 0:
+            raise EngineError(f"llama_state_seq_get_data wrote nothing for sequence {seq}")
+        return bytes(memoryview(buf)[:written])
+
+    def state_set(self, seq: int, payload: bytes | bytearray | memoryview) -> bool:
+        ll = _llama()
+        view = memoryview(payload).cast("B")
+        buf = (ctypes.c_uint8 * view.nbytes).from_buffer_copy(view)
+        return int(ll.llama_state_seq_set_data(self.ptr, buf, view.nbytes, seq)) > 0

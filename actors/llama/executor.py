@@ -1,0 +1,536 @@
+"""The llama.cpp executor: the executor protocol on llama-cpp-python's low-level API.
+
+Primitives:
+- ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
+  n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7)``.
+  Protocol: ``capabilities``, ``open_session(session_id, tokens=())``, ``append``, ``token_log``,
+  ``resident_ranges``, ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
+  ``block_attention_scores``, ``close_session``.
+  Beyond it: ``generate``, ``stream``, ``attention``, ``kv_profile``, ``tokenize``,
+  ``detokenize``, ``cache_positions``, ``sessions``, ``free_cells``, ``close``; attributes
+  ``fingerprint``, ``model_id`` (sha256 of the model file), ``geometry``, ``n_ctx``,
+  ``n_seq_max``, ``type_k``, ``type_v``, ``flash_attn``, ``n_vocab``.
+
+One engine context serves every session: unified KV, sequence id i per session (plus its
+parking sequence and one shared scratch sequence, see ``cache_ops``). ``n_ctx`` is the token
+budget of all sessions together; ``n_seq_max`` the number of sessions. Ranges are token-log
+positions and ``kvres.policy.positions.PositionMap`` decides every cache position, so this
+executor places tokens exactly where every other executor would.
+
+Mechanism (DESIGN.md 5.1; the cell-level steps live in ``cache_ops``):
+- evict: ``seq_rm`` of the range's cache positions, then with re-basing ``seq_add`` of the tail
+  (llama.cpp applies the RoPE K-shift on the next decode).
+- export: share the range's cells with the scratch sequence (``seq_cp``) and serialise it
+  (``llama_state_seq_get_data``), after applying any pending K-shift.
+- import: checked at once (fingerprint, token ids, payload size and cell positions), restored
+  at the session's next engine operation, all pending imports in position order: the blob goes
+  into the scratch sequence at its exported positions, moves to the positions the map chose,
+  and is shared into the session. An import that needs the tail moved is restored at once.
+- append / admit: decoded in place when they continue the sequence, otherwise staged in the
+  scratch sequence (llama.cpp decodes only at a sequence's last position + 1).
+- attention scores: a second context with flash attention off (``attention.ScoringContext``),
+  created on first use; the serving context keeps flash attention.
+
+Exactness: the same cells in the same order give bit-identical logits (export / evict / import,
+suspend / resume). With flash attention llama.cpp's CPU kernel rounds in KV-cell order, so a
+different physical layout (another session's cells interleaved, a batch split differently)
+changes logits at the 1e-4..1e-3 level; ``cache_ops`` keeps each session's cells in position
+order so that re-imports land where they were.
+
+Sliding-window models (``n_swa > 0``) keep a second cache: ``kv_export`` is false for them.
+
+KV precision: ``type_k`` / ``type_v`` in f32, f16, q8_0, q4_0 (quantized types need a head
+dimension divisible by 32; a quantized V cache turns flash attention on). A quantized K cache
+cannot be shifted (llama.cpp 0.3.36 crashes applying the K-shift to it): ``position_shift`` is
+then false and operations that would move cells raise ``CapabilityError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
+from kvres.policy.capabilities import Capabilities
+from kvres.policy.capacity import (
+    LayerKVProfile,
+    kv_type_row_bytes,
+    profile_from_gguf,
+    read_gguf_metadata,
+)
+from kvres.policy.errors import (
+    BlockMismatchError,
+    CapabilityError,
+    RangeError,
+    SessionExistsError,
+    UnknownSessionError,
+)
+from kvres.policy.positions import PositionMap
+from kvres.policy.ranges import Range
+from kvres.policy.scoring import block_scores, snapkv_key_scores
+
+from .attention import AttentionCapture, ScoringContext
+from .cache_ops import CacheOps
+from .engine import KV_TYPE_IDS, QUANTIZED_KV_TYPES, LlamaContext, LlamaModel
+from .errors import ContextFullError, EngineError, SessionLimitError
+from .sampling import TokenSampler
+from .state_blob import expected_payload_size, read_cell_positions
+
+MIN_N_CTX = 32
+QUANT_BLOCK = 32  # elements per q8_0 / q4_0 block
+MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ, including the reserved sequences
+ENGINE = "llama.cpp"
+_RESERVED_CELLS = 2  # applying pending K-shifts decodes one throwaway token
+_RESERVED_SEQS = 1  # scratch; each session also has a parking sequence (see cache_ops)
+
+
+@dataclass(frozen=True)
+class _PendingImport:
+    block: KVBlock
+    rng: Range
+    positions: tuple[int, ...]  # where the map placed it
+    delta: int  # target position - exported position
+
+
+@dataclass
+class _Session:
+    seq: int
+    tokens: list[int] = field(default_factory=list)
+    positions: PositionMap = field(default_factory=PositionMap)
+    logits: npt.NDArray[np.float32] | None = None  # next-token logits of the current cache
+    pending: list[_PendingImport] = field(default_factory=list)  # imports not yet in the engine
+
+
+def _check_n_ctx(n_ctx: Any) -> int:
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)):
+        raise ValueError(f"n_ctx must be an int, got {n_ctx!r}")
+    if n_ctx < MIN_N_CTX:
+        raise ValueError(f"n_ctx={n_ctx} is too small; it must be at least {MIN_N_CTX}")
+    if n_ctx % 2:
+        raise ValueError(f"n_ctx={n_ctx} is odd; llama.cpp needs an even context size")
+    return int(n_ctx)
+
+
+class LlamaExecutor:
+    engine = ENGINE
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool | None = None,
+        score_window: int = 32,
+        score_kernel: int = 7,
+    ) -> None:
+        self.n_ctx = _check_n_ctx(n_ctx)
+        max_sessions = (MAX_SEQUENCES - _RESERVED_SEQS) // 2
+        if not 1 <= int(n_seq_max) <= max_sessions:
+            raise ValueError(f"n_seq_max={n_seq_max} must be in [1, {max_sessions}]")
+        for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
+            if kv_type not in KV_TYPE_IDS:
+                raise ValueError(f"{name}={kv_type!r} is not a supported KV type "
+                                 f"({', '.join(KV_TYPE_IDS)})")
+        if type_v in QUANTIZED_KV_TYPES:
+            if flash_attn is False:
+                raise ValueError(f"type_v={type_v!r} needs flash attention; flash_attn=False was given")
+            flash_attn = True
+        if n_batch < 1:
+            raise ValueError(f"n_batch={n_batch} must be >= 1")
+        if score_window < 1 or score_kernel < 1 or score_kernel % 2 == 0:
+            raise ValueError(f"score_window={score_window} must be >= 1 and score_kernel="
+                             f"{score_kernel} odd and >= 1")
+        self.n_seq_max = int(n_seq_max)
+        self.type_k, self.type_v = type_k, type_v
+        self.flash_attn = True if flash_attn is None else bool(flash_attn)
+        self.n_threads = int(n_threads) if n_threads else max(1, min(4, os.cpu_count() or 1))
+        self.n_batch = int(n_batch)
+        self.score_window, self.score_kernel = int(score_window), int(score_kernel)
+        self.model_path = Path(model_path)
+
+        self._model = LlamaModel(model_path)
+        self._scoring: ScoringContext | None = None
+        try:
+            self.geometry = self._geometry()
+            self._check_quantizable()
+            self._ctx = LlamaContext(
+                self._model, n_ctx=self.n_ctx + _RESERVED_CELLS,
+                n_seq_max=2 * self.n_seq_max + _RESERVED_SEQS,
+                type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
+                n_threads=self.n_threads,
+            )
+        except BaseException:
+            self._model.close()
+            raise
+        filler = self._model.bos if self._model.bos >= 0 else 0
+        # llama.cpp reports can_shift for quantized K caches, but applying the K-shift crashes
+        can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES
+        self._ops = CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
+        self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.RLock()
+
+        self.model_id = f"sha256:{self._model.sha256}"
+        row = self.geometry.n_kv_heads * self.geometry.head_dim
+        self._k_row = int(kv_type_row_bytes(type_k, row))
+        self._v_row = int(kv_type_row_bytes(type_v, row))
+        # V rows are stored transposed without flash attention: another payload layout.
+        self.payload_format = f"llama-state-seq/{'v-rows' if self.flash_attn else 'v-trans'}"
+        self.fingerprint = make_fingerprint(
+            self.model_id, f"{ENGINE}:{self.payload_format}", type_k, type_v, self.geometry
+        )
+        self._caps = Capabilities(
+            remove_tail=True,
+            remove_middle=True,
+            position_shift=self._ops.can_shift,
+            sliding_window_tokens=max(0, self._model.n_swa),
+            recompute_range=True,
+            attention_scores=True,
+            # a sliding-window model keeps two caches, whose state blob this backend does not parse
+            kv_export=self._model.n_swa == 0,
+        )
+
+    def _check_quantizable(self) -> None:
+        for name, kv_type in (("type_k", self.type_k), ("type_v", self.type_v)):
+            if kv_type in QUANTIZED_KV_TYPES and self.geometry.head_dim % QUANT_BLOCK:
+                raise ValueError(
+                    f"{name}={kv_type!r} needs a head dimension divisible by {QUANT_BLOCK}; "
+                    f"{self.model_path.name} has head_dim {self.geometry.head_dim}"
+                )
+
+    def _geometry(self) -> KVGeometry:
+        meta = read_gguf_metadata(self.model_path)
+        arch = meta.get("general.architecture")
+        head_dim = meta.get(f"{arch}.attention.key_length") or self._model.n_embd // self._model.n_head
+        return KVGeometry(self._model.n_layer, self._model.n_head_kv, int(head_dim))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the engine contexts and the model; the executor is unusable afterwards."""
+        if self._scoring is not None:
+            self._scoring.close()
+            self._scoring = None
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.close()
+        self._model.close()
+        self._sessions = {}
+
+    def __enter__(self) -> LlamaExecutor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # interpreter shutdown may already have torn llama_cpp down
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- small queries --------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def kv_profile(self) -> LayerKVProfile:
+        return profile_from_gguf(self.model_path, self.type_k, self.type_v)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self._model.tokenize(text, add_bos=add_bos)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._model.detokenize(tokens)
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSessionError(session_id) from None
+
+    def token_log(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).tokens)
+
+    def resident_ranges(self, session_id: str) -> list[Range]:
+        return self._get(session_id).positions.resident_ranges()
+
+    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
+        """Engine cache position per token-log index; -1 where evicted."""
+        return self._get(session_id).positions.all_positions()
+
+    def free_cells(self) -> int:
+        """KV cells not held by any session's resident tokens."""
+        used = sum(s.positions.resident_count for s in self._sessions.values())
+        return self.n_ctx - used
+
+    def _ensure_room(self, n: int) -> None:
+        free = self.free_cells()
+        if n > free:
+            raise ContextFullError(
+                f"the context has {free} free KV cells of n_ctx={self.n_ctx}; {n} are needed",
+                needed=n, free=free,
+            )
+
+    # -- sessions -------------------------------------------------------------------------
+    def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
+        """Open a session; ``tokens`` become its token log with no KV resident (a restored
+        session, filled back by ``import_range`` / ``admit_range``)."""
+        with self._lock:
+            if session_id in self._sessions:
+                raise SessionExistsError(session_id)
+            log = self._check_tokens(tokens) if len(tokens) else []
+            if not self._free_seqs:
+                raise SessionLimitError(
+                    f"cannot open session {session_id!r}: all n_seq_max={self.n_seq_max} "
+                    "sequences of the context are in use"
+                )
+            seq = self._free_seqs.pop()
+            session = _Session(seq, tokens=log)
+            session.positions.extend_evicted(len(log))
+            self._sessions[session_id] = session
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            s = self._get(session_id)
+            self._ops.drop(s.seq, s.positions.resident_count - sum(len(p.rng) for p in s.pending))
+            del self._sessions[session_id]
+            self._free_seqs.append(s.seq)
+
+    # -- placing tokens -------------------------------------------------------------------
+    def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("at least one token is needed")
+        bad = [t for t in toks if not 0 <= t < self._model.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self._model.n_vocab}")
+        return toks
+
+    def _materialize(self, s: _Session) -> None:
+        """Restore deferred imports into the engine, in position order."""
+        pending, s.pending = sorted(s.pending, key=lambda p: p.positions[0]), []
+        for i, item in enumerate(pending):
+            if not self._ops.restore(s.seq, item.block.payload, item.block.positions, item.delta):
+                for lost in pending[i:]:
+                    s.positions.evict(lost.rng, rebase=False)
+                raise ContextFullError(
+                    f"llama.cpp could not restore the imported block for {item.rng} (no room "
+                    f"for its cells, or a payload it rejects); it and later imports are evicted "
+                    "again", needed=len(item.rng), free=self.free_cells(),
+                )
+
+    # -- protocol -------------------------------------------------------------------------
+    def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        with self._lock:
+            s = self._get(session_id)
+            toks = self._check_tokens(tokens)
+            self._ensure_room(len(toks))
+            self._materialize(s)
+            logits = self._ops.place(s.seq, toks, s.positions.next_pos)
+            s.positions.append(len(toks))
+            s.tokens.extend(toks)
+            s.logits = logits
+            return logits.copy()
+
+    def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
+        with self._lock:
+            s = self._get(session_id)
+            if rebase and not self._caps.position_shift:
+                raise CapabilityError("this model's cache cannot shift positions (position_shift is false)")
+            positions = s.positions.positions(rng)
+            self._materialize(s)
+            op = s.positions.evict(rng, rebase)
+            self._ops.remove(s.seq, positions, op.shift)
+            s.logits = None
+
+    def admit_range(self, session_id: str, rng: Range) -> None:
+        with self._lock:
+            s = self._get(session_id)
+            op = s.positions.plan_admit(rng)
+            self._ensure_room(len(rng))
+            if op.tail_shift:
+                self._ops.require_shift(f"admitting {rng} (the resident tail moves up {op.tail_shift})")
+            self._materialize(s)
+            if op.tail_shift:
+                self._ops.shift(s.seq, op.tail_from, op.tail_shift)
+            try:
+                logits = self._ops.place(s.seq, s.tokens[rng.start : rng.end], op.first_position)
+            except BaseException:
+                if op.tail_shift:
+                    self._ops.shift(s.seq, op.tail_from + op.tail_shift, -op.tail_shift)
+                raise
+            s.positions.admit(rng)
+            s.logits = logits if rng.end == len(s.tokens) else None
+
+    def export_range(self, session_id: str, rng: Range) -> KVBlock:
+        with self._lock:
+            s = self._get(session_id)
+            positions = s.positions.positions(rng)
+            self._require_export()
+            self._materialize(s)
+            payload = self._ops.export(s.seq, int(positions[0]), int(positions[-1]) + 1)
+            cells = read_cell_positions(payload)
+            if sorted(cells.tolist()) != positions.tolist():
+                raise EngineError(f"exported cells {cells[:8].tolist()}... do not match the positions of {rng}")
+            return KVBlock(
+                fingerprint=self.fingerprint, model_id=self.model_id, engine=ENGINE,
+                type_k=self.type_k, type_v=self.type_v, geometry=self.geometry,
+                session_id=session_id, token_range=rng,
+                token_ids=tuple(s.tokens[rng.start : rng.end]), payload=payload,
+                positions=tuple(int(p) for p in positions),
+                meta={"payload_format": self.payload_format},
+            )
+
+    def _require_export(self) -> None:
+        if not self._caps.kv_export:
+            raise CapabilityError(
+                f"KV export / import is not supported for {self.model_path.name} "
+                f"(sliding-window cache of {self._model.n_swa} tokens)"
+            )
+
+    def _check_block(self, s: _Session, session_id: str, block: KVBlock) -> None:
+        self._require_export()
+        if not isinstance(block, KVBlock):
+            raise TypeError(f"import_range needs a KVBlock, got {type(block).__name__}")
+        block.check_fingerprint(self.fingerprint)
+        rng = block.token_range
+        s.positions.check_evicted(rng)
+        if list(block.token_ids) != s.tokens[rng.start : rng.end]:
+            raise BlockMismatchError(
+                f"block for {rng} carries other token ids than session {session_id!r} has there"
+            )
+        size = expected_payload_size(len(rng), self.geometry.n_layers, self._k_row, self._v_row)
+        if block.payload_nbytes != size:
+            raise BlockMismatchError(
+                f"block for {rng} has a {block.payload_nbytes}-byte payload; {len(rng)} cells of "
+                f"this model and KV types take {size} bytes"
+            )
+        cells = read_cell_positions(block.payload)
+        if not block.positions or sorted(cells.tolist()) != list(block.positions):
+            raise BlockMismatchError(
+                f"block for {rng}: its payload's cell positions do not match its header positions"
+            )
+
+    def import_range(self, session_id: str, block: KVBlock) -> None:
+        """Make a block's range resident from its exported KV. When no resident cell has to
+        move, the restore is deferred to the session's next engine operation, so blocks
+        imported in any order are laid out in position order (see ``cache_ops``)."""
+        with self._lock:
+            s = self._get(session_id)
+            self._check_block(s, session_id, block)
+            rng = block.token_range
+            offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
+            op = s.positions.plan_admit(rng, offsets, preferred_first=block.positions[0])
+            self._ensure_room(len(rng))
+            item = _PendingImport(block, rng, op.positions, op.positions[0] - block.positions[0])
+            if op.tail_shift or item.delta:
+                self._ops.require_shift(f"importing {rng} at position {op.positions[0]} (exported at "
+                                        f"{block.positions[0]}, tail moves {op.tail_shift})")
+            if op.tail_shift:
+                self._materialize(s)
+                self._ops.shift(s.seq, op.tail_from, op.tail_shift)
+            s.positions.admit(rng, offsets, preferred_first=block.positions[0])
+            s.pending.append(item)
+            if op.tail_shift:
+                self._materialize(s)
+            s.logits = None
+
+    # -- attention ------------------------------------------------------------------------
+    def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
+        """Attention of the session's last ``window`` resident tokens over all resident tokens,
+        from a re-prefill in the scoring context (keys/queries labelled by token-log index)."""
+        with self._lock:
+            s = self._get(session_id)
+            mask = s.positions.resident_mask()
+            if not mask.any():
+                raise RangeError(f"session {session_id!r} has no resident tokens to score")
+            if self._scoring is None:
+                self._scoring = ScoringContext(
+                    self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads
+                )
+            log_index = np.nonzero(mask)[0].astype(np.int64)
+            tokens = np.asarray(s.tokens, dtype=np.int32)[mask]
+            return self._scoring.capture(tokens.tolist(), log_index, window or self.score_window)
+
+    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
+        """SnapKV scores: attention from the last ``score_window`` resident tokens, summed over
+        layers, heads and query rows, max-pooled over ``score_kernel`` keys, summed per range."""
+        with self._lock:
+            s = self._get(session_id)
+            for rng in ranges:
+                s.positions.check_resident(rng)
+            if not ranges:
+                return []
+            cap = self.attention(session_id)
+            keys = snapkv_key_scores(cap.probs, window=cap.n_query, kernel=self.score_kernel)
+            return [float(x) for x in block_scores(keys, cap.key_positions, ranges)]
+
+    # -- generation -----------------------------------------------------------------------
+    def _next_logits(self, s: _Session, session_id: str) -> npt.NDArray[np.float32]:
+        if s.logits is not None:
+            return s.logits
+        if not s.tokens:
+            raise ValueError(f"session {session_id!r} has no tokens; append a prompt first")
+        # The cache changed since the last decode: recompute the last token against it.
+        last = Range(len(s.tokens) - 1, len(s.tokens))
+        if s.positions.resident_mask()[-1]:
+            self.evict_range(session_id, last, rebase=False)
+        self.admit_range(session_id, last)
+        assert s.logits is not None
+        return s.logits
+
+    def stream(
+        self,
+        session_id: str,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_at_eog: bool = True,
+    ) -> Iterator[int]:
+        """Yield up to ``max_tokens`` sampled tokens, each appended to the session as it comes
+        (an end-of-generation token is yielded and appended, then the stream stops)."""
+        self._get(session_id)
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 0")
+        sampler = TokenSampler(temperature, seed)
+        return self._stream(session_id, int(max_tokens), sampler, stop_at_eog)
+
+    def _stream(
+        self, session_id: str, max_tokens: int, sampler: TokenSampler, stop_at_eog: bool
+    ) -> Iterator[int]:
+        for _ in range(max_tokens):
+            with self._lock:
+                s = self._get(session_id)
+                token = sampler.sample(self._next_logits(s, session_id))
+                self.append(session_id, [token])
+            yield token
+            if stop_at_eog and self._model.is_eog(token):
+                return
+
+    def generate(
+        self,
+        session_id: str,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_at_eog: bool = True,
+    ) -> list[int]:
+        """Decode up to ``max_tokens`` tokens in one call (greedy at temperature 0, else seeded
+        sampling); they are appended to the session and returned."""
+        return list(self.stream(session_id, max_tokens, temperature, seed, stop_at_eog))

@@ -1,0 +1,67 @@
+"""The attention-exposing variant of the converted graph, and the scoring pass run on it.
+
+Primitives:
+- ``with_attention_outputs(model) -> (ov.Model, output names)``: a clone whose per-layer Softmax
+  (tagged ``ATTN_PROBS_TAG`` by ``graph.py``) are extra outputs ``[batch, heads, queries, keys]``.
+  Raises ``CapabilityError`` when the graph has none (e.g. the SDPA form).
+- ``score_keys(request, names, kv, tokens, positions, window) -> per-entry scores``: replays the
+  last ``window`` resident tokens over the cache before them (states set to that prefix, the same
+  context they first saw) and sums the attention each cache entry receives over layers, heads and
+  those queries (SnapKV's observation window, unpooled). The session's own request is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import openvino as ov
+
+from kvres.policy.errors import CapabilityError
+from kvres.policy.scoring import key_mass
+
+from .graph import ATTN_PROBS_TAG
+from .states import KVArrays, StateNames, kv_len, take, write_kv
+
+
+def with_attention_outputs(model: ov.Model) -> tuple[ov.Model, list[str]]:
+    clone = model.clone()
+    probs = [op for op in clone.get_ordered_ops()
+             if op.get_type_name() == "Softmax" and op.get_friendly_name().startswith(ATTN_PROBS_TAG)]
+    if not probs:
+        raise CapabilityError(f"model {model.get_friendly_name()!r} has no explicit attention Softmax to expose")
+    names = []
+    for op in probs:
+        name = op.get_friendly_name()
+        op.output(0).get_tensor().add_names({name})
+        names.append(name)
+    clone.add_outputs([op.output(0) for op in probs])
+    return clone, names
+
+
+def score_keys(
+    request: ov.InferRequest,
+    state_names: StateNames,
+    output_names: Sequence[str],
+    kv: KVArrays,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    window: int,
+) -> npt.NDArray[np.float64]:
+    n = kv_len(kv)
+    if len(tokens) != n or len(positions) != n:
+        raise ValueError(f"{len(tokens)} tokens / {len(positions)} positions for {n} cache entries")
+    if n == 0:
+        return np.zeros(0)
+    w = max(1, min(window, n))
+    write_kv(request, state_names, take(kv, 0, n - w))
+    out = request.infer({
+        "input_ids": np.asarray([tokens[n - w:]], dtype=np.int64),
+        "attention_mask": np.ones((1, n), dtype=np.int64),
+        "position_ids": np.asarray([positions[n - w:]], dtype=np.int64),
+        "beam_idx": np.zeros(1, dtype=np.int32),
+    })
+    attn = np.stack([out[name][0] for name in output_names])  # [L, H, w, n]
+    request.reset_state()
+    return key_mass(attn)

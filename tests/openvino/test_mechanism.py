@@ -1,0 +1,105 @@
+"""The two mechanisms' bookkeeping: deferred work, blocks that move between modes, session isolation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvres.actors.openvino import OpenVINOExecutor
+from kvres.actors.openvino.states import payload_to_kv
+from kvres.policy import Block, PlanInput, Range, StreamPolicy, apply_plan, plan_hot_set, split_into_blocks
+
+from .dict_store import DictBlockStore
+
+PROMPT = [1] + [3 + (i * 29) % 450 for i in range(299)]
+
+
+class _CountingExecutor(OpenVINOExecutor):
+    calls = 0
+
+    def _run(self, s, tokens: Sequence[int], positions: Sequence[int], past: int):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super()._run(s, tokens, positions, past)
+
+
+def _streaming_plan(ex: OpenVINOExecutor):  # type: ignore[no-untyped-def]
+    blocks = [Block(b.range, last_used=i) for i, b in enumerate(split_into_blocks(ex.resident_ranges("s"), 16))]
+    return plan_hot_set(PlanInput(blocks, 96, StreamPolicy(True, 4, 48), ex.capabilities()))
+
+
+def test_a_plan_costs_one_re_prefill_in_recompute_mode(stories_gguf: Path) -> None:
+    store = DictBlockStore()
+    ex = _CountingExecutor(stories_gguf, mode="recompute", cold_store=store)
+    ex.open_session("s")
+    ex.append("s", PROMPT)
+    plan = _streaming_plan(ex)
+    assert len(plan.evict_cold) > 5
+    before = ex.calls
+    apply_plan(ex, "s", plan)
+    assert ex.calls == before and store.puts == len(plan.evict_cold)
+    ex.append("s", [5])
+    assert ex.calls == before + 2  # one re-prefill of the survivors, one decode
+
+
+def test_parked_blocks_equal_state_mode_exports(stories_gguf: Path) -> None:
+    """Blocks exported while a re-base is pending carry keys rotated to their new positions."""
+    store = DictBlockStore()
+    rec = OpenVINOExecutor(stories_gguf, mode="recompute", cold_store=store)
+    state = OpenVINOExecutor(stories_gguf, mode="state")
+    for e in (rec, state):
+        e.open_session("s")
+        e.append("s", PROMPT)
+        e.evict_range("s", Range(200, 232), rebase=True)
+        e.evict_range("s", Range(16, 48), rebase=True)
+    a, b = rec.export_range("s", Range(100, 120)), state.export_range("s", Range(100, 120))
+    assert a.positions == b.positions == tuple(range(68, 88)) and a.fingerprint == b.fingerprint
+    for (ka, va), (kb, vb) in zip(payload_to_kv(a.payload, a.geometry, 20),
+                                  payload_to_kv(b.payload, b.geometry, 20), strict=True):
+        np.testing.assert_allclose(ka, kb, atol=1e-5)
+        np.testing.assert_array_equal(va, vb)
+    # and a parked block imports into a state-mode session of the same model
+    parked = store.get(("s", 16, 48))
+    fresh = OpenVINOExecutor(stories_gguf, mode="state")
+    fresh.open_session("s", PROMPT)
+    fresh.import_range("s", parked)
+    assert fresh.resident_ranges("s") == [Range(16, 48)]
+
+
+def test_state_mode_plan_equals_one_block_at_a_time(stories_gguf: Path) -> None:
+    """Deferring a plan's slices into one sync gives the logits of syncing after every block."""
+    one, each = OpenVINOExecutor(stories_gguf), OpenVINOExecutor(stories_gguf)
+    for e in (one, each):
+        e.open_session("s")
+        e.append("s", PROMPT)
+    plan = _streaming_plan(one)
+    apply_plan(one, "s", plan)
+    for rng in reversed(plan.evict_ranges):
+        each.evict_range("s", rng, rebase=True)
+        each.sync("s")
+    assert one.resident_ranges("s") == each.resident_ranges("s")
+    np.testing.assert_allclose(one.append("s", [5]), each.append("s", [5]), atol=1e-4)
+
+
+def test_closing_one_session_leaves_the_other(stories_gguf: Path) -> None:
+    ex = OpenVINOExecutor(stories_gguf)
+    solo = OpenVINOExecutor(stories_gguf)
+    for sid in ("a", "b"):
+        ex.open_session(sid)
+        ex.append(sid, PROMPT[:50])
+    solo.open_session("a")
+    solo.append("a", PROMPT[:50])
+    ex.evict_range("b", Range(0, 20), rebase=True)
+    ex.close_session("b")
+    assert ex.sessions() == ["a"]
+    np.testing.assert_array_equal(ex.append("a", [5]), solo.append("a", [5]))
+
+
+def test_kv_profile_comes_from_the_states(stories_gguf: Path) -> None:
+    from kvres.policy.capacity import profile_from_gguf
+
+    profile = OpenVINOExecutor(stories_gguf).kv_profile()
+    assert (profile.global_layers, profile.windowed_layers) == (5, 0)
+    assert profile.per_layer_kv_bytes == 2 * 4 * 8 * 4  # K+V, 4 kv heads x 8 dims, f32
+    assert profile.kv_bytes_for_context(100) == profile_from_gguf(stories_gguf, "f32", "f32").kv_bytes_for_context(100)

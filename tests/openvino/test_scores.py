@@ -1,0 +1,68 @@
+"""Attention scores from the scoring pass: one per range, the right mass, the right keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvres.actors.openvino import OpenVINOExecutor, load_model
+from kvres.actors.openvino.scoring_pass import with_attention_outputs
+from kvres.policy import CapabilityError, Range
+from kvres.policy.capabilities import Capabilities
+
+PROMPT = [1] + [3 + (i * 13) % 300 for i in range(119)]
+
+
+def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
+    ex = OpenVINOExecutor(stories_gguf, score_window=8)
+    ex.open_session("s")
+    ex.append("s", PROMPT)
+    ranges = [Range(0, 40), Range(40, 80), Range(80, 120)]
+    scores = ex.block_attention_scores("s", ranges)
+    # every query row of every head of every layer sums to 1 over the keys it sees
+    assert sum(scores) == pytest.approx(5 * 8 * 8, rel=1e-5)
+    assert all(s > 0 for s in scores)
+    # the pass does not disturb the session: same next token as an unscored twin
+    twin = OpenVINOExecutor(stories_gguf, score_window=8)
+    twin.open_session("s")
+    twin.append("s", PROMPT)
+    np.testing.assert_array_equal(ex.append("s", [5]), twin.append("s", [5]))
+
+
+@pytest.mark.parametrize("mode", ["state", "recompute"])
+def test_scores_only_count_resident_keys(stories_gguf: Path, mode: str) -> None:
+    from .dict_store import DictBlockStore
+
+    ex = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore(), score_window=4)
+    ex.open_session("s")
+    ex.append("s", PROMPT)
+    ex.evict_range("s", Range(20, 100), rebase=True)
+    scores = ex.block_attention_scores("s", [Range(0, 20), Range(100, 120)])
+    assert sum(scores) == pytest.approx(5 * 8 * 4, rel=1e-5)
+
+
+def test_sdpa_graph_has_no_scores(stories_gguf: Path) -> None:
+    from kvres.actors.openvino import build_llama_model, read_llama_gguf
+
+    model = build_llama_model(read_llama_gguf(stories_gguf), attention="sdpa")
+    with pytest.raises(CapabilityError, match="no explicit attention"):
+        with_attention_outputs(model)
+    assert load_model(stories_gguf).has_attention_probs
+    assert isinstance(OpenVINOExecutor(stories_gguf).capabilities(), Capabilities)
+
+
+def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Path) -> None:
+    """Where no attention is exposed, capabilities say so and scoring is refused (the planner then
+    falls back to recency); the model itself is the same."""
+    from kvres.actors.openvino import convert_gguf_to_ir
+
+    xml = convert_gguf_to_ir(stories_gguf, tmp_path / "sdpa", attention="sdpa")
+    sdpa, explicit = OpenVINOExecutor(xml), OpenVINOExecutor(stories_gguf)
+    assert not sdpa.capabilities().attention_scores and explicit.capabilities().attention_scores
+    for e in (sdpa, explicit):
+        e.open_session("s")
+    np.testing.assert_allclose(sdpa.append("s", PROMPT), explicit.append("s", PROMPT), atol=1e-4)
+    with pytest.raises(CapabilityError, match="exposes no attention"):
+        sdpa.block_attention_scores("s", [Range(0, 10)])
