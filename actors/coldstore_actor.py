@@ -4,7 +4,8 @@ Primitives:
 - ``ColdStoreServer(ram_budget_bytes, disk_path=None, disk_budget_bytes=0, promote_on_get=False,
   copy_payloads=True, fsync=True)``: the plain class (works without Ray): ``put``, ``put_many``,
   ``get``, ``get_many``, ``get_range``, ``delete``, ``list_session``, ``drop_session``,
-  ``stats`` (a flat ``dict[str, int]`` for metrics), ``drain_dropped``, ``close``.
+  ``tiers`` (where each key lives), ``stats`` (a flat ``dict[str, int]`` for metrics),
+  ``drain_dropped``, ``flush``, ``close``.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
 
@@ -14,7 +15,8 @@ and the receiver maps them (a read-only ``memoryview``) instead of unpickling a 
 the actor copies that mapped payload once into its own heap (``copy_payloads=True``), so the
 RAM tier owns its bytes and does not pin object-store memory; ``get`` returns the stored block and
 Ray again ships the payload out of band. Batch calls (``put_many`` / ``get_many``) amortise the
-~1 ms cost of a Ray call over many blocks.
+~1 ms cost of a Ray call over many blocks. The store is not thread-safe: keep the actor's default
+``max_concurrency=1``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class ColdStoreServer:
 
     def drain_dropped(self) -> list[BlockKey]:
         return self._store.drain_dropped()
+
+    def flush(self) -> None:
+        self._store.flush()
 
     def close(self) -> None:
         self._store.close()

@@ -1,16 +1,67 @@
 """kvres.coldstore: where evicted and suspended KV blocks live (no Ray inside).
 
-Primitives: ``KVBlock``, ``KVGeometry``, ``make_fingerprint`` and the ``ColdStoreError`` family.
+Primitives:
+- ``KVBlock``, ``KVGeometry``, ``make_fingerprint`` (block.py).
+- ``encode_block`` / ``decode_block`` (codec.py): magic + msgpack header + raw payload, checksummed.
+- ``BlockKey`` and ``validate_session_id`` (keys.py): (session id, token range, fingerprint).
+- ``RamTier`` (ram_tier.py), ``DiskTier`` (disk_tier.py, atomic writes from fileio.py),
+  ``TieredStore`` with ``PutResult`` and ``StoreStats`` (tiered.py).
+- The ``ColdStoreError`` family (errors.py).
 """
 
 from .block import KVBlock, KVGeometry, make_fingerprint
-from .errors import BlockCorruptError, BlockFingerprintError, ColdStoreError
+from .codec import FORMAT_VERSION, decode_block, encode_block, encoded_size
+from .disk_tier import DiskTier
+from .errors import (
+    BlockChecksumError,
+    BlockCorruptError,
+    BlockEncodeError,
+    BlockFingerprintError,
+    BlockLengthError,
+    BlockTooLargeError,
+    BlockVersionError,
+    ColdStoreError,
+    DiskFullError,
+    DiskReadError,
+    DiskWriteError,
+    InvalidKeyError,
+    InvalidSessionIdError,
+    StoreLockedError,
+)
+from .keys import MAX_SESSION_ID_LEN, BlockKey, validate_fingerprint, validate_session_id
+from .ram_tier import RamTier, ram_cost
+from .tiered import PutResult, StoreStats, TieredStore
 
 __all__ = [
+    "FORMAT_VERSION",
+    "MAX_SESSION_ID_LEN",
+    "BlockChecksumError",
     "BlockCorruptError",
+    "BlockEncodeError",
     "BlockFingerprintError",
+    "BlockKey",
+    "BlockLengthError",
+    "BlockTooLargeError",
+    "BlockVersionError",
     "ColdStoreError",
+    "DiskFullError",
+    "DiskReadError",
+    "DiskTier",
+    "DiskWriteError",
+    "InvalidKeyError",
+    "InvalidSessionIdError",
     "KVBlock",
     "KVGeometry",
+    "PutResult",
+    "RamTier",
+    "StoreLockedError",
+    "StoreStats",
+    "TieredStore",
+    "decode_block",
+    "encode_block",
+    "encoded_size",
     "make_fingerprint",
+    "ram_cost",
+    "validate_fingerprint",
+    "validate_session_id",
 ]

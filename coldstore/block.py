@@ -104,4 +104,9 @@ def _rebuild_block(
     """Unpickling helper: ``payload`` is bytes / bytearray in band, or a buffer out of band."""
     if not isinstance(payload, (bytes, bytearray)):
         payload = memoryview(payload).cast("B")
-    return KVBlock(*fields, payload=payload, positions=positions, meta=meta)
+    (fingerprint, model_id, engine, type_k, type_v, geometry, session_id, token_range,
+     token_ids) = fields
+    return KVBlock(
+        fingerprint, model_id, engine, type_k, type_v, geometry, session_id, token_range,
+        token_ids, payload, positions, meta,
+    )

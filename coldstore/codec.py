@@ -2,8 +2,10 @@
 
 Primitives:
 - ``encode_block(block) -> bytes``: the whole encoded block (one concatenation copy).
-- ``encode_head(block) -> bytes``: prefix + header only, for writers that send the payload
-  separately (``os.writev([head, payload])``) and so never copy it.
+- ``encode_head(block, payload_crc=None) -> bytes``: prefix + header only, for writers that send
+  the payload separately and so never copy it. Its length does not depend on the checksum, so a
+  writer may place the payload first and the header once the checksum (computed concurrently) is
+  known.
 - ``decode_block(data, expected_fingerprint=None) -> KVBlock``: validates everything; the payload of
   the result is a zero-copy ``memoryview`` slice of ``data``.
 - ``decode_head(data) -> (BlockHeader, payload_offset)`` and ``block_from_parts(header, payload)``:
@@ -19,8 +21,9 @@ Layout (little endian)::
           12   u32      header length H
           16   u32      crc32 of the header bytes
           20   H bytes  msgpack map: v, fp, model_id, engine, type_k, type_v, geom [L, heads, dim],
-                        sid, range [start, end], tokens, pos, meta, plen, pcrc
-        20+H   plen     payload; crc32 in pcrc
+                        sid, range [start, end], tokens, pos, meta, plen, pcrc (4 bytes, big
+                        endian crc32 of the payload)
+        20+H   plen     payload
 
 The header checksum is verified before msgpack parses anything; the payload checksum before the
 block is returned. Every failure is a ``BlockCorruptError`` subclass (``BlockVersionError``,
@@ -93,8 +96,12 @@ def payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def encode_head(block: KVBlock) -> bytes:
-    """Prefix + msgpack header of ``block``; the payload goes right after it."""
+def encode_head(block: KVBlock, payload_crc: int | None = None) -> bytes:
+    """Prefix + msgpack header of ``block``; the payload goes right after it.
+
+    ``payload_crc`` is ``zlib.crc32`` of the payload when the caller has it (or will have it:
+    the length of the result is the same for every value).
+    """
     validate_session_id(block.session_id)
     validate_fingerprint(block.fingerprint)
     for name in ("model_id", "engine", "type_k", "type_v"):
@@ -104,6 +111,8 @@ def encode_head(block: KVBlock) -> bytes:
                 f"KVBlock.{name} must be a str of at most {MAX_STR_LEN} characters, got {value!r:.80}"
             )
     payload = payload_view(block.payload)
+    if payload_crc is not None and not 0 <= payload_crc < 1 << 32:
+        raise BlockEncodeError(f"payload_crc must be a crc32 in [0, 2**32), got {payload_crc}")
     geom = block.geometry
     header = {
         "v": FORMAT_VERSION,
@@ -119,10 +128,10 @@ def encode_head(block: KVBlock) -> bytes:
         "pos": list(block.positions),
         "meta": block.meta,
         "plen": payload.nbytes,
-        "pcrc": zlib.crc32(payload),
+        "pcrc": (zlib.crc32(payload) if payload_crc is None else payload_crc).to_bytes(4, "big"),
     }
     try:
-        packed = msgpack.packb(header, use_bin_type=True, strict_types=False)
+        packed: bytes = msgpack.packb(header, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as exc:
         raise BlockEncodeError(
             f"block {block.session_id!r} {block.token_range}: header cannot be encoded with msgpack "
@@ -211,8 +220,8 @@ def _parse_header(raw: memoryview) -> BlockHeader:
     _expect(len(geom) == 3, "geom", geom)
     _expect(len(rng) == 2, "range", rng)
     _expect(isinstance(obj["meta"], dict), "meta", obj["meta"])
-    for name in ("plen", "pcrc"):
-        _expect(_is_int(obj[name]) and obj[name] >= 0, name, obj[name])
+    _expect(_is_int(obj["plen"]) and obj["plen"] >= 0, "plen", obj["plen"])
+    _expect(isinstance(obj["pcrc"], bytes) and len(obj["pcrc"]) == 4, "pcrc", obj["pcrc"])
     try:
         validate_session_id(obj["sid"])
         validate_fingerprint(obj["fp"])
@@ -229,7 +238,7 @@ def _parse_header(raw: memoryview) -> BlockHeader:
             positions=_int_tuple(obj["pos"], "pos"),
             meta=obj["meta"],
             payload_len=obj["plen"],
-            payload_crc=obj["pcrc"],
+            payload_crc=int.from_bytes(obj["pcrc"], "big"),
         )
     except BlockCorruptError:
         raise

@@ -10,8 +10,8 @@ Primitives:
 
 Blocks are stored as given: no encoding, no checksum. With ``copy_payloads=False`` the tier keeps
 the caller's payload object (``bytes``, or a buffer the caller promises not to change); with
-``copy_payloads=True`` any payload that is not ``bytes`` is copied once into ``bytes`` so the tier
-owns it (use this when payloads are views of memory that will be reused or released, such as
+``copy_payloads=True`` any payload that is not ``bytes`` is copied once into a private read-only
+buffer so the tier owns it (use this when payloads are views of memory that will be reused or released, such as
 buffers mapped from Ray's object store).
 
 Eviction order: lowest ``priority`` first; least recently used first within a priority.
@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
 
 from .block import KVBlock
+from .codec import payload_view
 from .errors import BlockTooLargeError
 from .keys import BlockKey, validate_session_id
 
@@ -39,6 +43,14 @@ def ram_cost(block: KVBlock) -> int:
         + BLOCK_OVERHEAD_BYTES
         + PER_TOKEN_OVERHEAD_BYTES * (len(block.token_ids) + len(block.positions))
     )
+
+
+def _owned_copy(payload: bytes | bytearray | memoryview) -> memoryview:
+    """A read-only byte view of a private copy of ``payload`` (one memcpy; numpy allocates with
+    huge pages where it can, which makes large copies faster than ``bytes(payload)``)."""
+    owned = np.frombuffer(payload_view(payload), dtype=np.uint8).copy()
+    owned.flags.writeable = False
+    return owned.data
 
 
 class RamTier:
@@ -67,6 +79,9 @@ class RamTier:
     def keys(self) -> list[BlockKey]:
         return list(self._priority)
 
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(self.keys())
+
     def keys_for_session(self, session_id: str) -> list[BlockKey]:
         validate_session_id(session_id)
         return sorted(k for k in self._priority if k.session_id == session_id)
@@ -84,7 +99,7 @@ class RamTier:
                 f"block {key} costs {cost} bytes in RAM; the RAM tier budget is {self.budget_bytes}"
             )
         if self.copy_payloads and not isinstance(block.payload, bytes):
-            block = dataclasses.replace(block, payload=memoryview(block.payload).tobytes())
+            block = dataclasses.replace(block, payload=_owned_copy(block.payload))
         self._remove(key)
         evicted: list[KVBlock] = []
         while self._used + cost > self.budget_bytes:

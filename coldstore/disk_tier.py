@@ -1,0 +1,363 @@
+"""Disk tier: one encoded block per file, atomic writes, an LRU index rebuilt from the files.
+
+Primitives:
+- ``DiskTier(path, budget_bytes, fsync=True, defer_dir_sync=True)``: ``put(block) -> list[BlockKey]``
+  (blocks dropped to make room, coldest first), ``get(key)``, ``pop(key)``, ``delete(key)``,
+  ``keys()``, ``keys_for_session(session_id)``, ``drop_session(session_id)``, ``used_bytes``,
+  ``budget_bytes``, ``flush()``, ``close()``; ``startup_dropped`` / ``startup_discarded`` tell what
+  start-up removed (over budget / damaged).
+
+Layout under ``path`` (created 0700)::
+
+    .lock                                  flock: one process per directory (StoreLockedError)
+    tmp/<random>.part                      writes in progress; removed at start-up
+    blocks/<session_id>/<start>-<end>.<fingerprint>.kvb
+
+A put writes a temp file (0600) through ``fileio.AtomicFileWriter`` (fsync, rename, directory
+fsync; see there for the deferred directory fsync). Header and payload are written with
+``pwritev`` and never concatenated: small payloads go in one ``pwritev`` after their checksum;
+payloads of 1 MiB and more are written first, their writeback started, and their checksum computed
+while the device works, then the header is written before the fsync. A process killed at any
+point leaves either the whole block or none of it.
+
+At start-up the index is rebuilt from the file names (least recently written first), checking
+each file's header and size; damaged files are deleted (``startup_discarded``), and if the files
+exceed the budget the oldest are dropped (``startup_dropped``). Reads verify the payload checksum
+and return the payload as a writable ``memoryview`` owned by the caller; a damaged file is deleted
+and its ``BlockCorruptError`` raised, so the caller recomputes from the token log.
+
+A full disk (ENOSPC / EDQUOT) raises ``DiskFullError`` and leaves the tier as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from kvres.policy.ranges import Range
+
+from .block import KVBlock
+from .codec import (
+    PREFIX_SIZE,
+    block_from_parts,
+    decode_head,
+    encode_head,
+    head_length,
+    payload_view,
+)
+from .errors import (
+    BlockCorruptError,
+    BlockFingerprintError,
+    BlockLengthError,
+    BlockTooLargeError,
+    ColdStoreError,
+    DiskReadError,
+    DiskWriteError,
+    StoreLockedError,
+)
+from .fileio import AtomicFileWriter, pwrite_all, start_writeback
+from .keys import BlockKey, validate_session_id
+
+_FILE_RE = re.compile(r"(\d+)-(\d+)\.([A-Za-z0-9_-]+)\.kvb")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+OVERLAP_CHECKSUM_MIN_BYTES = 1 << 20
+
+
+class DiskTier:
+    """Encoded blocks in files under ``path``, within ``budget_bytes`` of file bytes."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], budget_bytes: int, *, fsync: bool = True,
+        defer_dir_sync: bool = True,
+    ) -> None:
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ValueError(f"DiskTier budget_bytes must be an int >= 0, got {budget_bytes!r}")
+        self.path = Path(path)
+        self.budget_bytes = budget_bytes
+        self.fsync = fsync
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock_fd: int | None = os.open(
+            self.path / ".lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise StoreLockedError(
+                f"disk tier directory {self.path} is in use by another DiskTier ({exc.strerror})"
+            ) from exc
+        self._blocks_dir = self.path / "blocks"
+        self._tmp_dir = self.path / "tmp"
+        self._blocks_dir.mkdir(mode=0o700, exist_ok=True)
+        self._tmp_dir.mkdir(mode=0o700, exist_ok=True)
+        self._writer = AtomicFileWriter(self._tmp_dir, fsync=fsync, defer_dir_sync=defer_dir_sync)
+        self._index: OrderedDict[BlockKey, int] = OrderedDict()  # LRU order, value = file bytes
+        self._used = 0
+        self.startup_discarded: list[str] = []
+        self.startup_dropped: list[BlockKey] = []
+        self._rebuild()
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def keys(self) -> list[BlockKey]:
+        return list(self._index)
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(self.keys())
+
+    def keys_for_session(self, session_id: str) -> list[BlockKey]:
+        validate_session_id(session_id)
+        return sorted(k for k in self._index if k.session_id == session_id)
+
+    def file_path(self, key: BlockKey) -> Path:
+        """Where ``key`` is (or would be) stored; every component is validated by BlockKey."""
+        rng = key.token_range
+        return self._blocks_dir / key.session_id / f"{rng.start}-{rng.end}.{key.fingerprint}.kvb"
+
+    def flush(self) -> None:
+        """Make every stored block durable (waits for a deferred directory fsync)."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush, then release the directory lock; the tier must not be used afterwards."""
+        try:
+            self._writer.close()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> DiskTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._lock_fd is None:
+            raise ColdStoreError(f"disk tier {self.path} is closed")
+
+    # ---- start-up ----------------------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        for leftover in self._tmp_dir.iterdir():
+            leftover.unlink(missing_ok=True)
+        found: list[tuple[int, BlockKey, int]] = []
+        for session_dir in self._blocks_dir.iterdir():
+            try:
+                session_id = validate_session_id(session_dir.name)
+            except ColdStoreError:
+                continue  # not ours: never touch it
+            if not session_dir.is_dir():
+                continue
+            for file in session_dir.iterdir():
+                match = _FILE_RE.fullmatch(file.name)
+                if match is None:
+                    continue
+                try:
+                    key = BlockKey(
+                        session_id, Range(int(match[1]), int(match[2])), match[3]
+                    )
+                    size = self._check_file(file, key)
+                except (ColdStoreError, ValueError, OSError) as exc:
+                    self.startup_discarded.append(f"{file}: {exc}")
+                    file.unlink(missing_ok=True)
+                    continue
+                found.append((file.stat().st_mtime_ns, key, size))
+            self._rmdir_if_empty(session_dir)
+        for _, key, size in sorted(found, key=lambda item: (item[0], item[1])):
+            self._index[key] = size
+            self._used += size
+        while self._used > self.budget_bytes:
+            key, _ = next(iter(self._index.items()))
+            self._delete(key)
+            self.startup_dropped.append(key)
+
+    def _check_file(self, file: Path, key: BlockKey) -> int:
+        """Validate header and size of ``file`` against ``key``; return its size."""
+        fd = os.open(file, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            header, offset = decode_head(self._read_head(fd, file))
+        finally:
+            os.close(fd)
+        self._check_header_key(header.session_id, header.token_range, header.fingerprint, key)
+        if size != offset + header.payload_len:
+            raise BlockLengthError(
+                f"{file} is {size} bytes, header + payload need {offset + header.payload_len}"
+            )
+        return size
+
+    @staticmethod
+    def _read_head(fd: int, file: Path) -> bytes:
+        prefix = os.pread(fd, PREFIX_SIZE, 0)
+        if len(prefix) < PREFIX_SIZE:
+            raise BlockLengthError(f"{file} is truncated: {len(prefix)} bytes")
+        need = head_length(prefix)
+        head = os.pread(fd, need, 0)
+        if len(head) < need:
+            raise BlockLengthError(f"{file} is truncated: header needs {need} bytes, got {len(head)}")
+        return head
+
+    @staticmethod
+    def _check_header_key(session_id: str, rng: Range, fingerprint: str, key: BlockKey) -> None:
+        if session_id != key.session_id or rng != key.token_range:
+            raise BlockCorruptError(
+                f"file for {key} holds session {session_id!r} range {rng} instead"
+            )
+        if fingerprint != key.fingerprint:
+            raise BlockFingerprintError(
+                f"file for {key} holds a block with fingerprint {fingerprint!r}"
+            )
+
+    def _rmdir_if_empty(self, directory: Path) -> None:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+    # ---- operations --------------------------------------------------------------------------
+
+    def put(self, block: KVBlock) -> list[BlockKey]:
+        """Store ``block`` durably; return the keys dropped (coldest first) to stay in budget.
+
+        Raises ``BlockTooLargeError`` when the file would exceed the whole budget, and
+        ``DiskFullError`` / ``DiskWriteError`` when the write fails (the tier is then unchanged).
+        """
+        self._check_open()
+        key = BlockKey.of(block)
+        head_len = len(encode_head(block, payload_crc=0))  # validates; the length is final
+        payload = payload_view(block.payload)
+        size = head_len + payload.nbytes
+        if size > self.budget_bytes:
+            raise BlockTooLargeError(
+                f"block {key} is {size} bytes on disk; the disk tier budget is {self.budget_bytes}"
+            )
+        room = self.budget_bytes - (self._used - self._index.get(key, 0))
+        victims: list[BlockKey] = []
+        for other, other_size in self._index.items():
+            if room >= size:
+                break
+            if other != key:
+                victims.append(other)
+                room += other_size
+        self._writer.write(self.file_path(key), self._block_filler(block, payload, head_len), size)
+        self._used += size - self._index.pop(key, 0)
+        self._index[key] = size
+        for victim in victims:
+            self._delete(victim)
+        return victims
+
+    def _block_filler(self, block: KVBlock, payload: memoryview, head_len: int) -> Callable[[int], None]:
+        """A ``fill(fd)`` writing header and payload without concatenating them."""
+        if payload.nbytes < OVERLAP_CHECKSUM_MIN_BYTES:
+            head = memoryview(encode_head(block, payload_crc=zlib.crc32(payload)))
+            return lambda fd: pwrite_all(fd, (head, payload), 0)
+
+        def fill(fd: int) -> None:
+            pwrite_all(fd, (payload,), head_len)
+            if self.fsync:
+                start_writeback(fd, head_len, payload.nbytes)  # the device works while we checksum
+            head = encode_head(block, payload_crc=zlib.crc32(payload))
+            pwrite_all(fd, (memoryview(head),), 0)
+
+        return fill
+
+    def get(self, key: BlockKey) -> KVBlock | None:
+        """The block under ``key`` (payload checksum verified), or None when absent.
+
+        A damaged file is deleted and its ``BlockCorruptError`` raised.
+        """
+        self._check_open()
+        if key not in self._index:
+            return None
+        path = self.file_path(key)
+        try:
+            block = self._read(path, key)
+        except FileNotFoundError:
+            self._forget(key)
+            return None
+        except BlockCorruptError as exc:
+            self._delete(key)
+            raise type(exc)(f"{path}: {exc}") from exc
+        except BlockFingerprintError:
+            self._delete(key)
+            raise
+        except OSError as exc:
+            raise DiskReadError(f"reading {path} failed: {exc.strerror or exc} (errno {exc.errno})") from exc
+        self._index.move_to_end(key)
+        return block
+
+    def pop(self, key: BlockKey) -> KVBlock | None:
+        """Read and remove the block under ``key``, or None."""
+        block = self.get(key)
+        if block is not None:
+            self._delete(key)
+        return block
+
+    def delete(self, key: BlockKey) -> bool:
+        self._check_open()
+        if key not in self._index:
+            return False
+        self._delete(key)
+        return True
+
+    def drop_session(self, session_id: str) -> list[BlockKey]:
+        """Delete every block of ``session_id``; return their keys."""
+        self._check_open()
+        keys = self.keys_for_session(session_id)
+        for key in keys:
+            self._delete(key)
+        self._rmdir_if_empty(self._blocks_dir / session_id)
+        return keys
+
+    def _read(self, path: Path, key: BlockKey) -> KVBlock:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            header, offset = decode_head(self._read_head(fd, path))
+            self._check_header_key(header.session_id, header.token_range, header.fingerprint, key)
+            if size != offset + header.payload_len:
+                raise BlockLengthError(
+                    f"file is {size} bytes, header + payload need {offset + header.payload_len}"
+                )
+            view = np.empty(header.payload_len, dtype=np.uint8).data
+            done = 0
+            while done < header.payload_len:
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n <= 0:
+                    raise BlockLengthError(
+                        f"file ended after {offset + done} bytes, header + payload need "
+                        f"{offset + header.payload_len}"
+                    )
+                done += n
+        finally:
+            os.close(fd)
+        return block_from_parts(header, view)
+
+    def _forget(self, key: BlockKey) -> None:
+        self._used -= self._index.pop(key)
+
+    def _delete(self, key: BlockKey) -> None:
+        self._forget(key)
+        try:
+            self.file_path(key).unlink(missing_ok=True)
+        except OSError as exc:  # pragma: no cover - e.g. EIO; the index no longer bills it
+            raise DiskWriteError(f"deleting {self.file_path(key)} failed: {exc}", errno=exc.errno) from exc

@@ -1,0 +1,46 @@
+"""Block factories shared by the cold-store tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvres.coldstore import KVBlock, KVGeometry, make_fingerprint
+from kvres.policy.ranges import Range
+
+GEOMETRY = KVGeometry(n_layers=2, n_kv_heads=2, head_dim=8)
+FINGERPRINT = make_fingerprint("stories260K", "llama", "f16", "f16", GEOMETRY)
+OTHER_FINGERPRINT = make_fingerprint("stories260K", "llama", "q8_0", "q8_0", GEOMETRY)
+
+
+def make_block(
+    payload: bytes | bytearray | memoryview = b"",
+    *,
+    session_id: str = "sess-1",
+    start: int = 0,
+    n_tokens: int = 4,
+    fingerprint: str = FINGERPRINT,
+    positions: bool = True,
+    meta: dict[str, Any] | None = None,
+) -> KVBlock:
+    rng = Range(start, start + n_tokens)
+    return KVBlock(
+        fingerprint=fingerprint,
+        model_id="stories260K",
+        engine="llama",
+        type_k="f16",
+        type_v="f16",
+        geometry=GEOMETRY,
+        session_id=session_id,
+        token_range=rng,
+        token_ids=tuple(range(100 + start, 100 + start + n_tokens)),
+        payload=payload,
+        positions=tuple(range(rng.start, rng.end)) if positions else (),
+        meta={"layer_order": "kv", "n": 1} if meta is None else meta,
+    )
+
+
+def payload_of(size: int, seed: int = 0) -> bytes:
+    """Deterministic, non-repeating-looking bytes of ``size`` (fast for big sizes)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 256, size=size, dtype=np.uint8).tobytes()
