@@ -3,7 +3,7 @@
 Primitives:
 - ``LlamaBackend(model_path, **executor_options)``: a plain class holding a ``LlamaExecutor``;
   each method forwards to it (the executor protocol, ``generate``, ``stream``, ``attention``,
-  ``kv_profile``, ``tokenize``, ``detokenize``) plus ``describe()`` for what a remote caller
+  ``flush``, ``kv_profile``, ``tokenize``, ``detokenize``) plus ``describe()`` for what a remote caller
   cannot read as attributes (fingerprint, model id, n_ctx, KV types, free cells, sessions).
 - ``remote_backend(**ray_options)``: ``ray.remote(**ray_options)(LlamaBackend)``, built on call so
   importing this module needs no Ray.
@@ -94,6 +94,9 @@ class LlamaBackend:
         stop_at_eog: bool = True,
     ) -> Iterator[int]:
         yield from self._executor.stream(session_id, max_tokens, temperature, seed, stop_at_eog)
+
+    def flush(self, session_id: str | None = None) -> None:
+        self._executor.flush(session_id)
 
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
         return self._executor.attention(session_id, window)

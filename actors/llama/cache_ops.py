@@ -95,10 +95,10 @@ class CacheOps:
     def place(self, seq: int, tokens: Sequence[int], first: int) -> npt.NDArray[np.float32]:
         ctx, scratch = self.ctx, self.scratch
         n = len(tokens)
-        self.unpark(seq, first, first + n)
-        self.reserve(n)
         last = ctx.pos_max(seq)
         if last < 0 or last + 1 == first:
+            self.unpark(seq, first, first + n)
+            self.reserve(n)
             logits = ctx.decode(tokens, first, seq)
             self.shift_pending = False
             self.live += n
@@ -115,7 +115,9 @@ class CacheOps:
                 f"placing tokens at position {first} after a gap (last earlier cell at {prefix_end}) "
                 "needs a K-shift, which this cache cannot do"
             )
+        self.unpark(seq, first, first + n)
         try:
+            self.reserve(n)
             logits = ctx.decode(tokens, start, scratch)
         except BaseException:
             ctx.seq_rm(scratch, -1, -1)

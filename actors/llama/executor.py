@@ -7,7 +7,7 @@ Primitives:
   ``resident_ranges``, ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
   ``block_attention_scores``, ``close_session``.
   Beyond it: ``generate``, ``stream``, ``attention``, ``kv_profile``, ``tokenize``,
-  ``detokenize``, ``cache_positions``, ``sessions``, ``free_cells``, ``close``; attributes
+  ``detokenize``, ``cache_positions``, ``sessions``, ``free_cells``, ``flush``, ``close``; attributes
   ``fingerprint``, ``model_id`` (sha256 of the model file), ``geometry``, ``n_ctx``,
   ``n_seq_max``, ``type_k``, ``type_v``, ``flash_attn``, ``n_vocab``.
 
@@ -450,6 +450,15 @@ class LlamaExecutor:
             if op.tail_shift:
                 self._materialize(s)
             s.logits = None
+
+    def flush(self, session_id: str | None = None) -> None:
+        """Do deferred work now: restore the session's (or every session's) pending imports and
+        apply pending K-shifts, so the next decode pays only for itself."""
+        with self._lock:
+            sessions = [self._get(session_id)] if session_id is not None else list(self._sessions.values())
+            for s in sessions:
+                self._materialize(s)
+            self._ops.flush_shifts()
 
     # -- attention ------------------------------------------------------------------------
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:

@@ -1,0 +1,105 @@
+"""KV precision (f16 / q8_0 / q4_0), flash attention choice, and the model's KV profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvres.actors.llama import LlamaExecutor
+from kvres.policy import CapabilityError, Range
+from kvres.policy.capacity import LayerKVProfile
+
+TOKENS = [(7 * i + 3) % 60 + 259 for i in range(120)]  # word tokens of the random model
+
+
+@pytest.mark.parametrize(("type_k", "type_v"), [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
+                                                ("q8_0", "f16")])
+def test_quantized_caches_round_trip_exactly(
+    make_llama: Callable[..., LlamaExecutor], quant_model: Path, type_k: str, type_v: str
+) -> None:
+    executor = make_llama(model=quant_model, type_k=type_k, type_v=type_v)
+    assert executor.flash_attn  # default, and required by a quantized V cache
+    executor.open_session("s")
+    executor.append("s", TOKENS[:100])
+    reference = make_llama(model=quant_model, type_k=type_k, type_v=type_v)
+    reference.open_session("s")
+    reference.append("s", TOKENS[:100])
+    expected = reference.append("s", TOKENS[100:101])
+    block = executor.export_range("s", Range(30, 70))
+    assert (block.type_k, block.type_v) == (type_k, type_v)
+    executor.evict_range("s", Range(30, 70))
+    executor.import_range("s", block)
+    assert np.max(np.abs(executor.append("s", TOKENS[100:101]) - expected)) == 0.0
+
+
+def test_quantized_cache_stays_close_to_f16(make_llama: Callable[..., LlamaExecutor], quant_model: Path) -> None:
+    results = {}
+    for kv in ("f16", "q8_0", "q4_0"):
+        executor = make_llama(model=quant_model, type_k=kv, type_v=kv)
+        executor.open_session("s")
+        results[kv] = executor.append("s", TOKENS)
+    assert np.max(np.abs(results["q8_0"] - results["f16"])) < np.max(np.abs(results["q4_0"] - results["f16"]))
+    assert int(np.argmax(results["q8_0"])) == int(np.argmax(results["f16"]))
+
+
+def test_a_quantized_k_cache_cannot_shift(make_llama: Callable[..., LlamaExecutor], quant_model: Path) -> None:
+    """llama.cpp 0.3.36 segfaults applying a K-shift to a q8_0 / q4_0 K cache, so the executor
+    advertises no position_shift and refuses every operation that would move cells."""
+    executor = make_llama(model=quant_model, type_k="q8_0", type_v="q8_0")
+    assert not executor.capabilities().position_shift
+    executor.open_session("s")
+    executor.append("s", TOKENS[:100])
+    block = executor.export_range("s", Range(40, 60))
+    with pytest.raises(CapabilityError, match="position_shift"):
+        executor.evict_range("s", Range(0, 20), rebase=True)
+    executor.evict_range("s", Range(40, 60))
+    executor.evict_range("s", Range(90, 100))
+    before = executor.resident_ranges("s"), executor.cache_positions("s").tolist()
+    with pytest.raises(CapabilityError, match="K-shift"):
+        executor.append("s", [300])  # after the evicted tail's gap
+    with pytest.raises(CapabilityError, match="K-shift"):
+        executor.admit_range("s", Range(95, 100))  # after a gap
+    assert (executor.resident_ranges("s"), executor.cache_positions("s").tolist()) == before
+    executor.import_range("s", block)  # back at its own positions: no shift needed
+    executor.admit_range("s", Range(90, 100))
+    assert np.all(np.isfinite(executor.append("s", [300])))
+
+
+def test_a_quantized_v_cache_still_shifts(make_llama: Callable[..., LlamaExecutor], quant_model: Path) -> None:
+    gap = make_llama(model=quant_model, type_k="f16", type_v="q8_0")
+    rebased = make_llama(model=quant_model, type_k="f16", type_v="q8_0")
+    for executor, rebase in ((gap, False), (rebased, True)):
+        assert executor.capabilities().position_shift
+        executor.open_session("s")
+        executor.append("s", TOKENS[:100])
+        executor.evict_range("s", Range(0, 60), rebase=rebase)
+    assert np.max(np.abs(gap.append("s", [300]) - rebased.append("s", [300]))) < 0.05
+
+
+def test_flash_attention_off_is_a_different_block_format(
+    make_llama: Callable[..., LlamaExecutor],
+) -> None:
+    on, off = make_llama(), make_llama(flash_attn=False)
+    assert on.fingerprint != off.fingerprint
+    for executor in (on, off):
+        executor.open_session("s")
+        executor.append("s", list(range(300, 340)))
+    block = off.export_range("s", Range(0, 20))
+    on.evict_range("s", Range(0, 20))
+    with pytest.raises(Exception, match="fingerprint"):
+        on.import_range("s", block)
+
+
+def test_kv_profile_and_fingerprint_follow_the_kv_types(
+    make_llama: Callable[..., LlamaExecutor], quant_model: Path
+) -> None:
+    stories = make_llama().kv_profile()
+    assert stories == LayerKVProfile(5, 0, 0, 2 * 4 * 8 * 2)  # 640 bytes per token over 5 layers
+    f16 = make_llama(model=quant_model)
+    q8 = make_llama(model=quant_model, type_k="q8_0", type_v="q8_0")
+    assert f16.kv_profile().per_layer_kv_bytes == 2 * 32 * 2
+    assert q8.kv_profile().per_layer_kv_bytes == 2 * 34
+    assert f16.fingerprint != q8.fingerprint and f16.model_id == q8.model_id
