@@ -41,8 +41,12 @@ from kvres.policy import (
     subtract_range,
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
+from kvres.policy.scoring import block_scores, key_mass, snapkv_key_scores
 
 from .sampling import sample_token
+
+
+H2O_QUERY_WINDOW = 256
 
 
 class BackendFullError(KvresError):
@@ -288,8 +292,23 @@ class BackendHost:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
-        scores = tuple(self.executor.block_attention_scores(view.session_id, ranges))
+        scores = tuple(self._scores(view.session_id, s.policy, ranges, view.resident_tokens))
         return SessionView(**{**view.__dict__, "scores": scores})
+
+    def _scores(self, session_id: str, policy: SessionPolicy, ranges: list[Range], resident: int) -> list[float]:
+        """SnapKV: attention of the last ``observation_window`` tokens, max-pooled. H2O: attention
+        accumulated by every key over the last ``H2O_QUERY_WINDOW`` queries (a bounded stand-in
+        for accumulating over every decode step, which would need a capture on each one)."""
+        attention = getattr(self.executor, "attention", None)
+        if attention is None:
+            return [float(x) for x in self.executor.block_attention_scores(session_id, ranges)]
+        if policy.scorer == "snapkv":
+            capture = attention(session_id, window=policy.observation_window)
+            keys = snapkv_key_scores(capture.probs, window=capture.probs.shape[-2], kernel=7)
+        else:
+            capture = attention(session_id, window=max(1, min(H2O_QUERY_WINDOW, resident)))
+            keys = key_mass(capture.probs)
+        return [float(x) for x in block_scores(keys, capture.key_positions, ranges)]
 
     def _needs_plan(self, views: list[SessionView]) -> bool:
         total = sum(v.resident_tokens + v.incoming_tokens for v in views)

@@ -173,3 +173,18 @@ def test_migration_across_engines_recomputes_from_the_token_log(manager) -> None
     assert after["counters"]["recomputed_tokens"] == before["resident_tokens"]
     assert len(session.generate(8)) == 8
     session.close()
+
+
+@pytest.mark.parametrize("scorer", ["snapkv", "h2o"])
+def test_scored_session_stays_under_budget_with_sinks_and_recent_kept(manager, scorer) -> None:
+    policy = SessionPolicy.scored(128, scorer=scorer, recent_tokens=32)
+    session = manager.open_session(policy=policy, backend="b0")
+    session.append(PROMPT)
+    for _ in range(3):
+        session.generate(48)
+        stats = session.stats()
+        assert stats["resident_tokens"] <= 128
+    assert stats["counters"]["evictions"] > 0
+    kept = stats["resident_ranges"]
+    assert kept[0][0] == 0 and kept[-1][1] == stats["token_count"]  # sinks and recent protected
+    session.close()
