@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,16 @@ def test_ray_job_submit_and_status(ray_head) -> None:
     assert [b["backend"] for b in report["backends"]] == ["backend-0"]
     assert report["backends"][0]["kv_budget_tokens"] == 512
     assert len(report["cold_stores"]) == 1
+
+
+def test_kvres_demo_command() -> None:
+    """`make demo` runs `kvres demo`; here on the shared model with a small growth target."""
+    out = subprocess.run(
+        [str(BIN / "kvres"), "demo", "--model", str(shared_model_path()), "--budget", "128", "--growth", "3",
+         "--chunk", "64", "--threads", "1"],
+        capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO_ROOT,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "throughput:" in out.stdout and "resumed (0 tokens recomputed)" in out.stdout
+    residents = [int(x) for x in re.findall(r"resident\s+(\d+)/128", out.stdout)]
+    assert residents and max(residents) <= 128
