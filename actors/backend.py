@@ -45,7 +45,6 @@ from kvres.policy.scoring import block_scores, key_mass, snapkv_key_scores
 
 from .sampling import sample_token
 
-
 H2O_QUERY_WINDOW = 256
 
 
@@ -199,6 +198,17 @@ class BackendHost:
         if session_id in self._sessions:
             raise SessionExistsError(session_id)
         policy = policy or SessionPolicy()
+        engine_managed = bool(getattr(self.executor, "engine_managed", False))
+        if policy.kind == "engine" and not engine_managed:
+            raise ValueError(
+                f"policy kind 'engine' needs an engine that evicts by itself (engine='openvino-genai'); "
+                f"backend {self.name!r} runs {self.config.engine!r}"
+            )
+        if engine_managed and policy.kind in ("streaming", "scored"):
+            raise ValueError(
+                f"backend {self.name!r} runs openvino-genai, whose KV kvres cannot address: policy kind "
+                f"{policy.kind!r} is not possible there; use kind='engine' (let the engine evict) or 'none'"
+            )
         if policy.kind != "none" and policy.budget_tokens and policy.budget_tokens > self.config.kv_budget_tokens:
             raise ValueError(
                 f"session budget_tokens={policy.budget_tokens} exceeds backend {self.name!r} "
@@ -206,6 +216,13 @@ class BackendHost:
             )
         self._make_room(session_id, 0, newcomer=True)
         self.executor.open_session(session_id)
+        if policy.kind == "engine":
+            from kvres.actors.openvino.genai import EngineEviction
+
+            self.executor.set_eviction(session_id, EngineEviction.from_stream_policy(
+                StreamPolicy(True, policy.sink_tokens, policy.recent_tokens),
+                policy.budget_tokens or 0, policy.aggregation,
+            ))
         self._sessions[session_id] = _Session(policy, next(self._clock))
         self._publish()
 
@@ -222,7 +239,7 @@ class BackendHost:
 
     # -- tokens in and out -----------------------------------------------------------------
     def _chunk(self, policy: SessionPolicy, remaining: int) -> int:
-        if policy.kind == "none" or policy.budget_tokens is None:
+        if policy.kind not in ("streaming", "scored") or policy.budget_tokens is None:
             return remaining
         room = policy.budget_tokens - policy.sink_tokens - policy.recent_tokens
         step = max(1, room // 2)
@@ -252,6 +269,10 @@ class BackendHost:
             seed = 0
         rng = np.random.default_rng(seed) if temperature > 0 else None
         s = self._touch(session_id)
+        if getattr(self.executor, "engine_managed", False):
+            yield from self.executor.generate(session_id, max_tokens, temperature, seed)
+            self._publish()
+            return
         if s.last_logits is None:
             raise KvresError(f"session {session_id!r} has no tokens yet: append a prompt first")
         produced = 0
@@ -280,9 +301,9 @@ class BackendHost:
             last_used=s.last_used,
             active=session_id == active,
             incoming_tokens=incoming if session_id == active else 0,
-            budget_tokens=p.budget_tokens if p.kind != "none" else None,
-            stream_policy=StreamPolicy(p.kind != "none", p.sink_tokens, p.recent_tokens),
-            evictable=p.kind != "none",
+            budget_tokens=p.budget_tokens if p.kind in ("streaming", "scored") else None,
+            stream_policy=StreamPolicy(p.kind in ("streaming", "scored"), p.sink_tokens, p.recent_tokens),
+            evictable=p.kind in ("streaming", "scored"),
             block_size=p.block_size,
         )
 

@@ -4,8 +4,9 @@ Primitives:
 - ``resolve_kv_tier(config, model_path, env) -> (config, decision)``: with KVRES_KV_AUTO_TIER=1,
   the T* choice (``kvres.actors.kv_tier_choice``) sets the KV types and the resident token budget
   (the spilled tail lives in the cold store); otherwise the config comes back unchanged.
-- ``make_executor(config, model_path, cold_store=None)``: a ``LlamaExecutor`` or an
-  ``OpenVINOExecutor`` (whose "recompute" mode parks evicted blocks in ``cold_store``).
+- ``make_executor(config, model_path, cold_store=None)``: a ``LlamaExecutor``, an
+  ``OpenVINOExecutor`` (whose "recompute" mode parks evicted blocks in ``cold_store``) or a
+  ``GenAIExecutor`` (openvino-genai: the engine evicts).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def make_executor(config: BackendConfig, model_path: Path, cold_store: Any = Non
             str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
             type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
         )
+    if config.engine == "openvino-genai":
+        from kvres.actors.openvino.genai_executor import GenAIExecutor
+
+        return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
     from kvres.actors.openvino import OpenVINOExecutor
 
     return OpenVINOExecutor(

@@ -1,8 +1,9 @@
 """Validated configuration (pydantic): backends, cold store, session policies.
 
 Primitives:
-- ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV), block size,
-  resident budget, spill (keep evicted blocks in the cold store) or drop.
+- ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV) / engine (let an
+  openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM aggregation),
+  block size, resident budget, spill (keep evicted blocks in the cold store) or drop.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types, threads, GPUs.
 - ``ColdStoreConfig``: RAM and disk byte budgets, disk folder.
 - ``KvresConfig``: the whole thing; ``KvresConfig.from_env(env)`` applies ``KVRES_*`` overrides.
@@ -27,8 +28,9 @@ MiB = 1024 * 1024
 class SessionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["none", "streaming", "scored"] = "none"
+    kind: Literal["none", "streaming", "scored", "engine"] = "none"
     scorer: Literal["snapkv", "h2o"] = "snapkv"
+    aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM"  # kind="engine" only
     block_size: int = Field(16, ge=1, le=4096)
     budget_tokens: int | None = Field(None, ge=1)
     sink_tokens: int = Field(4, ge=0)
@@ -58,6 +60,14 @@ class SessionPolicy(BaseModel):
                    recent_tokens=recent_tokens, block_size=block_size, spill=spill)
 
     @classmethod
+    def engine(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
+               aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM") -> SessionPolicy:
+        """Let the engine evict (openvino-genai backends): its CacheEvictionConfig keeps
+        ``sink_tokens`` + ``recent_tokens`` and the highest-scoring blocks up to the budget."""
+        return cls(kind="engine", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
+                   recent_tokens=recent_tokens, aggregation=aggregation)
+
+    @classmethod
     def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o"] = "snapkv",
                sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
                spill: bool = True) -> SessionPolicy:
@@ -70,7 +80,7 @@ class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("backend-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    engine: Literal["llama", "openvino"] = "llama"
+    engine: Literal["llama", "openvino", "openvino-genai"] = "llama"
     model_path: Path | None = None  # None: the project's default model
     n_ctx: int = Field(4096, ge=64, le=1 << 20)
     n_seq_max: int = Field(8, ge=1, le=64)

@@ -37,6 +37,8 @@ def manager(metrics_port: int):
             BackendConfig(name="small", model_path=model, n_ctx=1024, n_seq_max=4, kv_budget_tokens=320, n_threads=1),
             BackendConfig(name="ov", engine="openvino", model_path=model, n_ctx=2048, kv_budget_tokens=2000,
                           n_threads=1),
+            BackendConfig(name="genai", engine="openvino-genai", model_path=model, n_ctx=2048,
+                          kv_budget_tokens=2000, n_threads=1),
             BackendConfig(name="ov-recompute", engine="openvino", openvino_mode="recompute",
                           model_path=model, n_ctx=2048, kv_budget_tokens=2000, n_threads=1),
         ],

@@ -188,3 +188,26 @@ def test_scored_session_stays_under_budget_with_sinks_and_recent_kept(manager, s
     kept = stats["resident_ranges"]
     assert kept[0][0] == 0 and kept[-1][1] == stats["token_count"]  # sinks and recent protected
     session.close()
+
+
+def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
+    """kind='engine': openvino-genai's own CacheEvictionConfig evicts. With no eviction the genai
+    backend decodes what llama.cpp decodes; kvres-side policies are refused there, by name."""
+    llama = manager.open_session(backend="b0")
+    plain = manager.open_session(backend="genai")
+    for s in (llama, plain):
+        s.append(PROMPT)
+    assert plain.generate(16) == llama.generate(16)
+    evicting = manager.open_session(backend="genai", policy=SessionPolicy.engine(96, recent_tokens=32))
+    evicting.append(PROMPT + list(range(3, 203)))
+    tokens = evicting.generate(16)
+    assert len(tokens) == 16 and evicting.stats()["token_count"] == 400 + 16
+    with pytest.raises(ValueError, match="kind 'streaming' is not possible"):
+        manager.open_session(backend="genai", policy=SessionPolicy.streaming(128, recent_tokens=32))
+    with pytest.raises(ValueError, match="needs an engine that evicts by itself"):
+        manager.open_session(backend="b0", policy=SessionPolicy.engine(96, recent_tokens=32))
+    evicting.suspend()
+    evicting.resume()
+    assert len(evicting.generate(4)) == 4
+    for s in (llama, plain, evicting):
+        s.close()

@@ -1,0 +1,138 @@
+"""Sessions whose KV the engine manages: openvino-genai's continuous batching with its own eviction.
+
+Primitives:
+- ``GenAIExecutor(model_path, num_threads=1, work_dir=None)``: the part of the executor protocol
+  that makes sense when kvres does not own the KV: ``open_session`` / ``append`` (the token log),
+  ``generate`` (one genai request over the whole log; greedy), ``token_log``, ``resident_ranges``
+  (always empty: no KV is kept between calls), ``close_session``, ``tokenize`` / ``detokenize``;
+  ``set_eviction(session_id, EngineEviction | None)`` chooses genai's ``CacheEvictionConfig``
+  (SUM / NORM_SUM) for a session: "let the engine evict". Range operations raise
+  ``CapabilityError``: the capabilities are all false, so the planner never asks for them.
+
+One ``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.policy import Capabilities, CapabilityError, Range, SessionExistsError, UnknownSessionError
+
+from .genai import EngineEviction, GenAIEngine, export_genai_model
+from .text import TextCodec
+
+ENGINE = "openvino-genai"
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+class GenAIExecutor:
+    engine = ENGINE
+    engine_managed = True  # the engine decides residency inside each request
+
+    def __init__(self, model_path: str | os.PathLike[str], num_threads: int = 1,
+                 work_dir: str | os.PathLike[str] | None = None) -> None:
+        source = Path(model_path)
+        if not source.is_file():
+            from kvres.policy import ModelLoadError
+
+            raise ModelLoadError(f"model file not found: {str(source)!r}")
+        digest = _file_digest(source)
+        root = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "kvres-genai"
+        self.model_dir = root / digest
+        if not (self.model_dir / "generation_config.json").is_file():
+            export_genai_model(source, self.model_dir)
+        self.fingerprint = f"{ENGINE}:{digest}"
+        self.num_threads = num_threads
+        self._engines: dict[EngineEviction | None, GenAIEngine] = {}
+        self._logs: dict[str, list[int]] = {}
+        self._eviction: dict[str, EngineEviction | None] = {}
+        self._codec: TextCodec | None = None
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
+    def _log(self, session_id: str) -> list[int]:
+        try:
+            return self._logs[session_id]
+        except KeyError:
+            raise UnknownSessionError(session_id) from None
+
+    def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
+        if session_id in self._logs:
+            raise SessionExistsError(session_id)
+        self._logs[session_id] = [int(t) for t in tokens]
+        self._eviction[session_id] = None
+
+    def set_eviction(self, session_id: str, eviction: EngineEviction | None) -> None:
+        self._log(session_id)
+        self._eviction[session_id] = eviction
+
+    def close_session(self, session_id: str) -> None:
+        self._log(session_id)
+        del self._logs[session_id], self._eviction[session_id]
+
+    def token_log(self, session_id: str) -> list[int]:
+        return list(self._log(session_id))
+
+    def resident_ranges(self, session_id: str) -> list[Range]:
+        self._log(session_id)
+        return []
+
+    def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Record tokens; genai prefills them with the next request (no logits come back)."""
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("append needs at least one token")
+        self._log(session_id).extend(toks)
+        return np.zeros(0, dtype=np.float32)
+
+    def _engine(self, eviction: EngineEviction | None) -> GenAIEngine:
+        if eviction not in self._engines:
+            self._engines[eviction] = GenAIEngine(self.model_dir, eviction, num_threads=self.num_threads)
+        return self._engines[eviction]
+
+    def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
+                 seed: int | None = None) -> list[int]:
+        log = self._log(session_id)
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 0")
+        if temperature != 0:
+            raise CapabilityError(f"the openvino-genai backend decodes greedily; temperature={temperature}")
+        if not log:
+            raise ValueError(f"session {session_id!r} has no tokens; append a prompt first")
+        if max_tokens == 0:
+            return []
+        new = self._engine(self._eviction[session_id]).generate([log], max_tokens)[0]
+        log.extend(int(t) for t in new)
+        return [int(t) for t in new]
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return list(self._text().tokenize(text, add_bos))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return str(self._text().detokenize(list(tokens)))
+
+    def _text(self) -> TextCodec:
+        if self._codec is None:
+            self._codec = TextCodec.from_dir(self.model_dir)
+        return self._codec
+
+    def _no_kv(self, *_: Any, **__: Any) -> Any:
+        raise CapabilityError("openvino-genai manages this KV itself: kvres cannot address its ranges")
+
+    evict_range = admit_range = export_range = import_range = block_attention_scores = _no_kv
