@@ -204,12 +204,12 @@ class BackendHost:
                 f"policy kind 'engine' needs an engine that evicts by itself (engine='openvino-genai'); "
                 f"backend {self.name!r} runs {self.config.engine!r}"
             )
-        if engine_managed and policy.kind in ("streaming", "scored"):
+        if engine_managed and policy.kvres_evicts:
             raise ValueError(
                 f"backend {self.name!r} runs openvino-genai, whose KV kvres cannot address: policy kind "
                 f"{policy.kind!r} is not possible there; use kind='engine' (let the engine evict) or 'none'"
             )
-        if policy.kind != "none" and policy.budget_tokens and policy.budget_tokens > self.config.kv_budget_tokens:
+        if policy.kvres_evicts and policy.budget_tokens and policy.budget_tokens > self.config.kv_budget_tokens:
             raise ValueError(
                 f"session budget_tokens={policy.budget_tokens} exceeds backend {self.name!r} "
                 f"kv_budget_tokens={self.config.kv_budget_tokens}"
@@ -217,12 +217,8 @@ class BackendHost:
         self._make_room(session_id, 0, newcomer=True)
         self.executor.open_session(session_id)
         if policy.kind == "engine":
-            from kvres.actors.openvino.genai import EngineEviction
-
-            self.executor.set_eviction(session_id, EngineEviction.from_stream_policy(
-                StreamPolicy(True, policy.sink_tokens, policy.recent_tokens),
-                policy.budget_tokens or 0, policy.aggregation,
-            ))
+            self.executor.set_eviction(session_id, StreamPolicy(True, policy.sink_tokens, policy.recent_tokens),
+                                       policy.budget_tokens or 0, policy.aggregation)
         self._sessions[session_id] = _Session(policy, next(self._clock))
         self._publish()
 
@@ -239,7 +235,7 @@ class BackendHost:
 
     # -- tokens in and out -----------------------------------------------------------------
     def _chunk(self, policy: SessionPolicy, remaining: int) -> int:
-        if policy.kind not in ("streaming", "scored") or policy.budget_tokens is None:
+        if not policy.kvres_evicts or policy.budget_tokens is None:
             return remaining
         room = policy.budget_tokens - policy.sink_tokens - policy.recent_tokens
         step = max(1, room // 2)
@@ -301,9 +297,9 @@ class BackendHost:
             last_used=s.last_used,
             active=session_id == active,
             incoming_tokens=incoming if session_id == active else 0,
-            budget_tokens=p.budget_tokens if p.kind in ("streaming", "scored") else None,
-            stream_policy=StreamPolicy(p.kind in ("streaming", "scored"), p.sink_tokens, p.recent_tokens),
-            evictable=p.kind in ("streaming", "scored"),
+            budget_tokens=p.budget_tokens if p.kvres_evicts else None,
+            stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens),
+            evictable=p.kvres_evicts,
             block_size=p.block_size,
         )
 

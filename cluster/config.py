@@ -38,6 +38,11 @@ class SessionPolicy(BaseModel):
     observation_window: int = Field(16, ge=1, le=4096)
     spill: bool = True
 
+    @property
+    def kvres_evicts(self) -> bool:
+        """kvres itself plans evictions for this session (streaming or scored)."""
+        return self.kind in ("streaming", "scored")
+
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
         if self.kind == "none":

@@ -5,8 +5,8 @@ Primitives:
   that makes sense when kvres does not own the KV: ``open_session`` / ``append`` (the token log),
   ``generate`` (one genai request over the whole log; greedy), ``token_log``, ``resident_ranges``
   (always empty: no KV is kept between calls), ``close_session``, ``tokenize`` / ``detokenize``;
-  ``set_eviction(session_id, EngineEviction | None)`` chooses genai's ``CacheEvictionConfig``
-  (SUM / NORM_SUM) for a session: "let the engine evict". Range operations raise
+  ``set_eviction(session_id, stream_policy, budget_tokens, aggregation)`` gives a session genai's
+  ``CacheEvictionConfig`` (SUM / NORM_SUM): "let the engine evict". Range operations raise
   ``CapabilityError``: the capabilities are all false, so the planner never asks for them.
 
 One ``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvres.policy import Capabilities, CapabilityError, Range, SessionExistsError, UnknownSessionError
+from kvres.policy import (
+    Capabilities,
+    CapabilityError,
+    Range,
+    SessionExistsError,
+    StreamPolicy,
+    UnknownSessionError,
+)
 
 from .genai import EngineEviction, GenAIEngine, export_genai_model
 from .text import TextCodec
@@ -78,9 +85,15 @@ class GenAIExecutor:
         self._logs[session_id] = [int(t) for t in tokens]
         self._eviction[session_id] = None
 
-    def set_eviction(self, session_id: str, eviction: EngineEviction | None) -> None:
+    def set_eviction(self, session_id: str, stream_policy: StreamPolicy | None, budget_tokens: int = 0,
+                     aggregation: str = "NORM_SUM") -> None:
+        """Sinks + recent window + the best-scoring blocks up to ``budget_tokens``, chosen by genai;
+        ``stream_policy=None`` turns the engine's eviction off for the session."""
         self._log(session_id)
-        self._eviction[session_id] = eviction
+        self._eviction[session_id] = (
+            None if stream_policy is None
+            else EngineEviction.from_stream_policy(stream_policy, budget_tokens, aggregation)
+        )
 
     def close_session(self, session_id: str) -> None:
         self._log(session_id)
