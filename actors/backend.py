@@ -43,7 +43,7 @@ from kvres.policy import (
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
 from kvres.policy.scoring import block_scores, key_mass, snapkv_key_scores
 
-from .sampling import sample_token
+from .sampling import TokenSampler
 
 H2O_QUERY_WINDOW = 256
 
@@ -261,9 +261,7 @@ class BackendHost:
     ) -> Iterator[int]:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        if temperature > 0 and seed is None:
-            seed = 0
-        rng = np.random.default_rng(seed) if temperature > 0 else None
+        sampler = TokenSampler(temperature, seed)
         s = self._touch(session_id)
         if getattr(self.executor, "engine_managed", False):
             yield from self.executor.generate(session_id, max_tokens, temperature, seed)
@@ -276,7 +274,7 @@ class BackendHost:
             n = self._chunk(s.policy, max_tokens - produced)
             self._make_room(session_id, n)
             for _ in range(n):
-                token = sample_token(s.last_logits, temperature, rng)
+                token = sampler.sample(s.last_logits)
                 s.last_logits = self.executor.append(session_id, [token])
                 produced += 1
                 yield token

@@ -1,8 +1,9 @@
-"""Next-token sampling from logits.
+"""Next-token choice from logits.
 
 Primitives:
-- ``sample_token(logits, temperature, rng) -> int``: greedy (argmax) at temperature 0, otherwise
-  a draw from softmax(logits / temperature) with the given numpy Generator.
+- ``TokenSampler(temperature=0.0, seed=None)``: ``sample(logits) -> int``; greedy (argmax) at
+  temperature 0, otherwise a draw from softmax(logits / temperature) using a numpy generator
+  seeded with ``seed``, so the same seed gives the same tokens.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ import numpy as np
 import numpy.typing as npt
 
 
-def sample_token(
-    logits: npt.NDArray[np.float32], temperature: float = 0.0, rng: np.random.Generator | None = None
-) -> int:
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return int(np.argmax(logits))
-    if rng is None:
-        raise ValueError("sampling at temperature > 0 needs a seeded numpy Generator")
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    return int(rng.choice(p.shape[0], p=p / p.sum()))
+class TokenSampler:
+    def __init__(self, temperature: float = 0.0, seed: int | None = None) -> None:
+        if not np.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        self.temperature = float(temperature)
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, logits: npt.NDArray[np.floating]) -> int:
+        if self.temperature == 0.0:
+            return int(np.argmax(logits))
+        z = np.asarray(logits, dtype=np.float64) / self.temperature
+        z -= z.max()
+        p = np.exp(z)
+        cdf = np.cumsum(p)
+        # searchsorted on the CDF: one uniform draw per token, stable across numpy versions
+        return int(min(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"), len(cdf) - 1))

@@ -77,11 +77,11 @@ from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scoring import block_scores, snapkv_key_scores
 
+from ..sampling import TokenSampler
 from .attention import AttentionCapture, ScoringContext
 from .cache_ops import CacheOps
 from .engine import KV_TYPE_IDS, QUANTIZED_KV_TYPES, LlamaContext, LlamaModel
 from .errors import ContextFullError, EngineError, SessionLimitError
-from .sampling import TokenSampler
 from .state_blob import expected_payload_size, read_cell_positions
 
 MIN_N_CTX = 32

@@ -211,3 +211,18 @@ def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
     assert len(evicting.generate(4)) == 4
     for s in (llama, plain, evicting):
         s.close()
+
+
+def test_seeded_sampling_is_reproducible(manager) -> None:
+    runs = []
+    for _ in range(2):
+        s = manager.open_session(backend="b0")
+        s.append(PROMPT[:60])
+        runs.append(s.generate(24, temperature=0.9, seed=7))
+        s.close()
+    greedy = manager.open_session(backend="b0")
+    greedy.append(PROMPT[:60])
+    assert runs[0] == runs[1] != greedy.generate(24)
+    with pytest.raises(ValueError, match="temperature"):
+        greedy.generate(4, temperature=-1.0)
+    greedy.close()
