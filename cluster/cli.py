@@ -23,6 +23,8 @@ from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
 def _demo(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from kvres.policy import CapabilityError
+
     from .default_model import default_model_path
     from .session import connect
 
@@ -37,7 +39,10 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         policy = SessionPolicy.streaming(args.budget, sink_tokens=4, recent_tokens=args.budget // 4)
         session = manager.open_session(policy=policy, session_id="demo-stream")
-        prompt = session.append("once upon a time there was a little cat. ")
+        try:
+            prompt = session.append("once upon a time there was a little cat. ")
+        except CapabilityError:  # a word-level vocabulary without byte fallback: feed token ids
+            prompt = session.append(list(range(3, 43)))
         target = args.budget * args.growth
         print(f"session {session.session_id}: streaming policy, resident budget {args.budget} tokens, "
               f"growing to {target} tokens ({args.growth}x)")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvres.policy.errors import ModelLoadError
+from kvres.policy.errors import CapabilityError, ModelLoadError
 
 from .errors import ContextFullError, EngineError
 
@@ -106,6 +106,18 @@ class LlamaModel:
         self.n_embd = int(ll.llama_model_n_embd(self._ptr))
         self.n_swa = int(ll.llama_model_n_swa(self._ptr))
         self.bos = int(ll.llama_vocab_bos(self._vocab))
+        self.can_tokenize_text = self._has_byte_fallback(ll)
+
+    def _has_byte_fallback(self, ll: Any) -> bool:
+        """A SentencePiece vocabulary without byte tokens makes llama.cpp abort the process on any
+        character it cannot spell: refuse text for such models instead."""
+        if int(ll.llama_vocab_type(self._vocab)) != ll.LLAMA_VOCAB_TYPE_SPM:
+            return True
+        byte_attr = int(ll.LLAMA_TOKEN_ATTR_BYTE)
+        n_bytes = sum(
+            1 for t in range(self.n_vocab) if int(ll.llama_vocab_get_attr(self._vocab, t)) & byte_attr
+        )
+        return n_bytes >= 256
 
     @property
     def ptr(self) -> Any:
@@ -122,6 +134,11 @@ class LlamaModel:
         return bool(_llama().llama_vocab_is_eog(self._vocab, int(token)))
 
     def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        if not self.can_tokenize_text:
+            raise CapabilityError(
+                f"model {str(self.path)!r} has a SentencePiece vocabulary without byte-fallback tokens: "
+                "llama.cpp cannot tokenize arbitrary text with it; pass token ids instead"
+            )
         ll = _llama()
         raw = text.encode("utf-8")
         cap = len(raw) + 8
