@@ -6,7 +6,8 @@ Primitives:
 - ``ensure_tiny_model(cache_dir=None) -> Path``: a small Llama GGUF written with the ``gguf``
   package (seeded random weights, SentencePiece-style vocabulary with byte fallback), generated
   once and cached under the user cache directory.
-- ``write_tiny_model(path, seed=0)``: write it (deterministic bytes).
+- ``write_tiny_model(path, seed=0)``: write it (deterministic bytes). Its head_dim is 32, so
+  llama.cpp can also hold its KV as q8_0 / q4_0 (the T* tiers).
 
 The random model speaks nonsense; it exists so the residency machinery has a real llama.cpp
 model to run on without downloading anything.
@@ -23,7 +24,7 @@ import numpy as np
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
 TRAINED_MODEL = REPO_MODELS / "passkey.gguf"
 
-N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 4, 2, 128, 4096
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 2, 1, 128, 4096
 _WORDS = ["the", "a", "and", "of", "to", "in", "is", "was", "he", "she", "it", "they", "you", "for", "on", "with", "as", "at", "his", "her", "said", "one", "day", "little", "big", "once", "upon", "time", "there", "story", "cat", "dog", "sun", "tree", "house", "happy", "play", "went", "saw"]
 
 
@@ -98,7 +99,7 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
 
         cache_dir = Path(os.environ.get("KVRES_CACHE_DIR") or user_cache_dir("kvres"))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / "kvres-tiny.gguf"
+    path = cache_dir / "kvres-tiny-v2.gguf"
     if not path.is_file():
         write_tiny_model(path)
     return path
