@@ -32,6 +32,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.plan_scaling
+	$(BIN)/python -m benchmarks.coldstore
 
 clean:
 	rm -rf $(VENV) build *.egg-info benchmarks/results

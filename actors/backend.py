@@ -315,8 +315,9 @@ class BackendHost:
         accumulated by every key over the last ``H2O_QUERY_WINDOW`` queries (a bounded stand-in
         for accumulating over every decode step, which would need a capture on each one)."""
         attention = getattr(self.executor, "attention", None)
-        if attention is None:
-            return [float(x) for x in self.executor.block_attention_scores(session_id, ranges)]
+        if attention is None:  # the engine's own SnapKV scoring over the observation window
+            return [float(x) for x in self.executor.block_attention_scores(
+                session_id, ranges, window=policy.observation_window)]
         if policy.scorer == "snapkv":
             capture = attention(session_id, window=policy.observation_window)
             keys = snapkv_key_scores(capture.probs, window=capture.probs.shape[-2], kernel=7)

@@ -147,7 +147,9 @@ class ReferenceExecutor:
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
         s.positions.admit(rng, offsets, preferred_first=block.positions[0])
 
-    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
+    def block_attention_scores(
+        self, session_id: str, ranges: Sequence[Range], window: int | None = None
+    ) -> list[float]:
         s = self._get(session_id)
         for rng in ranges:
             s.positions.check_resident(rng)

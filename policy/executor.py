@@ -63,7 +63,12 @@ class Executor(Protocol):
 
     def import_range(self, session_id: str, block: Any) -> None: ...
 
-    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]: ...
+    def block_attention_scores(
+        self, session_id: str, ranges: Sequence[Range], window: int | None = None
+    ) -> list[float]:
+        """One score per range: attention the range's keys receive from the last ``window``
+        resident tokens (the engine's default observation window when None)."""
+        ...
 
     def close_session(self, session_id: str) -> None: ...
 

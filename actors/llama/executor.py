@@ -477,16 +477,19 @@ class LlamaExecutor:
             tokens = np.asarray(s.tokens, dtype=np.int32)[mask]
             return self._scoring.capture(tokens.tolist(), log_index, window or self.score_window)
 
-    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
-        """SnapKV scores: attention from the last ``score_window`` resident tokens, summed over
-        layers, heads and query rows, max-pooled over ``score_kernel`` keys, summed per range."""
+    def block_attention_scores(
+        self, session_id: str, ranges: Sequence[Range], window: int | None = None
+    ) -> list[float]:
+        """SnapKV scores: attention from the last ``window`` (default ``score_window``) resident
+        tokens, summed over layers, heads and query rows, max-pooled over ``score_kernel`` keys,
+        summed per range."""
         with self._lock:
             s = self._get(session_id)
             for rng in ranges:
                 s.positions.check_resident(rng)
             if not ranges:
                 return []
-            cap = self.attention(session_id)
+            cap = self.attention(session_id, window)
             keys = snapkv_key_scores(cap.probs, window=cap.n_query, kernel=self.score_kernel)
             return [float(x) for x in block_scores(keys, cap.key_positions, ranges)]
 

@@ -2,7 +2,7 @@
 
 Primitives:
 - ``OpenVINOExecutor(model_path, mode="state"|"recompute", cold_store=None, device="CPU",
-  precision="f32", num_threads=1, score_window=16)``: ``capabilities``, ``open_session``,
+  precision="f32", num_threads=1, score_window=16, score_kernel=7)``: ``capabilities``, ``open_session``,
   ``append``, ``token_log``, ``resident_ranges``, ``cache_positions``, ``evict_range``,
   ``admit_range``, ``export_range``, ``import_range``, ``recall_range``,
   ``block_attention_scores``, ``sync``, ``close_session``, ``sessions``, ``tokenize``,
@@ -55,7 +55,7 @@ from kvres.policy.errors import (
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
-from kvres.policy.scoring import block_scores
+from kvres.policy.scoring import block_scores, pool_1d
 
 from .model import LoadedModel, load_model
 from .parking import has_parking
@@ -67,6 +67,7 @@ from .text import TextCodec
 ENGINE = "openvino"
 MODES = ("state", "recompute")
 PRECISIONS = ("f32", "default")
+
 
 
 class RecomputeError(KvresError, RuntimeError):
@@ -124,6 +125,7 @@ class OpenVINOExecutor:
         precision: str = "f32",
         num_threads: int = 1,
         score_window: int = 16,
+        score_kernel: int = 7,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -133,7 +135,10 @@ class OpenVINOExecutor:
             raise TypeError(f"cold_store {cold_store!r} needs put(block) and get(key) methods")
         if score_window < 1:
             raise ValueError(f"score_window must be >= 1, got {score_window}")
+        if score_kernel < 1 or score_kernel % 2 == 0:
+            raise ValueError(f"score_kernel must be odd and >= 1, got {score_kernel}")
         self.mode = mode
+        self.score_kernel = score_kernel
         self.cold_store = cold_store
         self.score_window = score_window
         self.device = device
@@ -444,7 +449,12 @@ class OpenVINOExecutor:
             raise RangeError(f"range {rng} of session {session_id!r} was not parked in a cold store")
         self.import_range(session_id, self.cold_store.get(s.parked[rng]))
 
-    def block_attention_scores(self, session_id: str, ranges: Sequence[Range]) -> list[float]:
+    def block_attention_scores(
+        self, session_id: str, ranges: Sequence[Range], window: int | None = None
+    ) -> list[float]:
+        """SnapKV scores, computed as llama's are: attention from the last ``window`` (default
+        ``score_window``) resident tokens, summed over layers, heads and query rows, max-pooled
+        over ``score_kernel`` keys, summed per range."""
         s = self._get(session_id)
         for rng in ranges:
             s.positions.check_resident(rng)
@@ -459,6 +469,7 @@ class OpenVINOExecutor:
         mass = score_keys(
             self._score_compiled.create_infer_request(), self.loaded.state_names, self._score_outputs,
             self._kv(s), np.asarray(s.tokens)[mask].tolist(), s.positions.all_positions()[mask].tolist(),
-            self.score_window,
+            window or self.score_window,
         )
-        return [float(x) for x in block_scores(mass, log_index, list(ranges))]
+        pooled = pool_1d(mass, self.score_kernel, "max")
+        return [float(x) for x in block_scores(pooled, log_index, list(ranges))]

@@ -16,7 +16,7 @@ PROMPT = [1] + [3 + (i * 13) % 300 for i in range(119)]
 
 
 def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
-    ex = OpenVINOExecutor(stories_gguf, score_window=8)
+    ex = OpenVINOExecutor(stories_gguf, score_window=8, score_kernel=1)
     ex.open_session("s")
     ex.append("s", PROMPT)
     ranges = [Range(0, 40), Range(40, 80), Range(80, 120)]
@@ -35,7 +35,8 @@ def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
 def test_scores_only_count_resident_keys(stories_gguf: Path, mode: str) -> None:
     from .dict_store import DictBlockStore
 
-    ex = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore(), score_window=4)
+    ex = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore(), score_window=4,
+                          score_kernel=1)  # no pooling: the mass of the resident keys adds up
     ex.open_session("s")
     ex.append("s", PROMPT)
     ex.evict_range("s", Range(20, 100), rebase=True)
@@ -66,3 +67,22 @@ def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Pat
     np.testing.assert_allclose(sdpa.append("s", PROMPT), explicit.append("s", PROMPT), atol=1e-4)
     with pytest.raises(CapabilityError, match="exposes no attention"):
         sdpa.block_attention_scores("s", [Range(0, 10)])
+
+
+def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> None:
+    """One policy keeps the same blocks on either engine: both pool and sum the same way."""
+    from kvres.actors.llama import LlamaExecutor
+
+    ranges = [Range(i, i + 8) for i in range(0, 120, 8)]
+    ov_ex = OpenVINOExecutor(stories_gguf, score_window=8)
+    ov_ex.open_session("s")
+    ov_ex.append("s", PROMPT)
+    ll_ex = LlamaExecutor(stories_gguf, n_ctx=256, n_seq_max=1, n_threads=1, type_k="f32", type_v="f32",
+                          flash_attn=False)
+    ll_ex.open_session("s")
+    ll_ex.append("s", PROMPT)
+    ov_scores = np.array(ov_ex.block_attention_scores("s", ranges))
+    ll_scores = np.array(ll_ex.block_attention_scores("s", ranges, window=8))
+    # llama.cpp scores in its f16 scoring context: ~0.2% apart from OpenVINO f32
+    np.testing.assert_allclose(ov_scores, ll_scores, rtol=5e-3)
+    assert list(np.argsort(ov_scores)) == list(np.argsort(ll_scores))
