@@ -43,7 +43,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_heads * self.head_dim != self.d_model:
-            raise ValueError(f"n_heads*head_dim ({self.n_heads}*{self.head_dim}) must equal d_model ({self.d_model})")
+            raise ValueError(
+                f"n_heads*head_dim ({self.n_heads}*{self.head_dim}) must equal d_model ({self.d_model})"
+            )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:

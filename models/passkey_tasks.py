@@ -269,7 +269,9 @@ def make_multi_task(
             answers.append(a)
     target = rng.randrange(n_needles)
     depths = [depth if i == target else rng.random() for i in range(n_needles)]
-    needles = [encode(f"the pass key of {nm} is") + a + encode(".") for nm, a in zip(names, answers)]
+    needles = [
+        encode(f"the pass key of {nm} is") + a + encode(".") for nm, a in zip(names, answers, strict=True)
+    ]
     tname = names[target]
     question = encode(f"what is the pass key of {tname} ? the pass key of {tname} is")
     return _assemble(

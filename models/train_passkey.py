@@ -4,18 +4,35 @@ Primitives:
 - ``TrainConfig``: steps, batch, learning-rate schedule, length curriculum, task mix, seeds.
 - ``LlamaModel(cfg)``: a Llama-architecture decoder (RMSNorm, RoPE in llama.cpp's NORM
   adjacent-pair layout, grouped KV heads, SwiGLU, untied output), so its GGUF export is exact.
-- ``make_batch(tcfg, step) -> (inputs, targets, weights)``: the step's synthetic batch, a pure
-  function of the seed and the step (family 1 single passkey / family 2 key-value needles).
+- ``seq_len_at`` / ``needles_at``: the curricula (length held at 64 for the first 10% of the
+  steps, then 64 -> 400 by 30%; family-2 needles 1 -> 6 by 50%).
+- ``sample_sequence`` / ``make_batch(tcfg, step) -> (inputs, targets, answer_mask)``: the step's
+  synthetic batch, a pure function of the seed and the step (35% family 1 single passkey, 65%
+  family 2 key/value needles). A family-2 training sequence asks up to 3 of its needles in turn
+  ("... is 48213 . what is the pass key of bob ? ..."): without the needle curriculum and these
+  extra questions, family 2 stayed at 0% (the model mixed digits of several needles) while
+  family 1 reached 99.5%.
+- ``passkey_loss(logits, targets, answer_mask, lm_weight)``: mean NLL of the answer tokens plus
+  ``lm_weight`` times the mean NLL of all other tokens. Weighting the answer as a fixed share of the
+  loss (not per token) matters: with per-token weights (answer x4) the answer was ~8% of a
+  300-token sequence's loss and the copy circuit had not formed after 500 steps.
 - ``train(cfg, tcfg) -> (model, log)`` and ``passkey_accuracy(model, tasks) -> float``
   (exact match of all answer digits, greedy; teacher-forced argmax is the same thing).
 - ``to_arrays(model)``: float32 arrays under GGUF tensor names (see ``models.checkpoint``).
 - CLI: ``python models/train_passkey.py`` trains, saves ``models/passkey.{npz,json}``, exports
   ``models/passkey.gguf``, measures accuracy in torch and (if llama-cpp-python is installed) in
   llama.cpp, and writes ``models/MANIFEST.json``. ``--smoke`` runs a tiny version into a
-  scratch folder.
+  scratch folder; ``--check-log N`` re-trains the first N steps and compares them with the
+  committed ``passkey_train_log.json`` (a cheap reproducibility check; writes nothing).
 
 Deterministic: fixed seeds, ``torch.set_num_threads(2)``, deterministic algorithms, batches derived
-from (seed, step) only; a re-run reproduces the accuracy (the bytes may differ across CPUs).
+from (seed, step) only. On one machine a re-run is bit-identical (two --smoke runs gave the same
+checkpoint bytes; --check-log 251 matched the committed log exactly); other CPUs may round
+differently, so there the claim is the accuracy, not the bytes.
+
+Committed run (2,000 steps, 2 threads of a shared 2-core machine): 648 s wall, ~1,080 s CPU;
+full-cache exact match at 200-394 tokens, torch = llama.cpp: family 1 100% (200 prompts),
+family 2 92% (200 prompts, 2-6 needles). See MANIFEST.json.
 """
 
 from __future__ import annotations
@@ -47,20 +64,26 @@ HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 3e-3
+    steps: int = 2000
+    batch_tokens: int = 4096  # batch size = clamp(batch_tokens // length, min_batch, max_batch)
+    min_batch: int = 8
+    max_batch: int = 64
+    lr: float = 2e-3
     min_lr_frac: float = 0.1
     warmup_steps: int = 100
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     min_len: int = 64  # training sequence length (prompt + answer + EOS) at the start
     max_len: int = 400  # ... and after the curriculum
-    curriculum_frac: float = 0.3  # the max length ramps min_len -> max_len over this fraction
-    multi_frac: float = 0.5  # share of family-2 (several key/value needles) samples
+    hold_frac: float = 0.1  # lengths stay at min_len for this fraction of the steps (copy circuit forms)
+    curriculum_frac: float = 0.3  # ... then the max length ramps min_len -> max_len until this fraction
+    multi_frac: float = 0.65  # share of family-2 (several key/value needles) samples
+    min_needles: int = 1  # family 2 draws min_needles..k needles; k ramps min -> max_needles ...
     max_needles: int = 6
+    needle_ramp_frac: float = 0.5  # ... from the end of the hold to this fraction of the steps
+    train_questions: int = 3  # family 2 training sequences ask up to this many needles in turn
     n_digits: int = pt.DEFAULT_DIGITS
-    answer_weight: float = 4.0  # loss weight of the answer digits and EOS (others: 1)
+    lm_weight: float = 0.25  # loss = mean NLL of the answer (digits + EOS) + lm_weight * mean NLL of the rest
     seed: int = 1234  # torch init
     data_seed: int = 4321  # batches
     threads: int = 2
@@ -138,7 +161,11 @@ class LlamaModel(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * cfg.n_layers) if name.endswith(("attn_output.weight", "ffn_down.weight")) else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * cfg.n_layers)
+                    if name.endswith(("attn_output.weight", "ffn_down.weight"))
+                    else 0.02
+                )
                 nn.init.normal_(p, 0.0, std)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -166,37 +193,99 @@ def to_arrays(model: LlamaModel) -> dict[str, np.ndarray]:
 
 
 def seq_len_at(tcfg: TrainConfig, step: int, rng: random.Random) -> int:
-    """Curriculum: the max length ramps min_len -> max_len; lengths drawn in [max/2, max]."""
-    ramp = max(1, int(tcfg.curriculum_frac * tcfg.steps))
-    cur_max = tcfg.min_len + (tcfg.max_len - tcfg.min_len) * min(1.0, step / ramp)
+    """Curriculum: min_len for the first hold_frac of the steps, then the max length ramps
+    linearly to max_len at curriculum_frac; lengths are drawn in [max/2, max]."""
+    hold = int(tcfg.hold_frac * tcfg.steps)
+    ramp = max(1, int(tcfg.curriculum_frac * tcfg.steps) - hold)
+    cur_max = tcfg.min_len + (tcfg.max_len - tcfg.min_len) * min(1.0, max(0, step - hold) / ramp)
     lo = max(tcfg.min_len, int(cur_max) // 2)
     return rng.randint(lo, max(lo, int(cur_max)))
 
 
-def sample_task(tcfg: TrainConfig, rng: random.Random, seq_len: int) -> pt.PasskeyTask:
-    n_prompt = seq_len - tcfg.n_digits - 1
+def needles_at(tcfg: TrainConfig, step: int) -> int:
+    """Needle curriculum: the most family-2 needles in a prompt at this step (min -> max_needles).
+    With needle_ramp_frac <= hold_frac there is no ramp (max_needles from the start)."""
+    hold = int(tcfg.hold_frac * tcfg.steps)
+    end = int(tcfg.needle_ramp_frac * tcfg.steps)
+    if end <= hold:
+        return tcfg.max_needles
+    frac = min(1.0, max(0, step - hold) / (end - hold))
+    return tcfg.min_needles + round((tcfg.max_needles - tcfg.min_needles) * frac)
+
+
+_MULTI_Q = 14  # tokens of a family-2 question: "what is the pass key of X ? the pass key of X is"
+
+
+def sample_sequence(
+    tcfg: TrainConfig, rng: random.Random, seq_len: int, max_needles: int
+) -> tuple[list[int], np.ndarray]:
+    """One training sequence of exactly ``seq_len`` tokens and its answer-target mask.
+
+    Family 2 sequences carry up to ``train_questions`` question/answer pairs (each about a
+    different needle, separated by "."), which multiplies the retrieval signal per sequence; the
+    prompt up to the first answer is exactly a ``make_multi_task`` prompt.
+    """
+    d = tcfg.n_digits
     if rng.random() < tcfg.multi_frac:
-        # fit the needles: BOS + k*(7+digits) + question (14) + some filler
-        fit = (n_prompt - 1 - 14 - 8) // (7 + tcfg.n_digits)
-        k = rng.randint(2, max(2, min(tcfg.max_needles, fit)))
-        return pt.make_multi_task(rng, n_prompt, n_needles=k, n_digits=tcfg.n_digits)
-    return pt.make_single_task(rng, n_prompt, n_digits=tcfg.n_digits)
+        # fit the needles: BOS + k*(7+digits) + question + some filler
+        budget = seq_len - d - 1
+        fit = (budget - 1 - _MULTI_Q - 8) // (7 + d)
+        k = rng.randint(tcfg.min_needles, max(tcfg.min_needles, min(max_needles, fit)))
+        n_q = 1
+        if tcfg.train_questions > 1:
+            n_q = rng.randint(1, min(k, tcfg.train_questions))
+            # shrink to what fits: each extra pair costs question + digits + "."
+            while n_q > 1 and budget - (n_q - 1) * (_MULTI_Q + d + 1) < 1 + k * (7 + d) + _MULTI_Q + 8:
+                n_q -= 1
+        n_prompt = budget - (n_q - 1) * (_MULTI_Q + d + 1)
+        task = pt.make_multi_task(rng, n_prompt, n_needles=k, n_digits=d)
+        ids = task.prompt_ids + task.answer_ids
+        answer_pos = list(range(task.n_tokens, len(ids)))
+        others = [i for i in range(k) if i != task.target]
+        for j in rng.sample(others, n_q - 1):
+            ids.append(pt.TOKEN_TO_ID["."])
+            answer_pos.append(len(ids) - 1)
+            name = task.keys[j]
+            ids.extend(pt.encode(f"what is the pass key of {name} ? the pass key of {name} is"))
+            a, b = task.needle_spans[j]
+            digits = task.prompt_ids[b - 1 - d : b - 1]
+            answer_pos.extend(range(len(ids), len(ids) + d))
+            ids.extend(digits)
+    else:
+        task = pt.make_single_task(rng, seq_len - d - 1, n_digits=d)
+        ids = task.prompt_ids + task.answer_ids
+        answer_pos = list(range(task.n_tokens, len(ids)))
+    ids.append(pt.EOS_ID)
+    answer_pos.append(len(ids) - 1)
+    if len(ids) != seq_len:
+        raise AssertionError(f"training sequence of {len(ids)} tokens, expected {seq_len}")
+    mask = np.zeros(seq_len - 1, dtype=bool)
+    mask[np.asarray(answer_pos) - 1] = True  # input position p predicts token p + 1
+    return ids, mask
 
 
 def make_batch(tcfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rng = random.Random(f"train/{tcfg.data_seed}/{step}")
     seq_len = seq_len_at(tcfg, step, rng)
-    seqs, weights = [], []
-    for _ in range(tcfg.batch_size):
-        task = sample_task(tcfg, rng, seq_len)
-        ids = task.training_ids()
-        w = np.ones(len(ids) - 1, dtype=np.float32)
-        a0 = task.n_tokens - 1  # input position whose target is the first answer digit
-        w[a0:] = tcfg.answer_weight  # answer digits and EOS
+    seqs, masks = [], []
+    batch = max(tcfg.min_batch, min(tcfg.max_batch, tcfg.batch_tokens // seq_len))
+    for _ in range(batch):
+        ids, m = sample_sequence(tcfg, rng, seq_len, needles_at(tcfg, step))
         seqs.append(ids)
-        weights.append(w)
+        masks.append(m)
     arr = torch.tensor(seqs, dtype=torch.long)
-    return arr[:, :-1], arr[:, 1:], torch.from_numpy(np.stack(weights))
+    return arr[:, :-1], arr[:, 1:], torch.from_numpy(np.stack(masks))
+
+
+def passkey_loss(
+    logits: torch.Tensor, targets: torch.Tensor, answer: torch.Tensor, lm_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per-token NLL): answer mean NLL + lm_weight * mean NLL of the other tokens."""
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    nll = nll.view(targets.shape)
+    ans = answer.float()
+    loss = (nll * ans).sum() / ans.sum() + lm_weight * (nll * (1 - ans)).sum() / (1 - ans).sum()
+    return loss, nll
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +307,10 @@ def setup_torch(tcfg: TrainConfig) -> None:
     random.seed(tcfg.seed)
 
 
-def train(cfg: ModelConfig, tcfg: TrainConfig, log_every: int = 50) -> tuple[LlamaModel, list[dict]]:
+def train(
+    cfg: ModelConfig, tcfg: TrainConfig, log_every: int = 50, stop_after: int | None = None
+) -> tuple[LlamaModel, list[dict]]:
+    """Train from scratch; ``stop_after`` ends early with the schedule unchanged (for checks)."""
     setup_torch(tcfg)
     model = LlamaModel(cfg)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -232,26 +324,27 @@ def train(cfg: ModelConfig, tcfg: TrainConfig, log_every: int = 50) -> tuple[Lla
     log: list[dict] = []
     t0 = time.perf_counter()
     model.train()
-    for step in range(tcfg.steps):
+    for step in range(tcfg.steps if stop_after is None else min(stop_after, tcfg.steps)):
         for g in opt.param_groups:
             g["lr"] = lr_at(tcfg, step)
-        x, y, w = make_batch(tcfg, step)
+        x, y, ans = make_batch(tcfg, step)
         logits = model(x)
-        nll = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1), reduction="none")
-        loss = (nll * w.reshape(-1)).sum() / w.sum()
+        loss, nll = passkey_loss(logits, y, ans, tcfg.lm_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
         opt.step()
         if step % log_every == 0 or step == tcfg.steps - 1:
             with torch.no_grad():
-                ans = w > 1.0
-                ans_nll = float(nll.reshape(w.shape)[ans].mean())
+                ans_nll = float(nll[ans].mean())
+                lm_nll = float(nll[~ans].mean())
                 ans_acc = float((logits.argmax(-1) == y)[ans].float().mean())
             rec = {
                 "step": step,
                 "len": int(x.shape[1]) + 1,
-                "loss": round(float(loss), 4),
+                "batch": int(x.shape[0]),
+                "loss": round(loss.item(), 4),
+                "lm_nll": round(lm_nll, 4),
                 "answer_nll": round(ans_nll, 4),
                 "answer_token_acc": round(ans_acc, 4),
                 "lr": round(lr_at(tcfg, step), 6),
@@ -290,7 +383,9 @@ def eval_sets(n_digits: int, max_len: int, count: int = 200) -> dict[str, list[p
         "family1_middle_third_50": pt.fixed_task_set(
             1, 50, seed=0, n_tokens=(lo, hi), depth=(1 / 3, 2 / 3), n_digits=n_digits
         ),
-        "family2": pt.fixed_task_set(2, count, seed=7, n_tokens=(lo, hi), n_needles=(2, k_hi), n_digits=n_digits),
+        "family2": pt.fixed_task_set(
+            2, count, seed=7, n_tokens=(lo, hi), n_needles=(2, k_hi), n_digits=n_digits
+        ),
     }
 
 
@@ -310,23 +405,53 @@ def llama_accuracies(gguf_path: Path, sets: dict[str, list[pt.PasskeyTask]]) -> 
     return {name: llama_passkey_accuracy(gguf_path, tasks) for name, tasks in sets.items()}
 
 
+def check_log(cfg: ModelConfig, tcfg: TrainConfig, log_path: Path, n_steps: int) -> int:
+    """Re-train the first ``n_steps`` and compare the logged records with the committed log."""
+    ref = {r["step"]: r for r in json.loads(log_path.read_text())}
+    _, log = train(cfg, tcfg, stop_after=n_steps)
+    keys = ("len", "batch", "loss", "lm_nll", "answer_nll", "answer_token_acc")
+    diffs = [
+        (r["step"], k, r[k], ref[r["step"]][k])
+        for r in log
+        if r["step"] in ref
+        for k in keys
+        if r[k] != ref[r["step"]][k]
+    ]
+    compared = sum(r["step"] in ref for r in log)
+    print(json.dumps({"compared_records": compared, "differences": diffs}))
+    return 1 if diffs or not compared else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default=str(HERE), help="artifact folder (default: models/)")
     ap.add_argument("--stem", default="passkey")
     ap.add_argument("--steps", type=int, default=None, help="override TrainConfig.steps")
-    ap.add_argument("--smoke", action="store_true", help="tiny run (40 steps, short prompts) for a quick check")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny run (40 steps, short prompts) for a quick check"
+    )
+    ap.add_argument(
+        "--check-log",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reproducibility check: train N steps of the full schedule and compare the log with "
+        "<out-dir>/<stem>_train_log.json; writes nothing",
+    )
     args = ap.parse_args(argv)
 
     tcfg = TrainConfig()
     if args.smoke:
-        tcfg = TrainConfig(steps=40, batch_size=8, max_len=128, warmup_steps=5)
+        tcfg = TrainConfig(steps=40, batch_tokens=512, max_len=128, warmup_steps=5)
     if args.steps is not None:
         tcfg = TrainConfig(**{**asdict(tcfg), "steps": args.steps})
     cfg = ModelConfig(vocab_size=len(pt.VOCAB))
     out = Path(args.out_dir)
 
     t0 = time.perf_counter()
+    if args.check_log is not None:
+        return check_log(cfg, tcfg, out / f"{args.stem}_train_log.json", args.check_log)
+
     model, log = train(cfg, tcfg)
     train_s = time.perf_counter() - t0
 
