@@ -48,7 +48,7 @@ def test_checkpoint_save_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_gguf_metadata() -> None:
-    gguf = pytest.importorskip("gguf")
+    import gguf
     r = gguf.GGUFReader(str(GGUF))
     f = r.fields
     assert bytes(f["general.architecture"].parts[-1]).decode() == "llama"
@@ -61,7 +61,6 @@ def test_gguf_metadata() -> None:
 
 @pytest.mark.slow
 def test_llama_cpp_answers_family1_passkeys_with_full_cache() -> None:
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'llama' extra) is not installed")
     from models.llama_eval import llama_passkey_accuracy
 
     tasks = pt.fixed_task_set(1, 50, seed=0, n_tokens=(200, 394), depth=(1 / 3, 2 / 3))
@@ -75,7 +74,6 @@ def test_llama_cpp_answers_family2_needles_with_full_cache() -> None:
 
     Measured on the committed model: 49/50 (98%), llama.cpp, 1 thread; the bound leaves slack.
     """
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'llama' extra) is not installed")
     from models.llama_eval import llama_passkey_accuracy
 
     tasks = pt.fixed_task_set(2, 50, seed=0, n_tokens=(300, 394), depth=(1 / 3, 2 / 3), n_needles=4)

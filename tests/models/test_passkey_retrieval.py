@@ -56,7 +56,6 @@ def gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def llama(gguf: Path):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the 'llama' extra) is not installed")
     from kvres.actors.llama import LlamaExecutor
 
     ex = LlamaExecutor(gguf, n_ctx=1024, n_seq_max=2, n_threads=1)
@@ -116,7 +115,6 @@ def test_question_window_beats_h2o_before_the_question_on_several_needles(multi_
 
 @pytest.mark.parametrize("family", [1, 2])
 def test_openvino_answers_with_a_full_cache(gguf: Path, family: int) -> None:
-    pytest.importorskip("openvino", reason="openvino (the 'openvino' extra) is not installed")
     from kvres.actors.openvino import OpenVINOExecutor
 
     ex = OpenVINOExecutor(gguf, mode="state", num_threads=1)
