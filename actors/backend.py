@@ -296,7 +296,7 @@ class BackendHost:
             active=session_id == active,
             incoming_tokens=incoming if session_id == active else 0,
             budget_tokens=p.budget_tokens if p.kvres_evicts else None,
-            stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens),
+            stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens, p.rebase),
             evictable=p.kvres_evicts,
             block_size=p.block_size,
         )

@@ -36,6 +36,7 @@ class SessionPolicy(BaseModel):
     sink_tokens: int = Field(4, ge=0)
     recent_tokens: int = Field(64, ge=0)
     observation_window: int = Field(16, ge=1, le=4096)
+    rebase: bool = True  # close position gaps after eviction (False: keep them)
     spill: bool = True
 
     @property

@@ -1,7 +1,9 @@
 """The hot-set planner: which blocks stay resident under a token budget.
 
 Primitives:
-- ``StreamPolicy(enabled, sink_tokens, recent_tokens)``: StreamingLLM's sinks + recent window.
+- ``StreamPolicy(enabled, sink_tokens, recent_tokens, rebase=True)``: StreamingLLM's sinks + recent
+  window; ``rebase`` closes the gaps evictions leave (positions stay compact), ``False`` keeps
+  them (each kept token keeps its distance to the query; better for retrieval, positions grow).
 - ``PlanInput(blocks, budget_tokens, stream_policy, capabilities, scores=None)``.
 - ``Plan``: the partition ``keep_hot`` / ``evict_cold`` plus diagnostics.
 - ``plan_hot_set(PlanInput) -> Plan``: a pure, vectorised function.
@@ -33,6 +35,7 @@ class StreamPolicy:
     enabled: bool = False
     sink_tokens: int = 4
     recent_tokens: int = 256
+    rebase: bool = True
 
     def __post_init__(self) -> None:
         if self.sink_tokens < 0:
@@ -163,7 +166,7 @@ def plan_hot_set(inp: PlanInput) -> Plan:
         return Plan(
             source, everything, nothing, budget_tokens=budget, total_tokens=total,
             hot_tokens=total, protected_tokens=protected_tokens, over_budget=False,
-            diagnostics=diagnostics, rebase_positions=streaming,
+            diagnostics=diagnostics, rebase_positions=streaming and inp.stream_policy.rebase,
         )
     if not caps.remove_middle:
         return noop(
@@ -203,6 +206,6 @@ def plan_hot_set(inp: PlanInput) -> Plan:
         source, keep_idx.astype(np.int64), evict_idx.astype(np.int64),
         budget_tokens=budget, total_tokens=total, hot_tokens=hot,
         protected_tokens=protected_tokens, over_budget=over_budget,
-        diagnostics=diagnostics, rebase_positions=streaming,
+        diagnostics=diagnostics, rebase_positions=streaming and inp.stream_policy.rebase,
     )
 

@@ -129,3 +129,14 @@ def test_resume_chooses_recall_or_recompute_from_costs(stores, bandwidth_gbps, r
     h.suspend("s")
     assert h.resume("s") == recomputed
     assert h.generate("s", 10) == expected
+
+
+@pytest.mark.parametrize("rebase", [True, False])
+def test_session_policy_chooses_rebase_or_gaps(stores, rebase) -> None:
+    h = host(stores)
+    policy = SessionPolicy(kind="streaming", budget_tokens=128, recent_tokens=32, rebase=rebase)
+    h.open_session("s", policy)
+    h.append("s", tokens(300))
+    positions = h.executor.cache_positions("s")
+    kept = positions[positions >= 0]
+    assert (kept.max() == len(kept) - 1) == rebase  # compact positions only when re-based

@@ -185,3 +185,10 @@ def test_62500_blocks_plan_fast_enough_to_be_vectorised() -> None:
     plan = plan_hot_set(PlanInput(blocks, 250_000, StreamPolicy(True, 4, 4096), FULL, scores))
     assert len(blocks) == 62_500
     assert plan.hot_tokens <= 250_000 and plan.hot_tokens > 250_000 - 16
+
+
+def test_streaming_can_keep_position_gaps() -> None:
+    gaps = plan_hot_set(PlanInput(blocks_of(256), 96, StreamPolicy(True, 4, 32, rebase=False), FULL))
+    rebased = plan_hot_set(PlanInput(blocks_of(256), 96, StreamPolicy(True, 4, 32), FULL))
+    assert gaps.evict_cold == rebased.evict_cold
+    assert rebased.rebase_positions and not gaps.rebase_positions
