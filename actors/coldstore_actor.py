@@ -6,6 +6,8 @@ Primitives:
   ``get``, ``get_many``, ``get_range``, ``delete``, ``list_session``, ``drop_session``,
   ``tiers`` (where each key lives), ``stats`` (a flat ``dict[str, int]`` for metrics),
   ``drain_dropped``, ``flush``, ``close``.
+- ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
+  tier after every change; ``MeteredColdStoreActor`` is what ``kvres.cluster.connect`` starts.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import ray
 
@@ -93,4 +96,48 @@ class ColdStoreServer:
         self._store.close()
 
 
+class MeteredColdStoreServer(ColdStoreServer):
+    """The server that runs in the cluster: after every change it sets ``kvres_cold_bytes`` and
+    ``kvres_cold_blocks`` per tier for its node (``kvres.cluster.metrics``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from kvres.cluster.metrics import RayMetrics
+
+        super().__init__(*args, **kwargs)
+        self._metrics = RayMetrics()
+        self._node = ray.get_runtime_context().get_node_id()
+        self._publish()
+
+    def _publish(self) -> None:
+        stats = self._store.stats()
+        self._metrics.set_cold(self._node, "ram", stats.ram_bytes, stats.ram_blocks)
+        self._metrics.set_cold(self._node, "disk", stats.disk_bytes, stats.disk_blocks)
+
+    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
+        result = super().put(block, priority)
+        self._publish()
+        return result
+
+    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
+        results = super().put_many(blocks, priority)
+        self._publish()
+        return results
+
+    def get(self, key: BlockKey, promote: bool | None = None) -> KVBlock | None:
+        block = super().get(key, promote)
+        self._publish()  # a promotion or a dropped corrupt file moves bytes between tiers
+        return block
+
+    def delete(self, key: BlockKey) -> bool:
+        deleted = super().delete(key)
+        self._publish()
+        return deleted
+
+    def drop_session(self, session_id: str) -> int:
+        dropped = super().drop_session(session_id)
+        self._publish()
+        return dropped
+
+
 ColdStoreActor = ray.remote(ColdStoreServer)
+MeteredColdStoreActor = ray.remote(MeteredColdStoreServer)

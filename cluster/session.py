@@ -26,7 +26,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.backend_actor import BackendActor, backend_actor_name
-from kvres.actors.coldstore_actor import ColdStoreActor
+from kvres.actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
 from kvres.policy import KvresError, UnknownSessionError
@@ -111,7 +111,7 @@ class SessionManager:
             node_id = node["NodeID"]
             name = cold_store_name(node_id)
             disk = cfg.disk_dir / name if cfg.disk_dir else Path(tempfile.gettempdir()) / name
-            stores[name] = ColdStoreActor.options(
+            stores[name] = MeteredColdStoreActor.options(
                 name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
                 num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(cfg.ram_budget_bytes, str(disk), cfg.disk_budget_bytes)

@@ -8,6 +8,7 @@ import urllib.request
 
 import pydantic
 import pytest
+import ray
 
 from kvres.cluster import BackendConfig, SessionPolicy
 from kvres.policy import KvresError, UnknownSessionError
@@ -111,6 +112,17 @@ def test_metrics_endpoint_matches_session_stats(manager, metrics_port) -> None:
         time.sleep(0.5)
     assert got == want
     assert re.search(r"^ray_kvres_plan_latency_ms_bucket", body, re.M)
+    ram_bytes = sum(
+        ray.get(store.stats.remote())["ram_bytes"] for store in manager.cold_stores.values()
+    )
+    deadline = time.time() + 30
+    while True:
+        exported = [float(line.rsplit(" ", 1)[1]) for line in _scrape(metrics_port).splitlines()
+                    if line.startswith("ray_kvres_cold_bytes{") and 'tier="ram"' in line]
+        if sum(exported) == ram_bytes or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert exported and sum(exported) == ram_bytes > 0
     session.close()
 
 
