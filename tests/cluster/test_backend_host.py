@@ -140,3 +140,13 @@ def test_session_policy_chooses_rebase_or_gaps(stores, rebase) -> None:
     positions = h.executor.cache_positions("s")
     kept = positions[positions >= 0]
     assert (kept.max() == len(kept) - 1) == rebase  # compact positions only when re-based
+
+
+def test_drop_policy_evicts_without_spilling(stores) -> None:
+    h = host(stores)
+    h.open_session("s", SessionPolicy.streaming(128, recent_tokens=32, spill=False))
+    h.append("s", tokens(400))
+    stats = h.session_stats("s")
+    assert stats["counters"]["evictions"] > 0 and stats["counters"]["spills"] == 0
+    assert stats["cold"] == {} and stats["resident_tokens"] <= 128
+    assert stats["token_count"] == 400  # dropped KV, kept tokens: the log still has everything
