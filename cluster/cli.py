@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,19 +22,26 @@ from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .default_model import default_model_path
+
+    model = Path(args.model) if args.model else default_model_path()
+    print(f"kvres demo: model {model}")
+    with tempfile.TemporaryDirectory(prefix="kvres-demo-") as disk:
+        return _run_demo(args, model, Path(disk))
+
+
+def _run_demo(args: argparse.Namespace, model: Path, disk: Path) -> int:
     from tqdm import tqdm
 
     from kvres.policy import CapabilityError
 
-    from .default_model import default_model_path
     from .session import connect
 
-    model = Path(args.model) if args.model else default_model_path()
-    print(f"kvres demo: model {model}")
     config = KvresConfig(
         backends=[BackendConfig(name="demo", model_path=model, n_ctx=4096, n_seq_max=4,
                                 kv_budget_tokens=args.budget * 2, n_threads=args.threads)],
-        cold_store=ColdStoreConfig(ram_budget_bytes=4 * 1024 * 1024, disk_budget_bytes=256 * 1024 * 1024),
+        cold_store=ColdStoreConfig(ram_budget_bytes=4 * 1024 * 1024, disk_budget_bytes=256 * 1024 * 1024,
+                                   disk_dir=disk),
     )
     manager = connect(namespace=f"kvres-demo-{int(time.time())}", config=config, include_dashboard=False)
     try:

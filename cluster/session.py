@@ -16,6 +16,7 @@ token); errors raised by the actors arrive as their kvres types.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -110,7 +111,8 @@ class SessionManager:
                 continue
             node_id = node["NodeID"]
             name = cold_store_name(node_id)
-            disk = cfg.disk_dir / name if cfg.disk_dir else Path(tempfile.gettempdir()) / name
+            folder = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.namespace}-{name}")  # per namespace and node
+            disk = cfg.disk_dir / folder if cfg.disk_dir else Path(tempfile.gettempdir()) / folder
             stores[name] = MeteredColdStoreActor.options(
                 name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
                 num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
@@ -211,6 +213,7 @@ def connect(
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, namespace=namespace, log_to_driver=False, **ray_init)
+        # no address: start an embedded local cluster ("local"), never a stray one found running
+        ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
     return SessionManager(namespace, config, started)

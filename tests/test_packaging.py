@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,10 +11,14 @@ from tests.conftest import REPO_ROOT
 
 
 def test_wheel_install_imports_from_outside_the_repository(tmp_path) -> None:
+    # build from a copy: setuptools leaves build/ in the source tree, and a stale one would leak in
+    source = tmp_path / "src"
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "results", "models", ".*_cache"))
     target = tmp_path / "site"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO_ROOT)],
+         "--target", str(target), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr[-2000:]

@@ -23,7 +23,7 @@ def metrics_port() -> int:
 
 
 @pytest.fixture(scope="package")
-def manager(metrics_port: int):
+def manager(metrics_port: int, tmp_path_factory: pytest.TempPathFactory):
     import ray
 
     from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
@@ -42,7 +42,8 @@ def manager(metrics_port: int):
             BackendConfig(name="ov-recompute", engine="openvino", openvino_mode="recompute",
                           model_path=model, n_ctx=2048, kv_budget_tokens=2000, n_threads=1),
         ],
-        cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=64 << 20),
+        cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=64 << 20,
+                                   disk_dir=tmp_path_factory.mktemp("coldstore")),
     )
     if ray.is_initialized():
         ray.shutdown()
