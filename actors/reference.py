@@ -23,10 +23,11 @@ from kvres.policy.errors import (
     BlockMismatchError,
     CapabilityError,
     SessionExistsError,
-    UnknownSessionError,
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
+
+from .session_table import SessionTable
 
 REFERENCE_CAPABILITIES = Capabilities(
     remove_tail=True,
@@ -45,7 +46,7 @@ class _Session:
     positions: PositionMap = field(default_factory=PositionMap)
 
 
-class ReferenceExecutor:
+class ReferenceExecutor(SessionTable):
     engine = "reference"
 
     def __init__(self, vocab_size: int = 64, capabilities: Capabilities | None = None) -> None:
@@ -61,12 +62,6 @@ class ReferenceExecutor:
     def capabilities(self) -> Capabilities:
         return self._caps
 
-    def _get(self, session_id: str) -> _Session:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise UnknownSessionError(session_id) from None
-
     def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
         if session_id in self._sessions:
             raise SessionExistsError(session_id)
@@ -77,18 +72,6 @@ class ReferenceExecutor:
     def close_session(self, session_id: str) -> None:
         self._get(session_id)
         del self._sessions[session_id]
-
-    def sessions(self) -> list[str]:
-        return list(self._sessions)
-
-    def token_log(self, session_id: str) -> list[int]:
-        return list(self._get(session_id).tokens)
-
-    def resident_ranges(self, session_id: str) -> list[Range]:
-        return self._get(session_id).positions.resident_ranges()
-
-    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
-        return self._get(session_id).positions.all_positions()
 
     def _weights(self, s: _Session) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Resident tokens and the attention weight the last query gives each of them."""

@@ -71,13 +71,13 @@ from kvres.policy.errors import (
     CapabilityError,
     RangeError,
     SessionExistsError,
-    UnknownSessionError,
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scoring import block_scores, snapkv_key_scores
 
 from ..sampling import TokenSampler
+from ..session_table import SessionTable
 from .attention import AttentionCapture, ScoringContext
 from .cache_ops import CacheOps
 from .engine import KV_TYPE_IDS, QUANTIZED_KV_TYPES, LlamaContext, LlamaModel
@@ -119,7 +119,7 @@ def _check_n_ctx(n_ctx: Any) -> int:
     return int(n_ctx)
 
 
-class LlamaExecutor:
+class LlamaExecutor(SessionTable):
     engine = ENGINE
 
     def __init__(
@@ -254,25 +254,6 @@ class LlamaExecutor:
     @property
     def n_vocab(self) -> int:
         return self._model.n_vocab
-
-    def sessions(self) -> list[str]:
-        return list(self._sessions)
-
-    def _get(self, session_id: str) -> _Session:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise UnknownSessionError(session_id) from None
-
-    def token_log(self, session_id: str) -> list[int]:
-        return list(self._get(session_id).tokens)
-
-    def resident_ranges(self, session_id: str) -> list[Range]:
-        return self._get(session_id).positions.resident_ranges()
-
-    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
-        """Engine cache position per token-log index; -1 where evicted."""
-        return self._get(session_id).positions.all_positions()
 
     def free_cells(self) -> int:
         """KV cells not held by any session's resident tokens."""

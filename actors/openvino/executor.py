@@ -51,12 +51,12 @@ from kvres.policy.errors import (
     KvresError,
     RangeError,
     SessionExistsError,
-    UnknownSessionError,
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scoring import block_scores, pool_1d
 
+from ..session_table import SessionTable
 from .model import LoadedModel, load_model
 from .parking import has_parking
 from .rope import rotate_keys
@@ -113,7 +113,7 @@ def _kv_type_name(compiled: ov.CompiledModel, precision: str) -> str:
         return precision
 
 
-class OpenVINOExecutor:
+class OpenVINOExecutor(SessionTable):
     engine = ENGINE
 
     def __init__(
@@ -178,12 +178,6 @@ class OpenVINOExecutor:
         return self._caps
 
     # -- sessions ------------------------------------------------------------------------------
-    def _get(self, session_id: str) -> _Session:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise UnknownSessionError(session_id) from None
-
     def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
         """Open a session; ``tokens`` become its token log with no KV resident (a restored session)."""
         if session_id in self._sessions:
@@ -196,9 +190,6 @@ class OpenVINOExecutor:
     def close_session(self, session_id: str) -> None:
         self._get(session_id)
         del self._sessions[session_id]
-
-    def sessions(self) -> list[str]:
-        return list(self._sessions)
 
     # -- text ----------------------------------------------------------------------------------
     def _text(self) -> TextCodec:
@@ -222,15 +213,6 @@ class OpenVINOExecutor:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._text().detokenize(tokens)
-
-    def token_log(self, session_id: str) -> list[int]:
-        return list(self._get(session_id).tokens)
-
-    def resident_ranges(self, session_id: str) -> list[Range]:
-        return self._get(session_id).positions.resident_ranges()
-
-    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
-        return self._get(session_id).positions.all_positions()
 
     # -- engine calls --------------------------------------------------------------------------
     def _kv(self, s: _Session) -> KVArrays:

@@ -1,0 +1,40 @@
+"""The session bookkeeping every executor shares.
+
+Primitives:
+- ``SessionTable``: a base class over ``self._sessions`` (session id -> an object with ``tokens``
+  and ``positions``, a ``kvres.policy.positions.PositionMap``): ``_get`` (raises
+  ``UnknownSessionError``), ``sessions``, ``token_log``, ``resident_ranges``, ``cache_positions``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.policy.errors import UnknownSessionError
+from kvres.policy.ranges import Range
+
+
+class SessionTable:
+    _sessions: dict[str, Any]
+
+    def _get(self, session_id: str) -> Any:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSessionError(session_id) from None
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def token_log(self, session_id: str) -> list[int]:
+        return list(self._get(session_id).tokens)
+
+    def resident_ranges(self, session_id: str) -> list[Range]:
+        return list(self._get(session_id).positions.resident_ranges())
+
+    def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
+        """Engine cache position per token-log index; -1 where evicted."""
+        return np.asarray(self._get(session_id).positions.all_positions())
