@@ -137,25 +137,26 @@ def key_scores_llama(executor: Any, task: pt.PasskeyTask, kernel: int = 7) -> Ke
 
 
 def key_scores_openvino(executor: Any, task: pt.PasskeyTask, kernel: int = 7) -> KeyScores:
-    """Both score kinds from the OpenVINO executor's own scoring pass (``score_window`` rows)."""
+    """Both score kinds from the OpenVINO executor's own scoring pass (raw per-token mass: its
+    max-pooling is switched off here and applied once, for SnapKV only, as on llama.cpp)."""
     n, q0 = task.n_tokens, task.question_span[0]
-    saved = executor.score_window
+    saved = executor.score_kernel
+    executor.score_kernel = 1
     try:
         snap_mass = _ov_token_mass(executor, task.prompt_ids, n - q0)
         h2o_mass = _ov_token_mass(executor, task.prompt_ids[:q0], q0)
     finally:
-        executor.score_window = saved
+        executor.score_kernel = saved
     return KeyScores(_fit(h2o_mass, n), _fit(_snapkv_from_mass(snap_mass, kernel), n), q0)
 
 
 def _ov_token_mass(executor: Any, tokens: Sequence[int], window: int) -> np.ndarray:
     sid = "__passkey_score__"
-    executor.score_window = window
     executor.open_session(sid)
     try:
         executor.append(sid, list(tokens))
         ranges = [Range(i, i + 1) for i in range(len(tokens))]
-        return np.asarray(executor.block_attention_scores(sid, ranges), dtype=np.float64)
+        return np.asarray(executor.block_attention_scores(sid, ranges, window=window), dtype=np.float64)
     finally:
         executor.close_session(sid)
 
