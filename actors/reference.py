@@ -20,7 +20,6 @@ import numpy.typing as npt
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.errors import (
-    BlockMismatchError,
     CapabilityError,
     SessionExistsError,
 )
@@ -123,10 +122,7 @@ class ReferenceExecutor(SessionTable):
         block.check_fingerprint(self.fingerprint)
         rng = block.token_range
         s.positions.check_evicted(rng)
-        if list(block.token_ids) != s.tokens[rng.start : rng.end]:
-            raise BlockMismatchError(
-                f"block for {rng} carries other token ids than session {session_id!r} has there"
-            )
+        self._check_block_tokens(session_id, block)
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
         s.positions.admit(rng, offsets, preferred_first=block.positions[0])
 

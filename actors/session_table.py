@@ -3,7 +3,8 @@
 Primitives:
 - ``SessionTable``: a base class over ``self._sessions`` (session id -> an object with ``tokens``
   and ``positions``, a ``kvres.policy.positions.PositionMap``): ``_get`` (raises
-  ``UnknownSessionError``), ``sessions``, ``token_log``, ``resident_ranges``, ``cache_positions``.
+  ``UnknownSessionError``), ``sessions``, ``token_log``, ``resident_ranges``, ``cache_positions``,
+  ``_check_block_tokens`` (a KV block must carry the token ids the session has at its range).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvres.policy.errors import UnknownSessionError
+from kvres.policy.errors import BlockMismatchError, UnknownSessionError
 from kvres.policy.ranges import Range
 
 
@@ -38,3 +39,10 @@ class SessionTable:
     def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
         """Engine cache position per token-log index; -1 where evicted."""
         return np.asarray(self._get(session_id).positions.all_positions())
+
+    def _check_block_tokens(self, session_id: str, block: Any) -> None:
+        rng = block.token_range
+        if list(block.token_ids) != self._get(session_id).tokens[rng.start : rng.end]:
+            raise BlockMismatchError(
+                f"block for {rng} carries other token ids than session {session_id!r} has there"
+            )

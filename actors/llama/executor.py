@@ -392,10 +392,7 @@ class LlamaExecutor(SessionTable):
         block.check_fingerprint(self.fingerprint)
         rng = block.token_range
         s.positions.check_evicted(rng)
-        if list(block.token_ids) != s.tokens[rng.start : rng.end]:
-            raise BlockMismatchError(
-                f"block for {rng} carries other token ids than session {session_id!r} has there"
-            )
+        self._check_block_tokens(session_id, block)
         size = expected_payload_size(len(rng), self.geometry.n_layers, self._k_row, self._v_row)
         if block.payload_nbytes != size:
             raise BlockMismatchError(

@@ -394,10 +394,7 @@ class OpenVINOExecutor(SessionTable):
         block.check_fingerprint(self.fingerprint)
         rng = block.token_range
         s.positions.check_in_log(rng)
-        if list(block.token_ids) != s.tokens[rng.start:rng.end]:
-            raise BlockMismatchError(
-                f"block for {rng} carries other token ids than session {session_id!r} has there"
-            )
+        self._check_block_tokens(session_id, block)
         if len(block.positions) != len(rng):
             raise BlockMismatchError(f"block for {rng} has {len(block.positions)} positions, needs {len(rng)}")
 
