@@ -7,10 +7,13 @@ Primitives:
   taking a ``BackendPlanInput``) for room whenever a session or the backend would go over its
   budget, and carries the plan out: idle sessions suspended to the cold store, ranges evicted
   (exported to the cold store first when the session spills).
-- ``StorePort``: where blocks go: ``put(block) -> ColdRef``, ``get(ref)``, ``delete(ref)``,
-  ``tiers(refs)``. ``ColdRef`` names the store that holds a block, so another backend (on another
-  node) can fetch it when a session migrates.
 - ``SuspendRecord``: everything needed to bring a session back on any backend of the same model.
+
+The executor is a ``kvres.actors.executor.Executor`` (kvres addresses its KV) or an
+``EngineManagedExecutor`` (the engine evicts by itself). Blocks go through a
+``kvres.actors.store_ports.StorePort``; every operation moves all of its blocks in one batched call
+per store (a suspend one ``put_many``, a resume one ``get_many`` and one ``delete_many``, an
+eviction one ``put_many``). Whatever a session parked is deleted when it closes.
 
 A session's token log is the source of truth: no failure on the way (a lost or corrupt block, a
 foreign block) loses tokens; missing KV is recomputed from the log.
@@ -22,14 +25,12 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kvres.cluster.config import BackendConfig, SessionPolicy
-from kvres.cluster.metrics import COUNTERS, Metrics, NullMetrics
-from kvres.coldstore import BlockKey, ColdStoreError
+from kvres.coldstore import ColdStoreError, KVBlock
 from kvres.policy import (
     BlockMismatchError,
     KvresError,
@@ -41,9 +42,14 @@ from kvres.policy import (
     subtract_range,
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
-from kvres.policy.scoring import block_scores, key_mass, snapkv_key_scores
+from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
+from kvres.policy.scoring import block_scores, key_mass
 
+from .config import BackendConfig, SessionPolicy
+from .executor import EngineManagedExecutor, Executor
+from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
+from .store_ports import ColdRef, StorePort
 
 H2O_QUERY_WINDOW = 256
 
@@ -52,69 +58,28 @@ class BackendFullError(KvresError):
     """The backend cannot make room: its budget is taken by sessions it may not evict."""
 
 
-@dataclass(frozen=True)
-class ColdRef:
-    store: str
-    key: BlockKey
-    nbytes: int
-
-
-class StorePort(Protocol):
-    name: str
-
-    def put(self, block: Any) -> ColdRef: ...
-
-    def get(self, ref: ColdRef) -> Any | None: ...
-
-    def delete(self, ref: ColdRef) -> None: ...
-
-    def tiers(self, refs: Sequence[ColdRef]) -> list[str | None]: ...
-
-
-class RecallChooser(Protocol):
-    """Whether to import a cold block (True) or recompute its tokens from the log (False)."""
-
-    def __call__(self, block_bytes: int, n_tokens: int, tier: str) -> bool: ...
-
-
-def recall_chooser(tiers: dict[str, Any], prefill: Any) -> RecallChooser:
-    """A chooser from measured costs: ``tiers`` maps "ram"/"disk" to a ``TierCost``, ``prefill``
-    is a ``PrefillCost`` (see ``kvres.policy.recall``)."""
-    from kvres.policy.recall import recall_or_recompute
-
-    def choose(block_bytes: int, n_tokens: int, tier: str) -> bool:
-        cost = tiers.get(tier)
-        if cost is None:
-            return True
-        return recall_or_recompute(block_bytes, n_tokens, cost, prefill).action == "recall"
-
-    return choose
-
-
-class ProbedRecallChooser:
-    """Recall-or-recompute from this device's measured costs (``kvres.actors.probes``): the RAM
-    tier costs what a measured block import costs, recompute what a measured prefill costs.
-    Probes run on first use and are cached per device; the disk tier has no measured read cost
-    yet, so disk blocks are always recalled."""
+class ProbedRecallCosts:
+    """This device's measured costs (``kvres.actors.probes``), probed on first use and cached per
+    device: the RAM tier costs what a measured block import costs, recompute what a measured
+    prefill costs. The disk tier has no measured read cost yet, so disk blocks are always read."""
 
     def __init__(self, model_path: str) -> None:
         self._model_path = model_path
-        self._choose: RecallChooser | None = None
+        self._costs: RecallCosts | None = None
+        self._probed = False
 
-    def __call__(self, block_bytes: int, n_tokens: int, tier: str) -> bool:
-        if self._choose is None:
-            from kvres.actors.probes import load_probes
-            from kvres.policy.recall import PrefillCost, TierCost
+    def __call__(self) -> RecallCosts | None:
+        if not self._probed:
+            from .probes import load_probes
 
             p = load_probes(self._model_path)
-            if p.import_gbps is None or p.prefill_tokens_per_s is None:
-                self._choose = lambda *_: True
-            else:
-                self._choose = recall_chooser(
+            if p.import_gbps is not None and p.prefill_tokens_per_s is not None:
+                self._costs = RecallCosts(
                     {"ram": TierCost("ram", p.import_gbps, p.import_latency_s or 0.0)},
                     PrefillCost(p.prefill_tokens_per_s, p.prefill_fixed_s or 0.0),
                 )
-        return self._choose(block_bytes, n_tokens, tier)
+            self._probed = True
+        return self._costs
 
 
 @dataclass
@@ -144,11 +109,11 @@ class BackendHost:
     def __init__(
         self,
         config: BackendConfig,
-        executor: Any,
+        executor: Executor | EngineManagedExecutor,
         plan: Callable[[BackendPlanInput], BackendPlan],
         store: StorePort | None = None,
         metrics: Metrics | None = None,
-        recall: RecallChooser | None = None,
+        recall_costs: Callable[[], RecallCosts | None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -156,10 +121,10 @@ class BackendHost:
         self._plan = plan
         self._store = store
         self._metrics = metrics or NullMetrics()
-        self._recall = recall
+        self._recall_costs = recall_costs
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
-        self.fingerprint: str = getattr(executor, "fingerprint", "")
+        self.fingerprint = executor.fingerprint
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _get(self, session_id: str, *, live: bool = True) -> _Session:
@@ -198,7 +163,7 @@ class BackendHost:
         if session_id in self._sessions:
             raise SessionExistsError(session_id)
         policy = policy or SessionPolicy()
-        engine_managed = bool(getattr(self.executor, "engine_managed", False))
+        engine_managed = isinstance(self.executor, EngineManagedExecutor)
         if policy.kind == "engine" and not engine_managed:
             raise ValueError(
                 f"policy kind 'engine' needs an engine that evicts by itself (engine='openvino-genai'); "
@@ -214,21 +179,27 @@ class BackendHost:
                 f"session budget_tokens={policy.budget_tokens} exceeds backend {self.name!r} "
                 f"kv_budget_tokens={self.config.kv_budget_tokens}"
             )
+        if policy.kind == "scored" and policy.scorer == "h2o" and not self.executor.capabilities().attention_capture:
+            raise ValueError(
+                f"scorer 'h2o' needs the attention of every query, which backend {self.name!r} "
+                f"({self.config.engine}) cannot capture; use scorer='snapkv'"
+            )
         self._make_room(session_id, 0, newcomer=True)
-        self.executor.open_session(session_id)
-        if policy.kind == "engine":
-            self.executor.set_eviction(session_id, StreamPolicy(True, policy.sink_tokens, policy.recent_tokens),
-                                       policy.budget_tokens or 0, policy.aggregation)
+        self._open_on_engine(session_id, policy)
         self._sessions[session_id] = _Session(policy, next(self._clock))
         self._publish()
+
+    def _open_on_engine(self, session_id: str, policy: SessionPolicy, tokens: Sequence[int] = ()) -> None:
+        self.executor.open_session(session_id, tokens)
+        if policy.kind == "engine" and isinstance(self.executor, EngineManagedExecutor):
+            self.executor.set_eviction(session_id, StreamPolicy(True, policy.sink_tokens, policy.recent_tokens),
+                                       policy.budget_tokens or 0, policy.aggregation)
 
     def close(self, session_id: str) -> None:
         s = self._get(session_id, live=False)
         if s.suspended is None:
             self.executor.close_session(session_id)
-        if self._store is not None:
-            for ref in s.cold + (s.suspended.blocks if s.suspended else []):
-                self._store.delete(ref)
+        self._delete_refs(s.cold + (s.suspended.blocks if s.suspended else []))
         del self._sessions[session_id]
         self._metrics.set_resident(self.name, session_id, 0)
         self._publish()
@@ -263,7 +234,7 @@ class BackendHost:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         sampler = TokenSampler(temperature, seed)
         s = self._touch(session_id)
-        if getattr(self.executor, "engine_managed", False):
+        if isinstance(self.executor, EngineManagedExecutor):
             yield from self.executor.generate(session_id, max_tokens, temperature, seed)
             self._publish()
             return
@@ -303,27 +274,28 @@ class BackendHost:
 
     def _with_scores(self, view: SessionView) -> SessionView:
         s = self._sessions[view.session_id]
-        if s.policy.kind != "scored" or not self.executor.capabilities().attention_scores:
+        executor = self.executor
+        if s.policy.kind != "scored" or not isinstance(executor, Executor):
+            return view
+        if not executor.capabilities().attention_scores:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
-        scores = tuple(self._scores(view.session_id, s.policy, ranges, view.resident_tokens))
+        scores = tuple(self._scores(executor, view.session_id, s.policy, ranges, view.resident_tokens))
         return SessionView(**{**view.__dict__, "scores": scores})
 
-    def _scores(self, session_id: str, policy: SessionPolicy, ranges: list[Range], resident: int) -> list[float]:
-        """SnapKV: attention of the last ``observation_window`` tokens, max-pooled. H2O: attention
-        accumulated by every key over the last ``H2O_QUERY_WINDOW`` queries (a bounded stand-in
-        for accumulating over every decode step, which would need a capture on each one)."""
-        attention = getattr(self.executor, "attention", None)
-        if attention is None:  # the engine's own SnapKV scoring over the observation window
-            return [float(x) for x in self.executor.block_attention_scores(
-                session_id, ranges, window=policy.observation_window)]
+    @staticmethod
+    def _scores(
+        executor: Executor, session_id: str, policy: SessionPolicy, ranges: list[Range], resident: int
+    ) -> list[float]:
+        """SnapKV: attention of the last ``observation_window`` tokens, max-pooled (the engine's
+        block scores). H2O: attention accumulated by every key over the last
+        ``H2O_QUERY_WINDOW`` queries (a bounded stand-in for accumulating over every decode step,
+        which would need a capture on each one)."""
         if policy.scorer == "snapkv":
-            capture = attention(session_id, window=policy.observation_window)
-            keys = snapkv_key_scores(capture.probs, window=capture.probs.shape[-2], kernel=7)
-        else:
-            capture = attention(session_id, window=max(1, min(H2O_QUERY_WINDOW, resident)))
-            keys = key_mass(capture.probs)
+            return executor.block_attention_scores(session_id, ranges, window=policy.observation_window)
+        capture = executor.attention(session_id, window=max(1, min(H2O_QUERY_WINDOW, resident)))
+        keys = key_mass(capture.probs)
         return [float(x) for x in block_scores(keys, capture.key_positions, ranges)]
 
     def _needs_plan(self, views: list[SessionView]) -> bool:
@@ -371,18 +343,61 @@ class BackendHost:
             )
 
     def _max_live_sessions(self) -> int:
-        return int(getattr(self.executor, "max_sessions", self.config.n_seq_max))
+        return self.config.n_seq_max
+
+    def _kv_executor(self, what: str) -> Executor:
+        if not isinstance(self.executor, Executor):
+            raise KvresError(f"backend {self.name!r} ({self.config.engine}) cannot {what}: the engine manages its KV")
+        return self.executor
 
     def _evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:
+        """Evict ``ranges``; a spilling session parks them first, all in one store call."""
+        executor = self._kv_executor("evict")
         s = self._sessions[session_id]
-        spill = s.policy.spill and self._store is not None and self.executor.capabilities().kv_export
-        for rng in sorted(ranges, reverse=True):
-            if spill:
-                assert self._store is not None
-                s.cold.append(self._store.put(self.executor.export_range(session_id, rng)))
-                self._count(session_id, "spills")
-            self.executor.evict_range(session_id, rng, rebase=rebase)
+        ordered = sorted(ranges, reverse=True)
+        if s.policy.spill and self._store is not None and executor.capabilities().kv_export:
+            s.cold.extend(self._park([executor.export_range(session_id, r) for r in ordered]))
+            self._count(session_id, "spills", len(ordered))
+        for rng in ordered:
+            executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")
+
+    # -- the cold store ----------------------------------------------------------------------
+    def _park(self, blocks: list[KVBlock]) -> list[ColdRef]:
+        assert self._store is not None
+        return self._store.refs(self._store.put_many(blocks), blocks)
+
+    def _by_store(self, refs: Sequence[ColdRef]) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {}
+        for i, ref in enumerate(refs):
+            groups.setdefault(ref.store, []).append(i)
+        return groups
+
+    def _pop(self, refs: Sequence[ColdRef], costs: RecallCosts | None) -> list[KVBlock | None]:
+        """The blocks behind ``refs``, removed from their stores: one ``pop_many`` per store."""
+        assert self._store is not None
+        out: list[KVBlock | None] = [None] * len(refs)
+        for store, idx in self._by_store(refs).items():
+            popped = self._store.at(store).pop_many(
+                [refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
+            for i, block in zip(idx, popped, strict=True):
+                out[i] = block
+        return out
+
+    def _tiers(self, refs: Sequence[ColdRef]) -> list[str | None]:
+        out: list[str | None] = [None] * len(refs)
+        if self._store is None:
+            return out
+        for store, idx in self._by_store(refs).items():
+            for i, tier in zip(idx, self._store.at(store).tiers([refs[i].key for i in idx]), strict=True):
+                out[i] = tier
+        return out
+
+    def _delete_refs(self, refs: Sequence[ColdRef]) -> None:
+        if self._store is None:
+            return
+        for store, idx in self._by_store(refs).items():
+            self._store.at(store).delete_many([refs[i].key for i in idx])
 
     # -- suspend / resume ------------------------------------------------------------------
     def suspend(self, session_id: str) -> SuspendRecord:
@@ -390,8 +405,12 @@ class BackendHost:
         s = self._get(session_id)
         if self._store is None:
             raise KvresError(f"backend {self.name!r} has no cold store: cannot suspend {session_id!r}")
-        resident = self.executor.resident_ranges(session_id)
-        refs = [self._store.put(self.executor.export_range(session_id, r)) for r in resident]
+        resident = self.executor.resident_ranges(session_id)  # none where the engine manages KV
+        if resident:
+            executor = self._kv_executor("suspend")
+            refs = self._park([executor.export_range(session_id, r) for r in resident])
+        else:
+            refs = []
         record = SuspendRecord(
             session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
             s.policy, s.last_logits, dict(s.counters), self.fingerprint,
@@ -424,7 +443,7 @@ class BackendHost:
         previous = self._sessions.pop(session_id, None)
         try:
             self._make_room(session_id, sum(len(r) for r in record.resident_ranges), newcomer=True)
-            self.executor.open_session(session_id, record.token_log)
+            self._open_on_engine(session_id, record.policy, record.token_log)
         except BaseException:
             if previous is not None:
                 self._sessions[session_id] = previous  # still suspended, nothing lost
@@ -433,7 +452,7 @@ class BackendHost:
                      record.last_logits)
         self._sessions[session_id] = s
         try:
-            recomputed = self._restore(session_id, record)
+            recomputed = self._restore(session_id, record) if record.resident_ranges else 0
         except BaseException:
             self.executor.close_session(session_id)
             if previous is not None:
@@ -441,33 +460,29 @@ class BackendHost:
             else:
                 del self._sessions[session_id]
             raise
-        for ref in record.blocks:
-            self._store.delete(ref)
         self._publish()
         return recomputed
 
     def _restore(self, session_id: str, record: SuspendRecord) -> int:
-        assert self._store is not None
-        tiers = self._store.tiers(record.blocks) if (self._recall and record.blocks) else []
-        for i, ref in enumerate(record.blocks):
-            if tiers and tiers[i] is not None and not self._recall(  # type: ignore[misc]
-                ref.nbytes, len(ref.key.token_range), str(tiers[i])
-            ):
-                continue  # cheaper to recompute from the token log than to read it back
+        """Import the parked blocks worth reading (one ``pop_many`` per store, which also frees
+        them), recompute the rest from the token log."""
+        executor = self._kv_executor("resume")
+        costs = self._recall_costs() if self._recall_costs is not None else None
+        for block in self._pop(record.blocks, costs):
+            if block is None:
+                continue  # gone, unreadable or cheaper to recompute: recomputed below
             try:
-                block = self._store.get(ref)
-                if block is not None:
-                    self.executor.import_range(session_id, block)
-                    self._count(session_id, "admissions")
+                executor.import_range(session_id, block)
+                self._count(session_id, "admissions")
             except (ColdStoreError, BlockMismatchError, RangeError):
-                continue  # recomputed from the token log below
+                continue
         recomputed = 0
         for rng in record.resident_ranges:
             missing = [rng]
-            for have in self.executor.resident_ranges(session_id):
+            for have in executor.resident_ranges(session_id):
                 missing = [m for part in missing for m in subtract_range([part], have)]
             for part in missing:
-                self.executor.admit_range(session_id, part)
+                executor.admit_range(session_id, part)
                 recomputed += len(part)
         if recomputed:
             self._count(session_id, "recomputed_tokens", recomputed)
@@ -479,7 +494,7 @@ class BackendHost:
         live = s.suspended is None
         resident = self.executor.resident_ranges(session_id) if live else []
         refs = list(s.cold) + (list(s.suspended.blocks) if s.suspended else [])
-        tiers = self._store.tiers(refs) if (self._store is not None and refs) else []
+        tiers = self._tiers(refs)
         cold: dict[str, dict[str, int]] = {}
         for ref, tier in zip(refs, tiers, strict=True):
             if tier is None:
@@ -492,7 +507,7 @@ class BackendHost:
             "backend": self.name,
             "state": "live" if live else "suspended",
             "policy": s.policy.model_dump(),
-            "token_count": len(self.executor.token_log(session_id)) if live else len(s.suspended.token_log),
+            "token_count": len(s.suspended.token_log if s.suspended else self.executor.token_log(session_id)),
             "resident_ranges": [(r.start, r.end) for r in resident],
             "resident_tokens": sum(len(r) for r in resident),
             "cold": cold,

@@ -15,12 +15,11 @@ from typing import Any
 
 import ray
 
-from kvres.cluster.config import BackendConfig, SessionPolicy
-from kvres.cluster.default_model import default_model_path
-from kvres.cluster.metrics import RayMetrics
-
-from .backend import BackendHost, ProbedRecallChooser, SuspendRecord
+from .backend import BackendHost, ProbedRecallCosts, SuspendRecord
+from .config import BackendConfig, SessionPolicy
+from .default_model import default_model_path
 from .engines import make_executor, resolve_kv_tier
+from .metrics import RayMetrics
 from .planner_actor import PLANNER_NAME
 from .store_ports import RayStorePort, cold_store_name
 
@@ -32,17 +31,17 @@ def backend_actor_name(name: str) -> str:
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
-        planner = ray.get_actor(PLANNER_NAME, namespace=namespace)
+        planner: Any = ray.get_actor(PLANNER_NAME, namespace=namespace)
         model = config.model_path or default_model_path()
         config, self.tier_decision = resolve_kv_tier(config, model)
         store = RayStorePort(cold_store_name(self.node_id), namespace)
         self.host = BackendHost(
             config,
-            make_executor(config, model, store),
+            make_executor(config, model),
             lambda inp: ray.get(planner.plan.remote(config.name, inp)),
             store,
             RayMetrics(),
-            recall=ProbedRecallChooser(str(model)) if config.engine == "llama" else None,
+            recall_costs=ProbedRecallCosts(str(model)) if config.engine == "llama" else None,
         )
 
     def ping(self) -> str:
@@ -56,7 +55,7 @@ class BackendServer:
 
     def append_text(self, session_id: str, text: str) -> list[int]:
         add_bos = not self.host.executor.token_log(session_id)
-        tokens = self.tokenize(text, add_bos)
+        tokens = self.host.executor.tokenize(text, add_bos)
         self.host.append(session_id, tokens)
         return tokens
 
@@ -64,7 +63,7 @@ class BackendServer:
                  seed: int | None = None) -> list[int]:
         return self.host.generate(session_id, max_tokens, temperature, seed)
 
-    @ray.method(num_returns="streaming")  # type: ignore[misc]
+    @ray.method(num_returns="streaming")
     def stream(self, session_id: str, max_tokens: int, temperature: float = 0.0,
                seed: int | None = None) -> Iterator[int]:
         yield from self.host.stream(session_id, max_tokens, temperature, seed)
@@ -90,10 +89,10 @@ class BackendServer:
                 self.host.config.type_v), "tier_decision": tier}
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self.host.executor.tokenize(text, add_bos))
+        return self.host.executor.tokenize(text, add_bos)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return str(self.host.executor.detokenize(tokens))
+        return self.host.executor.detokenize(tokens)
 
 
 BackendActor = ray.remote(BackendServer)

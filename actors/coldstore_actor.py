@@ -2,12 +2,12 @@
 
 Primitives:
 - ``ColdStoreServer(ram_budget_bytes, disk_path=None, disk_budget_bytes=0, promote_on_get=False,
-  copy_payloads=True, fsync=True)``: the plain class (works without Ray): ``put``, ``put_many``,
-  ``get``, ``get_many``, ``get_range``, ``delete``, ``list_session``, ``drop_session``,
-  ``tiers`` (where each key lives), ``stats`` (a flat ``dict[str, int]`` for metrics),
-  ``drain_dropped``, ``flush``, ``close``.
+  copy_payloads=True, fsync=True)``: the plain class (works without Ray), a
+  ``kvres.coldstore.ColdStore`` (single and batched put / get / delete / tiers, ``list_session``,
+  ``drop_session``) plus ``stats`` (a flat ``dict[str, int]`` for metrics), ``drain_dropped``,
+  ``flush``, ``close``. A batched call is one Ray call for the whole batch.
 - ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
-  tier after every change; ``MeteredColdStoreActor`` is what ``kvres.cluster.connect`` starts.
+  tier after every change; ``MeteredColdStoreActor`` is what the cluster starts on every node.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
 
@@ -29,12 +29,14 @@ from typing import Any
 
 import ray
 
-from kvres.coldstore import BlockKey, KVBlock, PutResult, TieredStore
-from kvres.policy.ranges import Range
+from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier, TieredStore
+from kvres.policy.recall import RecallCosts
+
+from .metrics import RayMetrics
 
 
-class ColdStoreServer:
-    """A ``TieredStore`` behind a small, Ray-friendly method set."""
+class ColdStoreServer(ColdStore):
+    """A ``TieredStore`` behind a Ray-friendly method set; ``_changed`` runs after every change."""
 
     def __init__(
         self,
@@ -47,41 +49,63 @@ class ColdStoreServer:
         fsync: bool = True,
     ) -> None:
         self._store = TieredStore.open(
-            ram_budget_bytes,
-            disk_path,
-            disk_budget_bytes,
-            promote_on_get=promote_on_get,
-            copy_payloads=copy_payloads,
-            fsync=fsync,
+            ram_budget_bytes, disk_path, disk_budget_bytes,
+            promote_on_get=promote_on_get, copy_payloads=copy_payloads, fsync=fsync,
         )
 
+    def _changed(self) -> None:
+        """Called after every call that may move bytes between tiers."""
+
     def put(self, block: KVBlock, priority: int = 0) -> PutResult:
-        return self._store.put(block, priority)
+        result = self._store.put(block, priority)
+        self._changed()
+        return result
 
     def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
-        return [self._store.put(block, priority) for block in blocks]
+        results = self._store.put_many(blocks, priority)
+        self._changed()
+        return results
 
-    def get(self, key: BlockKey, promote: bool | None = None) -> KVBlock | None:
-        return self._store.get(key, promote)
+    def get(self, key: BlockKey) -> KVBlock | None:
+        block = self._store.get(key)
+        self._changed()  # a promotion or a dropped corrupt file moves bytes between tiers
+        return block
 
-    def get_many(self, keys: Sequence[BlockKey], promote: bool | None = None) -> list[KVBlock | None]:
-        return [self._store.get(key, promote) for key in keys]
+    def get_many(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
+        blocks = self._store.get_many(keys)
+        self._changed()
+        return blocks
 
-    def get_range(self, session_id: str, token_range: Range, fingerprint: str) -> KVBlock | None:
-        return self._store.get_range(session_id, token_range, fingerprint)
+    def pop_many(
+        self, keys: Sequence[BlockKey], nbytes: Sequence[int] | None = None, costs: RecallCosts | None = None
+    ) -> list[KVBlock | None]:
+        blocks = self._store.pop_many(keys, nbytes, costs)
+        self._changed()
+        return blocks
 
     def delete(self, key: BlockKey) -> bool:
-        return self._store.delete(key)
+        deleted = self._store.delete(key)
+        self._changed()
+        return deleted
+
+    def delete_many(self, keys: Sequence[BlockKey]) -> int:
+        deleted = self._store.delete_many(keys)
+        self._changed()
+        return deleted
+
+    def drop_session(self, session_id: str) -> int:
+        dropped = self._store.drop_session(session_id)
+        self._changed()
+        return dropped
+
+    def tier_of(self, key: BlockKey) -> Tier | None:
+        return self._store.tier_of(key)
+
+    def tiers(self, keys: Sequence[BlockKey]) -> list[Tier | None]:
+        return self._store.tiers(keys)
 
     def list_session(self, session_id: str) -> list[BlockKey]:
         return self._store.list_session(session_id)
-
-    def drop_session(self, session_id: str) -> int:
-        return self._store.drop_session(session_id)
-
-    def tiers(self, keys: Sequence[BlockKey]) -> list[str | None]:
-        """The tier ("ram" / "disk") holding each key, or None where it is gone."""
-        return [self._store.tier_of(key) for key in keys]
 
     def stats(self) -> dict[str, int]:
         return self._store.stats().as_dict()
@@ -98,45 +122,18 @@ class ColdStoreServer:
 
 class MeteredColdStoreServer(ColdStoreServer):
     """The server that runs in the cluster: after every change it sets ``kvres_cold_bytes`` and
-    ``kvres_cold_blocks`` per tier for its node (``kvres.cluster.metrics``)."""
+    ``kvres_cold_blocks`` per tier for its node (``kvres.actors.metrics``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from kvres.cluster.metrics import RayMetrics
-
         super().__init__(*args, **kwargs)
         self._metrics = RayMetrics()
         self._node = ray.get_runtime_context().get_node_id()
-        self._publish()
+        self._changed()
 
-    def _publish(self) -> None:
+    def _changed(self) -> None:
         stats = self._store.stats()
         self._metrics.set_cold(self._node, "ram", stats.ram_bytes, stats.ram_blocks)
         self._metrics.set_cold(self._node, "disk", stats.disk_bytes, stats.disk_blocks)
-
-    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
-        result = super().put(block, priority)
-        self._publish()
-        return result
-
-    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
-        results = super().put_many(blocks, priority)
-        self._publish()
-        return results
-
-    def get(self, key: BlockKey, promote: bool | None = None) -> KVBlock | None:
-        block = super().get(key, promote)
-        self._publish()  # a promotion or a dropped corrupt file moves bytes between tiers
-        return block
-
-    def delete(self, key: BlockKey) -> bool:
-        deleted = super().delete(key)
-        self._publish()
-        return deleted
-
-    def drop_session(self, session_id: str) -> int:
-        dropped = super().drop_session(session_id)
-        self._publish()
-        return dropped
 
 
 ColdStoreActor = ray.remote(ColdStoreServer)

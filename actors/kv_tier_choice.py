@@ -21,22 +21,20 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from kvres.policy.capacity import read_gguf_metadata
+from kvres.actors.model_files import read_gguf_metadata
 from kvres.policy.errors import ModelLoadError
 from kvres.policy.tiering import (
     DEFAULT_TIER,
     ProfileFactory,
     TierDecision,
     TieringError,
-    auto_tier_enabled,
     choose_tier,
     head_dims_from_metadata,
-    log_tier_decision,
     metadata_profile_factory,
-    tier_config_from_env,
 )
 
 from .probes import ProbeResults, load_probes
+from .tier_env import auto_tier_enabled, log_tier_decision, tier_config_from_env
 
 logger = logging.getLogger("kvres.tiering")
 

@@ -4,7 +4,7 @@ directory (which backend holds which session).
 Primitives:
 - ``PlannerServer``: ``plan(backend, BackendPlanInput) -> BackendPlan`` (latency recorded in
   ``kvres_plan_latency_ms``), ``register(session_id, backend)``, ``forget(session_id)``,
-  ``where(session_id)``, ``directory()``, ``plan_count()``.
+  ``where(session_id)``, ``directory()``.
 - ``PlannerActor``: ``ray.remote(PlannerServer)``.
 """
 
@@ -14,8 +14,9 @@ import time
 
 import ray
 
-from kvres.cluster.metrics import Metrics, NullMetrics, RayMetrics
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
+
+from .metrics import Metrics, NullMetrics, RayMetrics
 
 PLANNER_NAME = "kvres-planner"
 
@@ -24,17 +25,12 @@ class PlannerServer:
     def __init__(self, use_ray_metrics: bool = False) -> None:
         self._metrics: Metrics = RayMetrics() if use_ray_metrics else NullMetrics()
         self._directory: dict[str, str] = {}
-        self._plans = 0
 
     def plan(self, backend: str, inp: BackendPlanInput) -> BackendPlan:
         t0 = time.perf_counter()
         plan = plan_backend(inp)
         self._metrics.observe_plan_ms(backend, (time.perf_counter() - t0) * 1e3)
-        self._plans += 1
         return plan
-
-    def plan_count(self) -> int:
-        return self._plans
 
     def register(self, session_id: str, backend: str) -> None:
         self._directory[session_id] = backend

@@ -10,9 +10,11 @@ Primitives:
   micro-benchmark (see its docstring); ``measure_prefill_cost(model_path)``: prefill (tokens/s,
   fixed s per call);
   ``measure_import_cost(model_path)``: (GB/s, fixed latency) of re-admitting an exported KV block;
-  ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks.
+  ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks. All four run
+  on ``kvres.actors.llama.engine`` (one context of two sequences, one thread).
 - ``load_probes(model_path=None, env=os.environ, cache_dir=None, refresh=False) -> ProbeResults``:
-  every figure, measured once per device (and per model where it depends on one), cached in
+  every figure, measured once per device (and per model where it depends on one, keyed by
+  ``kvres.actors.model_files.model_id``), cached in
   ``<cache dir>/probes-<device>.json``; the cache dir is ``platformdirs.user_cache_dir("kvres")``
   or ``KVRES_CACHE_DIR``. ``KVRES_HOST_RAM_GBPS``, ``KVRES_PCIE_GBPS``, ``KVRES_VRAM_GBPS`` and
   ``KVRES_C_ENGAGE_MS`` override the figures (and are then not measured).
@@ -24,7 +26,6 @@ GB/s here is 1e9 bytes per second of payload moved (a memcpy of n bytes counts n
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import math
@@ -40,9 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from kvres.policy.errors import KvresError
-from kvres.policy.tiering import Link, effective_bandwidth, env_float
+from kvres.policy.errors import KvresError, ModelLoadError
+from kvres.policy.tiering import Link, effective_bandwidth
+
+from .llama.engine import LlamaContext, LlamaModel
+from .model_files import model_id
+from .tier_env import env_float
 
 CACHE_VERSION = 1
 ENV_CACHE_DIR = "KVRES_CACHE_DIR"
@@ -150,8 +156,8 @@ def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[fl
         torch.cuda.synchronize()
         best = math.inf
         for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call, unused-ignore]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call, unused-ignore]
             start.record()
             fn()
             end.record()
@@ -171,104 +177,49 @@ def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[fl
 # ---------------------------------------------------------------------------------------------
 # llama.cpp micro-benchmarks
 
-_LOG_CALLBACK: Any = None
-
-
-def _llama_cpp() -> Any:
-    """llama_cpp with its backend initialised. The llama executor's engine module owns the one
-    per-process log routing (llama.cpp logs -> Python logging); use it when it is there, so a
-    probe never replaces it. Without it, llama.cpp's log is silenced once."""
-    global _LOG_CALLBACK
-    try:
-        from kvres.actors.llama.engine import _llama
-
-        return _llama()
-    except (ImportError, AttributeError):
-        pass
-    import llama_cpp as L
-
-    if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = L.llama_log_callback(lambda level, text, user_data: None)
-        L.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p())
-        L.llama_backend_init()
-    return L
-
 
 class _Engine:
-    """One model + context (2 sequences, unified KV, one thread) + a reusable batch."""
+    """One model + context (2 sequences, unified KV, one thread): sequence 0 is the probe's,
+    sequence 1 the scratch for export / re-admission."""
 
     def __init__(self, model_path: str | os.PathLike[str], n_ctx: int, n_batch: int) -> None:
-        L = _llama_cpp()
-        self.L = L
-        if not os.path.isfile(model_path):
-            raise ProbeError(f"probe model not found: {os.fspath(model_path)!r}")
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = 999 if L.llama_supports_gpu_offload() else 0
-        self.model = L.llama_model_load_from_file(os.fsencode(model_path), mp)
-        if not self.model:
-            raise ProbeError(f"llama.cpp could not load probe model {os.fspath(model_path)!r}")
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx + (n_ctx % 2)
-        cp.n_batch = cp.n_ubatch = n_batch
-        cp.n_seq_max = 2
-        cp.n_threads = cp.n_threads_batch = 1
-        cp.kv_unified = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            L.llama_model_free(self.model)
-            raise ProbeError("llama.cpp could not create a probe context")
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(n_batch, 0, 1)
-        self.n_batch = n_batch
-        vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = int(L.llama_vocab_n_tokens(vocab))
+        try:
+            self.model = LlamaModel(model_path)
+        except ModelLoadError as exc:
+            raise ProbeError(f"probe model unusable: {exc}") from exc
+        try:
+            self.ctx = LlamaContext(self.model, n_ctx=n_ctx + n_ctx % 2, n_seq_max=2, n_batch=n_batch)
+        except BaseException as exc:
+            self.model.close()
+            raise ProbeError(f"llama.cpp could not create a probe context: {exc}") from exc
 
     def close(self) -> None:
-        L = self.L
-        L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
-        L.llama_model_free(self.model)
+        self.ctx.close()
+        self.model.close()
 
     def tokens(self, n: int, seed: int = 0) -> list[int]:
         rng = np.random.default_rng(seed)
-        return [int(t) for t in rng.integers(3, max(4, self.n_vocab), size=n)]
+        return [int(t) for t in rng.integers(3, max(4, self.model.n_vocab), size=n)]
 
-    def decode(self, tokens: Sequence[int], pos0: int, seq: int = 0) -> None:
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start : start + self.n_batch]
-            b = self.batch
-            b.n_tokens = len(chunk)
-            for i, tok in enumerate(chunk):
-                b.token[i] = tok
-                b.pos[i] = pos0 + start + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = seq
-                b.logits[i] = i == len(chunk) - 1
-            rc = self.L.llama_decode(self.ctx, b)
-            if rc != 0:
-                raise ProbeError(f"llama_decode failed with {rc}")
+    def decode(self, tokens: Sequence[int], pos0: int, seq: int = 0) -> npt.NDArray[np.float32]:
+        return self.ctx.decode(tokens, pos0, seq)
 
     def rm(self, seq: int, p0: int, p1: int) -> None:
-        self.L.llama_memory_seq_rm(self.mem, seq, p0, p1)
+        self.ctx.seq_rm(seq, p0, p1)
 
-    def export(self, p0: int, p1: int, scratch: int = 1) -> Any:
+    def export(self, p0: int, p1: int, scratch: int = 1) -> bytes:
         """Cells [p0, p1) of sequence 0 as a llama_state_seq blob (via a scratch sequence)."""
-        L = self.L
-        L.llama_memory_seq_cp(self.mem, 0, scratch, p0, p1)
-        size = L.llama_state_seq_get_size(self.ctx, scratch)
-        buf = (ctypes.c_uint8 * size)()
-        written = L.llama_state_seq_get_data(self.ctx, buf, size, scratch)
-        self.rm(scratch, -1, -1)
-        if written != size:
-            raise ProbeError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
-        return buf
+        self.ctx.seq_cp(0, scratch, p0, p1)
+        try:
+            return self.ctx.state_get(scratch)
+        finally:
+            self.rm(scratch, -1, -1)
 
-    def admit(self, blob: Any, scratch: int = 1) -> None:
+    def admit(self, blob: bytes, scratch: int = 1) -> None:
         """Re-admit an exported blob into sequence 0 at its original positions."""
-        L = self.L
-        if L.llama_state_seq_set_data(self.ctx, blob, len(blob), scratch) == 0:
+        if not self.ctx.state_set(scratch, blob):
             raise ProbeError("llama_state_seq_set_data refused the block")
-        L.llama_memory_seq_cp(self.mem, scratch, 0, -1, -1)
+        self.ctx.seq_cp(scratch, 0, -1, -1)
         self.rm(scratch, -1, -1)
 
 
@@ -461,14 +412,6 @@ def cache_path(env: Mapping[str, str] | None = None, device: str | None = None) 
     return cache_dir(env) / f"probes-{device or device_key()}.json"
 
 
-def model_key(model_path: str | os.PathLike[str]) -> str:
-    """Name + size + a hash of the first MiB: the same file gets the same key wherever it lies."""
-    p = Path(model_path)
-    with p.open("rb") as fh:
-        head = hashlib.sha256(fh.read(1024**2)).hexdigest()[:12]
-    return f"{p.name}-{p.stat().st_size}-{head}"
-
-
 def _read_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -575,7 +518,7 @@ def load_probes(
 
     model_figs: dict[str, Any] = {}
     if model_path is not None and engine_probes:
-        key = model_key(model_path)
+        key = model_id(model_path)
         model_cached = dict(data["models"].get(key, {}))
         model_figs = dict(model_cached)
         if "prefill_tokens_per_s" not in model_figs:

@@ -1,94 +1,101 @@
-"""Where a backend parks blocks: the cold store of its node, reached in-process or through Ray.
+"""Where a backend parks blocks: the cold store of its node, and the stores of other nodes.
 
 Primitives:
-- ``LocalStorePort(name, stores)``: ``ColdStoreServer`` objects in this process, by name (tests,
-  single-process use).
-- ``RayStorePort(name, namespace)``: ``ColdStoreActor`` handles looked up by name, so a block
-  parked on one node can be fetched from another.
+- ``ColdRef(store, key, nbytes)``: a block parked in the store named ``store``.
+- ``StorePort``: a ``kvres.coldstore.ColdStore`` over the backend's home store (``name``), plus
+  ``at(store)``: the same interface over another store by name, so a block parked on one node can
+  be fetched from another after a migration. ``refs(results, blocks)`` turns a batch of put
+  results into ``ColdRef``s of the home store.
+- ``RayStorePort(name, namespace)``: the port over ``ColdStoreActor``s looked up by name; every
+  call, batched ones included, is one Ray call.
 - ``cold_store_name(node_id)``: the actor name of a node's cold store.
-
-Both implement ``kvres.actors.backend.StorePort``: ``put(block) -> ColdRef``, ``get(ref)``,
-``delete(ref)``, ``tiers(refs)``.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .backend import ColdRef
+from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
+from kvres.policy.recall import RecallCosts
 
 
 def cold_store_name(node_id: str) -> str:
     return f"kvres-coldstore-{node_id[:16]}"
 
 
-class LocalStorePort:
-    def __init__(self, name: str, stores: Mapping[str, Any]) -> None:
-        if name not in stores:
-            raise ValueError(f"store {name!r} is not among {sorted(stores)}")
-        self.name = name
-        self._stores = stores
-
-    def _store(self, name: str) -> Any:
-        try:
-            return self._stores[name]
-        except KeyError:
-            raise ValueError(f"unknown cold store {name!r}") from None
-
-    def put(self, block: Any) -> ColdRef:
-        result = self._stores[self.name].put(block)
-        return ColdRef(self.name, result.key, block.payload_nbytes)
-
-    def get(self, ref: ColdRef) -> Any | None:
-        return self._store(ref.store).get(ref.key)
-
-    def delete(self, ref: ColdRef) -> None:
-        self._store(ref.store).delete(ref.key)
-
-    def tiers(self, refs: Sequence[ColdRef]) -> list[str | None]:
-        return [self._store(r.store).tiers([r.key])[0] for r in refs]
+@dataclass(frozen=True)
+class ColdRef:
+    store: str
+    key: BlockKey
+    nbytes: int
 
 
-class RayStorePort:
+class StorePort(ColdStore):
+    name: str
+
+    @abstractmethod
+    def at(self, store: str) -> ColdStore:
+        """The store named ``store`` (this port itself for the home store)."""
+
+    def refs(self, results: Sequence[PutResult], blocks: Sequence[KVBlock]) -> list[ColdRef]:
+        return [ColdRef(self.name, r.key, b.payload_nbytes) for r, b in zip(results, blocks, strict=True)]
+
+
+class RayStorePort(StorePort):
     def __init__(self, name: str, namespace: str) -> None:
         self.name = name
         self._namespace = namespace
-        self._handles: dict[str, Any] = {}
+        self._handle: Any = None
 
-    def _handle(self, name: str) -> Any:
+    def at(self, store: str) -> ColdStore:
+        return self if store == self.name else RayStorePort(store, self._namespace)
+
+    def _call(self, method: str, *args: Any) -> Any:
         import ray
 
-        if name not in self._handles:
-            self._handles[name] = ray.get_actor(name, namespace=self._namespace)
-        return self._handles[name]
+        if self._handle is None:
+            self._handle = ray.get_actor(self.name, namespace=self._namespace)
+        return ray.get(getattr(self._handle, method).remote(*args))
 
-    def put(self, block: Any) -> ColdRef:
-        import ray
+    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
+        result: PutResult = self._call("put", block, priority)
+        return result
 
-        result = ray.get(self._handle(self.name).put.remote(block))
-        return ColdRef(self.name, result.key, block.payload_nbytes)
+    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
+        return list(self._call("put_many", list(blocks), priority)) if blocks else []
 
-    def get(self, ref: ColdRef) -> Any | None:
-        import ray
+    def get(self, key: BlockKey) -> KVBlock | None:
+        block: KVBlock | None = self._call("get", key)
+        return block
 
-        return ray.get(self._handle(ref.store).get.remote(ref.key))
+    def get_many(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
+        return list(self._call("get_many", list(keys))) if keys else []
 
-    def delete(self, ref: ColdRef) -> None:
-        import ray
+    def pop_many(
+        self, keys: Sequence[BlockKey], nbytes: Sequence[int] | None = None, costs: RecallCosts | None = None
+    ) -> list[KVBlock | None]:
+        if not keys:
+            return []
+        return list(self._call("pop_many", list(keys), None if nbytes is None else list(nbytes), costs))
 
-        ray.get(self._handle(ref.store).delete.remote(ref.key))
+    def delete(self, key: BlockKey) -> bool:
+        return bool(self._call("delete", key))
 
-    def tiers(self, refs: Sequence[ColdRef]) -> list[str | None]:
-        import ray
+    def delete_many(self, keys: Sequence[BlockKey]) -> int:
+        return int(self._call("delete_many", list(keys))) if keys else 0
 
-        by_store: dict[str, list[int]] = defaultdict(list)
-        for i, ref in enumerate(refs):
-            by_store[ref.store].append(i)
-        out: list[str | None] = [None] * len(refs)
-        for store, idx in by_store.items():
-            tiers = ray.get(self._handle(store).tiers.remote([refs[i].key for i in idx]))
-            for i, tier in zip(idx, tiers, strict=True):
-                out[i] = tier
-        return out
+    def tier_of(self, key: BlockKey) -> Tier | None:
+        tier: Tier | None = self._call("tier_of", key)
+        return tier
+
+    def tiers(self, keys: Sequence[BlockKey]) -> list[Tier | None]:
+        return list(self._call("tiers", list(keys))) if keys else []
+
+    def list_session(self, session_id: str) -> list[BlockKey]:
+        return list(self._call("list_session", session_id))
+
+    def drop_session(self, session_id: str) -> int:
+        return int(self._call("drop_session", session_id))

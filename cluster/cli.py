@@ -22,7 +22,7 @@ from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .default_model import default_model_path
+    from kvres.actors.default_model import default_model_path
 
     model = Path(args.model) if args.model else default_model_path()
     print(f"kvres demo: model {model}")

@@ -28,12 +28,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.coldstore_actor import MeteredColdStoreActor
+from kvres.actors.default_model import default_model_path
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
 from kvres.policy import KvresError, UnknownSessionError
 
 from .config import BackendConfig, KvresConfig, SessionPolicy
-from .default_model import default_model_path
 
 
 class Session:
@@ -93,7 +93,7 @@ class SessionManager:
         self.namespace = namespace
         self.config = config
         self._started_ray = started_ray
-        self.planner = PlannerActor.options(
+        self.planner: Any = PlannerActor.options(
             name=PLANNER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
         ).remote(use_ray_metrics=True)
         self.cold_stores = self._ensure_cold_stores()
@@ -104,9 +104,9 @@ class SessionManager:
 
     # -- actors ----------------------------------------------------------------------------
     def _ensure_cold_stores(self) -> dict[str, Any]:
-        stores = {}
+        stores: dict[str, Any] = {}
         cfg = self.config.cold_store
-        for node in ray.nodes():
+        for node in ray.nodes():  # type: ignore[no-untyped-call]
             if not node.get("Alive"):
                 continue
             node_id = node["NodeID"]
@@ -169,7 +169,7 @@ class SessionManager:
         return Session(self, session_id, backend)
 
     def session(self, session_id: str) -> Session:
-        backend = ray.get(self.planner.where.remote(session_id))
+        backend: str | None = ray.get(self.planner.where.remote(session_id))
         if backend is None:
             raise UnknownSessionError(session_id)
         return Session(self, session_id, backend)

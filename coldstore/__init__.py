@@ -4,8 +4,10 @@ Primitives:
 - ``KVBlock``, ``KVGeometry``, ``make_fingerprint`` (block.py).
 - ``encode_block`` / ``decode_block`` (codec.py): magic + msgpack header + raw payload, checksummed.
 - ``BlockKey`` and ``validate_session_id`` (keys.py): (session id, token range, fingerprint).
+- ``ColdStore`` with ``PutResult`` and ``Tier`` (interface.py): the one cold-store interface, with
+  batched calls.
 - ``RamTier`` (ram_tier.py), ``DiskTier`` (disk_tier.py, atomic writes from fileio.py),
-  ``TieredStore`` with ``PutResult`` and ``StoreStats`` (tiered.py).
+  ``TieredStore`` and ``StoreStats`` (tiered.py).
 - The ``ColdStoreError`` family (errors.py).
 """
 
@@ -28,9 +30,10 @@ from .errors import (
     InvalidSessionIdError,
     StoreLockedError,
 )
+from .interface import ColdStore, PutResult, Tier
 from .keys import MAX_SESSION_ID_LEN, BlockKey, validate_fingerprint, validate_session_id
 from .ram_tier import RamTier, ram_cost
-from .tiered import PutResult, StoreStats, TieredStore
+from .tiered import StoreStats, TieredStore
 
 __all__ = [
     "FORMAT_VERSION",
@@ -43,6 +46,7 @@ __all__ = [
     "BlockLengthError",
     "BlockTooLargeError",
     "BlockVersionError",
+    "ColdStore",
     "ColdStoreError",
     "DiskFullError",
     "DiskReadError",
@@ -56,6 +60,7 @@ __all__ = [
     "RamTier",
     "StoreLockedError",
     "StoreStats",
+    "Tier",
     "TieredStore",
     "decode_block",
     "encode_block",

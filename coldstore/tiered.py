@@ -7,7 +7,7 @@ Primitives:
   ``get_range(session_id, token_range, fingerprint)`` (refuses a block of another fingerprint),
   ``delete(key)``, ``list_session(session_id)``, ``drop_session(session_id)``, ``tier_of(key)``,
   ``stats() -> StoreStats``, ``drain_dropped()``, ``flush()``, ``close()``.
-- ``PutResult``: where the block went, which blocks moved RAM -> disk, which were dropped for good.
+  It implements ``kvres.coldstore.ColdStore`` (batched calls included).
 - ``StoreStats``: bytes and blocks per tier, budgets, hits, misses, spills, promotions, drops.
 
 Rules:
@@ -28,26 +28,15 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
 from kvres.policy.ranges import Range
 
 from .block import KVBlock
 from .disk_tier import DiskTier
 from .errors import BlockCorruptError, BlockFingerprintError, BlockTooLargeError, DiskWriteError
+from .interface import ColdStore, PutResult, Tier
 from .keys import BlockKey, validate_fingerprint, validate_session_id
 from .ram_tier import RamTier, ram_cost
-
-Tier = Literal["ram", "disk"]
-
-
-@dataclass(frozen=True)
-class PutResult:
-    key: BlockKey
-    tier: Tier
-    spilled: tuple[BlockKey, ...] = ()
-    dropped: tuple[BlockKey, ...] = ()
-    errors: tuple[str, ...] = ()
 
 
 @dataclass
@@ -98,7 +87,7 @@ class _Moves:
     errors: list[str] = field(default_factory=list)
 
 
-class TieredStore:
+class TieredStore(ColdStore):
     """RAM tier in front of an optional disk tier."""
 
     def __init__(

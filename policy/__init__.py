@@ -1,12 +1,15 @@
 """kvres.policy: pure residency decisions (no Ray, no engine imports).
 
-Primitives: ``Range``, ``Block``, ``BlockFlag``, ``CacheClass``, ``Capabilities``, ``StreamPolicy``,
-``PlanInput``, ``Plan``, ``plan_hot_set``, ``Executor``, ``apply_plan``; capacity in
-``kvres.policy.capacity``, score aggregation in ``kvres.policy.scoring``, errors in
-``kvres.policy.errors``.
+Primitives: ``Range``, ``Block``, ``BlockFlag``, ``Capabilities``, ``StreamPolicy``,
+``PlanInput``, ``Plan``, ``plan_hot_set``; KV types in ``kvres.policy.kv_types``, capacity in
+``kvres.policy.capacity``, score aggregation in ``kvres.policy.scoring``, T* in
+``kvres.policy.tiering``, recall-or-recompute in ``kvres.policy.recall``, position rules in
+``kvres.policy.positions``, per-backend planning in ``kvres.policy.backend_planner``, errors in
+``kvres.policy.errors``. No I/O, no environment, no Ray, no engines: the executor contract that
+carries these decisions out lives in ``kvres.actors.executor``.
 """
 
-from .blocks import PROTECTED_FLAGS, Block, BlockFlag, CacheClass, split_into_blocks
+from .blocks import PROTECTED_FLAGS, Block, BlockFlag, split_into_blocks
 from .capabilities import Capabilities
 from .errors import (
     BlockMismatchError,
@@ -17,7 +20,6 @@ from .errors import (
     SessionExistsError,
     UnknownSessionError,
 )
-from .executor import Executor, apply_plan
 from .planner import Plan, PlanInput, StreamPolicy, plan_hot_set
 from .ranges import Range, merge_ranges, subtract_range
 
@@ -26,10 +28,8 @@ __all__ = [
     "Block",
     "BlockFlag",
     "BlockMismatchError",
-    "CacheClass",
     "Capabilities",
     "CapabilityError",
-    "Executor",
     "KvresError",
     "ModelLoadError",
     "Plan",
@@ -39,7 +39,6 @@ __all__ = [
     "SessionExistsError",
     "StreamPolicy",
     "UnknownSessionError",
-    "apply_plan",
     "merge_ranges",
     "plan_hot_set",
     "split_into_blocks",

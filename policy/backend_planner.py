@@ -50,7 +50,7 @@ class SessionView:
             return BlockTable.uniform(Range(0, 0), self.block_size)
         joined = {
             name: np.concatenate([getattr(t, name) for t in tables])
-            for name in ("starts", "ends", "cache_class", "flags")
+            for name in ("starts", "ends", "flags")
         }
         joined["last_used"] = np.arange(joined["starts"].shape[0], dtype=np.int64)
         return BlockTable(**joined)

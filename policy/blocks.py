@@ -2,8 +2,7 @@
 
 Primitives:
 - ``BlockFlag``: PINNED, SINK, RECENT, RETRIEVED (``PROTECTED`` = the ones never evicted).
-- ``CacheClass``: TASK_PINNED < REPO_MAP < VOLATILE, ordered by evictability.
-- ``Block(range, cache_class, flags, last_used, token_hash)``.
+- ``Block(range, flags, last_used)``.
 - ``BlockTable``: the same blocks as numpy columns, for sessions with many thousands of blocks;
   ``BlockTable.from_blocks(blocks)``, ``BlockTable.uniform(ranges, block_size)``, ``table[i]``.
 - ``split_into_blocks(ranges, block_size)``: cut resident ranges into block-aligned blocks.
@@ -32,21 +31,11 @@ class BlockFlag(enum.IntFlag):
 PROTECTED_FLAGS = BlockFlag.PINNED | BlockFlag.SINK | BlockFlag.RECENT
 
 
-class CacheClass(enum.IntEnum):
-    """Higher value = more evictable; the planner evicts VOLATILE blocks first."""
-
-    TASK_PINNED = 0
-    REPO_MAP = 1
-    VOLATILE = 2
-
-
 @dataclass(frozen=True)
 class Block:
     range: Range
-    cache_class: CacheClass = CacheClass.VOLATILE
     flags: BlockFlag = BlockFlag.NONE
     last_used: int = 0
-    token_hash: int | None = None
 
     def __post_init__(self) -> None:
         if self.range.empty:
@@ -70,13 +59,12 @@ class BlockTable:
 
     starts: IntArray
     ends: IntArray
-    cache_class: IntArray
     flags: IntArray
     last_used: IntArray
 
     def __post_init__(self) -> None:
         n = self.starts.shape[0]
-        for name in ("ends", "cache_class", "flags", "last_used"):
+        for name in ("ends", "flags", "last_used"):
             if getattr(self, name).shape != (n,):
                 raise ValueError(f"BlockTable.{name} has shape {getattr(self, name).shape}, expected ({n},)")
         bad = np.nonzero((self.starts < 0) | (self.ends <= self.starts))[0]
@@ -89,7 +77,7 @@ class BlockTable:
 
     def __getitem__(self, i: int) -> Block:
         return Block(
-            Range(int(self.starts[i]), int(self.ends[i])), CacheClass(int(self.cache_class[i])),
+            Range(int(self.starts[i]), int(self.ends[i])),
             BlockFlag(int(self.flags[i])), int(self.last_used[i]),
         )
 
@@ -105,14 +93,12 @@ class BlockTable:
 
         return cls(
             column(b.range.start for b in blocks), column(b.range.end for b in blocks),
-            column(int(b.cache_class) for b in blocks), column(int(b.flags) for b in blocks),
+            column(int(b.flags) for b in blocks),
             column(b.last_used for b in blocks),
         )
 
     @classmethod
-    def uniform(
-        cls, span: Range, block_size: int, cache_class: CacheClass = CacheClass.VOLATILE
-    ) -> BlockTable:
+    def uniform(cls, span: Range, block_size: int) -> BlockTable:
         """``span`` cut at multiples of ``block_size``; block i was last used at time i."""
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -122,7 +108,7 @@ class BlockTable:
         starts, ends = edges[:-1], edges[1:]
         n = starts.shape[0]
         return cls(
-            starts, ends, np.full(n, int(cache_class), dtype=np.int64), np.zeros(n, dtype=np.int64),
+            starts, ends, np.zeros(n, dtype=np.int64),
             np.arange(n, dtype=np.int64),
         )
 
@@ -131,7 +117,6 @@ def split_into_blocks(
     ranges: Iterable[Range],
     block_size: int,
     *,
-    cache_class: CacheClass = CacheClass.VOLATILE,
     last_used: int = 0,
 ) -> list[Block]:
     """Cut ``ranges`` into blocks whose boundaries are multiples of ``block_size``."""
@@ -142,6 +127,6 @@ def split_into_blocks(
         start = r.start
         while start < r.end:
             end = min(r.end, (start // block_size + 1) * block_size)
-            blocks.append(Block(Range(start, end), cache_class=cache_class, last_used=last_used))
+            blocks.append(Block(Range(start, end), last_used=last_used))
             start = end
     return blocks

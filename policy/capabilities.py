@@ -1,8 +1,10 @@
 """What a backend can do.
 
 Primitives:
-- ``Capabilities``: booleans (and one window size) a backend advertises; everything defaults to
-  "cannot", so a backend only states what it really supports.
+- ``Capabilities``: what a backend advertises; everything defaults to "cannot", so a backend only
+  states what it really supports. ``remove_middle`` / ``position_shift`` gate the planner's
+  eviction and re-basing, ``kv_export`` gates spill and suspend (export / import of blocks),
+  ``attention_scores`` SnapKV block scores, ``attention_capture`` a raw attention capture (H2O).
 """
 
 from __future__ import annotations
@@ -12,14 +14,10 @@ from dataclasses import dataclass, fields, replace
 
 @dataclass(frozen=True)
 class Capabilities:
-    remove_tail: bool = False
     remove_middle: bool = False
     position_shift: bool = False
-    sparse_attention: bool = False
-    sliding_window_tokens: int = 0
-    cold_store: bool = False
-    recompute_range: bool = False
     attention_scores: bool = False
+    attention_capture: bool = False
     kv_export: bool = False
 
     def without(self, *names: str) -> Capabilities:

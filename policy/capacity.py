@@ -1,12 +1,12 @@
 """SWA-aware KV capacity (T0).
 
 Primitives:
-- ``kv_type_row_bytes(kv_type, n_elements)``: bytes of one row of ``n_elements`` in a ggml KV type.
 - ``LayerKVProfile(global_layers, windowed_layers, window, per_layer_kv_bytes)``:
   ``kv_bytes_for_context(ctx)``, ``marginal_kv_bytes_per_token()``, ``dense_kv_bytes_for_context(ctx)``.
 - ``resolve_context_for_budget(profile, budget_bytes, max_context)``: the largest context whose KV
   fits a byte budget (windowed floor + marginal growth, not budget / flat bytes per token).
-- ``profile_from_gguf(path, type_k, type_v)``: the profile read from GGUF metadata.
+- ``profile_from_metadata(meta, type_k, type_v)``: the profile from GGUF-style metadata (reading
+  the file is ``kvres.actors.model_files``' job; this layer does no I/O).
 
 Windowed (sliding-window attention) layers keep at most ``window`` tokens of KV, so only global
 layers grow past the window. ``window == 0`` means dense: every layer grows with the context.
@@ -15,34 +15,10 @@ layers grow past the window. ``window == 0`` means dense: every layer grows with
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-# ggml block geometry: (elements per block, bytes per block)
-_KV_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (1, 4),
-    "f16": (1, 2),
-    "bf16": (1, 2),
-    "q8_0": (32, 34),
-    "q5_1": (32, 24),
-    "q5_0": (32, 22),
-    "q4_1": (32, 20),
-    "q4_0": (32, 18),
-}
-KV_TYPES: tuple[str, ...] = tuple(_KV_TYPES)
-
-
-def kv_type_row_bytes(kv_type: str, n_elements: int) -> float:
-    """Bytes of one row of ``n_elements`` values stored as ``kv_type`` (exact when it divides)."""
-    if kv_type not in _KV_TYPES:
-        raise ValueError(f"unknown KV type {kv_type!r}; known: {', '.join(KV_TYPES)}")
-    if n_elements < 0:
-        raise ValueError(f"n_elements must be >= 0, got {n_elements}")
-    per_block, block_bytes = _KV_TYPES[kv_type]
-    if n_elements % per_block == 0:
-        return float(n_elements // per_block * block_bytes)
-    return n_elements * block_bytes / per_block
+from .kv_types import kv_type_row_bytes
 
 
 @dataclass(frozen=True)
@@ -133,22 +109,6 @@ def resolve_context_for_budget(
     return ctx if max_context is None else min(ctx, max_context)
 
 
-def _field_value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    values = [field.parts[i] for i in field.data]
-    decoded = []
-    for v in values:
-        if v.dtype.kind == "u" and v.dtype.itemsize == 1 and field.types and field.types[-1].name == "STRING":
-            decoded.append(bytes(v).decode("utf-8"))
-        else:
-            decoded.append(v.tolist()[0] if len(v) == 1 else v.tolist())
-    if len(decoded) == 1 and not (field.types and field.types[0].name == "ARRAY"):
-        return decoded[0]
-    return decoded
-
-
 def _windowed_layer_count(block_count: int, pattern: Any) -> int:
     """Windowed layers from ``sliding_window_pattern``: a per-layer bool array (True = windowed)
     or, in older files, a scalar stride n where every n-th layer is global."""
@@ -195,22 +155,3 @@ def profile_from_metadata(
         return LayerKVProfile(blocks, 0, 0, per_layer)
     windowed = blocks if pattern is None else _windowed_layer_count(blocks, pattern)
     return LayerKVProfile(blocks - windowed, windowed, window, per_layer)
-
-
-def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file (strings decoded, arrays as lists)."""
-    from gguf import GGUFReader  # lazy: reading a file is not needed to plan
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GGUF file not found: {os.fspath(path)!r}")
-    try:
-        reader = GGUFReader(os.fspath(path))
-    except Exception as exc:  # gguf raises ValueError/struct errors for foreign files
-        raise ValueError(f"not a GGUF file: {os.fspath(path)!r} ({exc})") from exc
-    return {key: _field_value(reader, key) for key in reader.fields if not key.startswith("tokenizer.")}
-
-
-def profile_from_gguf(
-    path: str | os.PathLike[str], type_k: str = "f16", type_v: str = "f16"
-) -> LayerKVProfile:
-    return profile_from_metadata(read_gguf_metadata(path), type_k, type_v)

@@ -8,8 +8,7 @@ Primitives:
 - ``Plan``: the partition ``keep_hot`` / ``evict_cold`` plus diagnostics.
 - ``plan_hot_set(PlanInput) -> Plan``: a pure, vectorised function.
 
-Eviction order, most evictable first: cache class (VOLATILE before REPO_MAP before TASK_PINNED),
-then score (lowest first, only when scores are given), then recency (oldest ``last_used`` first;
+Eviction order, most evictable first: score (lowest first, only when scores are given), then recency (oldest ``last_used`` first;
 in streaming mode, lowest position first), then position. Blocks flagged PINNED, SINK or RECENT,
 and in streaming mode the blocks holding the first ``sink_tokens`` and last ``recent_tokens``,
 are protected: never evicted. If protected blocks alone exceed the budget, ``over_budget`` is set
@@ -175,12 +174,10 @@ def plan_hot_set(inp: PlanInput) -> Plan:
         )
 
     candidates = np.nonzero(~protected)[0]
-    classes = table.cache_class
     recency = starts if streaming else table.last_used
     keys: list[np.ndarray] = [starts[candidates], recency[candidates]]
     if scores is not None:
         keys.append(scores[candidates])
-    keys.append(-classes[candidates])  # lexsort: last key is primary
     order = candidates[np.lexsort(tuple(keys))]
 
     need = total - budget

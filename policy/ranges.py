@@ -39,9 +39,6 @@ class Range:
     def overlaps(self, other: Range) -> bool:
         return self.start < other.end and other.start < self.end
 
-    def contains(self, other: Range) -> bool:
-        return self.start <= other.start and other.end <= self.end
-
     def __str__(self) -> str:
         return f"[{self.start}, {self.end})"
 

@@ -6,8 +6,7 @@ Primitives:
 - ``PrefillCost(tokens_per_s, fixed_s=0)``: what recomputing costs (``fixed + tokens / rate``).
 - ``recall_or_recompute(block_bytes, n_tokens, tier, prefill) -> RecallDecision``: one block, with
   every term; ties go to recall (the exact stored KV beats a recomputation).
-- ``recall_mask(block_bytes, n_tokens, tier, prefill) -> np.ndarray[bool]``: the same rule for many
-  blocks at once (True = recall), for planner-sized inputs.
+- ``RecallCosts(tiers, prefill)``: the costs of every tier; ``worth_reading(bytes, tokens, tier)``.
 
 Costs come from measured probes (see ``kvres.actors.probes``), the same as T*. Pure: numpy/stdlib.
 """
@@ -15,11 +14,9 @@ Costs come from measured probes (see ``kvres.actors.probes``), the same as T*. P
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
-import numpy.typing as npt
 
 from .errors import KvresError
 
@@ -109,17 +106,17 @@ def recall_or_recompute(block_bytes: int, n_tokens: int, tier: TierCost, prefill
     )
 
 
-def recall_mask(
-    block_bytes: npt.ArrayLike, n_tokens: npt.ArrayLike, tier: TierCost, prefill: PrefillCost
-) -> npt.NDArray[np.bool_]:
-    """Vectorised ``recall_or_recompute``: True where a block should be recalled."""
-    b = np.asarray(block_bytes, dtype=np.float64)
-    n = np.asarray(n_tokens, dtype=np.float64)
-    if b.size and (b.min() < 0 or not np.isfinite(b).all()):
-        raise RecallCostError("block_bytes must be finite and >= 0")
-    if n.size and (n.min() < 0 or not np.isfinite(n).all()):
-        raise RecallCostError("n_tokens must be finite and >= 0")
-    recall_s = tier.latency_s + b / (tier.bandwidth_gbps * GB)
-    recompute_s = prefill.fixed_s + n / prefill.tokens_per_s
-    out: npt.NDArray[np.bool_] = recall_s <= recompute_s
-    return out
+@dataclass(frozen=True)
+class RecallCosts:
+    """Measured costs per cold tier (by tier name) and of prefill: what a cold store needs to
+    decide, block by block, whether reading a block back beats recomputing it."""
+
+    tiers: Mapping[str, TierCost]
+    prefill: PrefillCost
+
+    def worth_reading(self, block_bytes: int, n_tokens: int, tier: str) -> bool:
+        """True when reading from ``tier`` is no slower than recomputing (or its cost is unknown)."""
+        cost = self.tiers.get(tier)
+        if cost is None:
+            return True
+        return recall_or_recompute(block_bytes, n_tokens, cost, self.prefill).action == "recall"

@@ -8,6 +8,7 @@ Primitives:
   rows (the observation window), summed over heads and layers, pooled so neighbours of a hit
   survive together.
 - ``pool_1d(scores, kernel, mode)``: centred max/avg pooling, same length out.
+- ``AttentionCapture``: attention probabilities with the token-log index of each key and query.
 - ``block_scores(key_scores, key_positions, ranges, reduce)``: per-key scores summed (or meaned,
   or maxed) into per-block scores; keys with no position (``-1``) are ignored.
 """
@@ -15,6 +16,7 @@ Primitives:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -128,3 +130,17 @@ def block_scores(
         counts = np.bincount(idx, minlength=len(ranges)).astype(np.float64)
         out = np.divide(out, counts, out=np.zeros_like(out), where=counts > 0)
     return out
+
+
+@dataclass(frozen=True)
+class AttentionCapture:
+    """Captured attention: ``probs`` (n_layer, n_head, n_query, n_key), ``key_positions`` and
+    ``query_positions`` (the token-log index of each key / query row)."""
+
+    probs: npt.NDArray[np.float32]
+    key_positions: npt.NDArray[np.int64]
+    query_positions: npt.NDArray[np.int64]
+
+    @property
+    def n_query(self) -> int:
+        return int(self.probs.shape[2])

@@ -13,10 +13,9 @@ Primitives:
 - ``t_resident_s``, ``drop_fraction`` (the drop model), ``tstar_bytes``, ``fits``: the formulas of
   DESIGN.md 4.5, in SI units (GB/s = 1e9 bytes/s, seconds, bytes).
 - ``choose_tier(...) -> TierDecision | None``: first tier with ``kv_bytes(i) <= budget + T*``, floor
-  fallback, explicit-type handling; ``TierDecision`` holds every term; ``log_tier_decision``.
-- ``TierConfig``, ``auto_tier_enabled(env)`` and ``tier_config_from_env(env)``: KVRES_KV_AUTO_TIER, KVRES_KV_TSTAR_DROP,
-  KVRES_KV_TSTAR_MAX_SPILL_MIB; ``env_float(env, name, default)`` for other numeric overrides.
-- Errors: ``TieringError`` (a ValueError), ``EnvValueError`` (names the variable and its value).
+  fallback, explicit-type handling; ``TierDecision`` holds every term (``summary()`` for the log).
+- ``TierConfig``: target drop and spill cap (read from the environment by ``kvres.actors.tier_env``).
+- ``TieringError`` (a ValueError).
 
 The formulas::
 
@@ -27,53 +26,31 @@ The formulas::
 
 ``KV_resident_bytes`` is the KV of the whole context at the ladder's top tier (the cache that would
 be resident if it fitted): the time the drop is measured against. A T* <= 0 allows no spill at all.
-Pure: numpy/stdlib only, no Ray, no engines, no environment reads outside ``tier_config_from_env``.
+Pure: numpy/stdlib only, no Ray, no engines, no environment, no logging.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .capacity import (
-    KV_TYPES,
-    LayerKVProfile,
-    kv_type_row_bytes,
-    profile_from_metadata,
-    resolve_context_for_budget,
-)
+from .capacity import LayerKVProfile, profile_from_metadata, resolve_context_for_budget
 from .errors import KvresError
+from .kv_types import KV_TYPES, kv_type_fits_head, kv_type_row_bytes
 
 MIB = 1024 * 1024
 GB = 1e9
 
 DEFAULT_TARGET_DROP = 0.20
 DEFAULT_MAX_SPILL_MIB = 800.0
-ENV_AUTO_TIER = "KVRES_KV_AUTO_TIER"
-ENV_TARGET_DROP = "KVRES_KV_TSTAR_DROP"
-ENV_MAX_SPILL_MIB = "KVRES_KV_TSTAR_MAX_SPILL_MIB"
-
-LOGGER_NAME = "kvres.tiering"
-logger = logging.getLogger(LOGGER_NAME)
 
 Link = Literal["pcie", "host_ram", "none"]
 
 
 class TieringError(KvresError, ValueError):
     """Inputs of the tier choice that make no sense (negative sizes, unknown KV types, ...)."""
-
-
-class EnvValueError(TieringError):
-    """An environment variable holds a value kvres cannot use; names the variable and the value."""
-
-    def __init__(self, name: str, value: str, expected: str) -> None:
-        super().__init__(f"environment variable {name}={value!r} is invalid: expected {expected}")
-        self.name = name
-        self.value = value
-        self.expected = expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,11 +72,6 @@ class KVTier:
     def name(self) -> str:
         return f"{self.type_k}/{self.type_v}"
 
-    @property
-    def quantized_v(self) -> bool:
-        """A quantized V cache needs flash attention in llama.cpp."""
-        return self.type_v not in ("f32", "f16", "bf16")
-
 
 KV_TIER_LADDER: tuple[KVTier, ...] = (
     KVTier("f16", "f16"),
@@ -110,15 +82,9 @@ V_LADDER: tuple[str, ...] = ("f16", "q8_0", "q4_0")
 DEFAULT_TIER = KV_TIER_LADDER[0]
 
 
-# elements per quantization block (a row of one head must hold whole blocks)
-_BLOCK_ELEMENTS: dict[str, int] = {
-    "f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q5_1": 32, "q5_0": 32, "q4_1": 32, "q4_0": 32,
-}
-
-
 def tier_supported(tier: KVTier, head_dim_k: int, head_dim_v: int) -> bool:
     """Whether a KV cache of ``tier`` can be built for these head dimensions."""
-    return head_dim_k % _BLOCK_ELEMENTS[tier.type_k] == 0 and head_dim_v % _BLOCK_ELEMENTS[tier.type_v] == 0
+    return kv_type_fits_head(tier.type_k, head_dim_k) and kv_type_fits_head(tier.type_v, head_dim_v)
 
 
 def head_dims_from_metadata(meta: Mapping[str, Any]) -> tuple[int, int]:
@@ -334,11 +300,6 @@ class TierDecision:
         )
 
 
-def log_tier_decision(decision: TierDecision, log: logging.Logger | None = None) -> None:
-    """Log the decision at WARNING on "kvres.tiering" with all its terms (operators audit it)."""
-    (log or logger).warning("%s", decision.summary(), extra={"kvres_tier_decision": decision.as_dict()})
-
-
 def choose_tier(
     profile_for: ProfileFactory,
     n_ctx: int,
@@ -422,13 +383,6 @@ def choose_tier(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Configuration from the environment (the only place that looks at it; pass any Mapping)
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
-
-
 @dataclass(frozen=True)
 class TierConfig:
     auto: bool = False
@@ -438,40 +392,3 @@ class TierConfig:
     def __post_init__(self) -> None:
         _check_non_negative("TierConfig.target_drop", self.target_drop)
         _check_non_negative("TierConfig.max_spill_bytes", self.max_spill_bytes)
-
-
-def env_float(
-    env: Mapping[str, str], name: str, default: float | None, *, minimum: float = 0.0, strict: bool = False
-) -> float | None:
-    """A finite float from ``env[name]`` (>= minimum, or > minimum when strict); unset/empty -> default."""
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    expected = f"a finite number {'>' if strict else '>='} {minimum:g}"
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise EnvValueError(name, raw, expected) from None
-    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        raise EnvValueError(name, raw, expected)
-    return value
-
-
-def auto_tier_enabled(env: Mapping[str, str]) -> bool:
-    """KVRES_KV_AUTO_TIER: 1/true/yes/on enable; unset, empty, 0/false/no/off disable."""
-    raw = env.get(ENV_AUTO_TIER)
-    if raw is None or raw.strip().lower() in _FALSE:
-        return False
-    if raw.strip().lower() in _TRUE:
-        return True
-    raise EnvValueError(ENV_AUTO_TIER, raw, "1 to enable (or 0 / unset to disable)")
-
-
-def tier_config_from_env(env: Mapping[str, str]) -> TierConfig:
-    """KVRES_KV_AUTO_TIER (1/true/yes/on; unset/0 = off), KVRES_KV_TSTAR_DROP (default 0.20),
-    KVRES_KV_TSTAR_MAX_SPILL_MIB (default 800)."""
-    auto = auto_tier_enabled(env)
-    drop = env_float(env, ENV_TARGET_DROP, DEFAULT_TARGET_DROP)
-    cap_mib = env_float(env, ENV_MAX_SPILL_MIB, DEFAULT_MAX_SPILL_MIB)
-    assert drop is not None and cap_mib is not None  # defaults are not None
-    return TierConfig(auto=auto, target_drop=drop, max_spill_bytes=cap_mib * MIB)

@@ -1,26 +1,21 @@
-"""kvres.actors.llama: the llama.cpp backend (llama-cpp-python's low-level API).
+"""kvres.actors.llama: the llama.cpp backend, and the one binding of llama-cpp-python in kvres.
 
 Primitives:
-- ``LlamaExecutor``: the executor protocol on one llama.cpp context shared by many sessions.
-- ``AttentionCapture``: captured attention probabilities with token-log labels.
+- ``LlamaExecutor``: the executor contract (``kvres.actors.executor.Executor``) on one llama.cpp
+  context shared by many sessions.
 - ``ContextFullError``, ``SessionLimitError``, ``EngineError``: this backend's typed errors.
-- ``LlamaBackend`` (a plain class forwarding to an executor) and ``remote_backend(**ray_options)``
-  (the Ray actor class, built on demand), from ``actor.py``.
+- ``engine``: ``LlamaModel`` and ``LlamaContext``, the low-level API every llama.cpp user in the
+  tree (probes, benchmarks, model evaluation) builds on.
 
-Importing this package loads neither llama.cpp nor Ray; both load on first use.
+Importing this package loads neither llama.cpp nor Ray; llama.cpp loads on first use.
 """
 
-from .actor import LlamaBackend, remote_backend
-from .attention import AttentionCapture
 from .errors import ContextFullError, EngineError, SessionLimitError
 from .executor import LlamaExecutor
 
 __all__ = [
-    "AttentionCapture",
     "ContextFullError",
     "EngineError",
-    "LlamaBackend",
     "LlamaExecutor",
     "SessionLimitError",
-    "remote_backend",
 ]

@@ -1,14 +1,13 @@
 """Attention capture on llama.cpp: the softmaxed attention of chosen query tokens.
 
 Primitives:
-- ``AttentionCapture``: ``probs`` (n_layer, n_head, n_query, n_key) float32, ``key_positions``
-  (token-log index of each key), ``query_positions`` (token-log index of each query row).
 - ``AttentionRecorder``: a ``cb_eval`` callback that, while ``active``, copies every
   ``kq_soft_max-<layer>`` tensor the graph computes and lets every other node run unobserved.
 - ``ScoringContext(model, n_ctx, n_batch, n_threads)``: a second context on the same model with
   flash attention off (the only mode that materialises the softmax) and f16 KV.
   ``capture(tokens, key_positions, window) -> AttentionCapture`` re-prefills ``tokens`` from an
-  empty cache and records the attention of the last ``window`` of them.
+  empty cache and records the attention of the last ``window`` of them (``probs`` of shape
+  (n_layer, n_head, n_query, n_key), keys and query rows labelled by token-log index).
 
 Why a second context: the serving context keeps flash attention (faster, and required for a
 quantized V cache), so its attention matrix never exists in memory. The scoring context starts
@@ -24,28 +23,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .engine import LlamaContext, LlamaModel, _llama
+from kvres.policy.scoring import AttentionCapture
+
+from .engine import LlamaContext, LlamaModel, eval_callback
 from .errors import EngineError
 from .ggml_tensor import read_f32, tensor_name
 
 _KQ_SOFTMAX = re.compile(r"kq_soft_max-(\d+)$")
-
-
-@dataclass(frozen=True)
-class AttentionCapture:
-    probs: npt.NDArray[np.float32]
-    key_positions: npt.NDArray[np.int64]
-    query_positions: npt.NDArray[np.int64]
-
-    @property
-    def n_query(self) -> int:
-        return int(self.probs.shape[2])
 
 
 class AttentionRecorder:
@@ -53,7 +42,7 @@ class AttentionRecorder:
         self.active = False
         self.captured: dict[int, list[npt.NDArray[np.float32]]] = {}
         self.error: BaseException | None = None
-        self.callback = _llama().ggml_backend_sched_eval_callback(self._on_node)
+        self.callback = eval_callback(self._on_node)
 
     def reset(self) -> None:
         self.captured = {}

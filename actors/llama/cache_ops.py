@@ -102,7 +102,6 @@ class CacheOps:
             logits = ctx.decode(tokens, first, seq)
             self.shift_pending = False
             self.live += n
-            assert logits is not None
             return logits
         ctx.seq_rm(scratch, -1, -1)
         if first > 0:
@@ -131,7 +130,6 @@ class CacheOps:
         finally:
             ctx.seq_rm(scratch, -1, -1)
         self.live += n
-        assert logits is not None
         return logits
 
     def flush_shifts(self) -> None:

@@ -1,51 +1,53 @@
-"""Thin wrappers over the low-level llama_cpp API: a loaded model and one engine context.
+"""The one binding of llama-cpp-python's low-level API in kvres: a loaded model and a context.
 
 Primitives:
-- ``KV_TYPE_IDS``: KV precision names accepted here -> ggml type ids.
-- ``LlamaModel(path)``: loads a GGUF file (``ModelLoadError`` when it is missing or not GGUF);
-  ``sha256``, ``n_vocab``, ``n_layer``, ``n_head``, ``n_head_kv``, ``n_embd``, ``n_swa``,
-  ``tokenize(text)``, ``detokenize(tokens)``, ``is_eog(token)``, ``bos``, ``close()``.
-- ``LlamaContext(model, n_ctx, n_seq_max, type_k, type_v, flash_attn, n_batch, n_threads,
-  cb_eval=None)``: one llama context with unified KV across ``n_seq_max`` sequences.
-  ``decode(tokens, first_pos, seq, logits=True)`` (prefill in ``n_batch`` chunks through one
-  reused batch), ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``,
-  ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``, ``can_shift``, ``close()``.
+- ``LlamaModel(path, n_gpu_layers=None)``: loads a GGUF file (``ModelLoadError`` when it is missing
+  or not GGUF; ``n_gpu_layers=None`` keeps llama.cpp's default); ``path``, ``n_vocab``,
+  ``n_layer``, ``n_head``, ``n_head_kv``, ``n_embd``, ``n_swa``, ``bos``, ``can_tokenize_text``,
+  ``tokenize(text, add_bos=True)``, ``detokenize(tokens)``, ``is_eog(token)``, ``close()``.
+- ``LlamaContext(model, n_ctx, n_seq_max=1, type_k="f16", type_v="f16", flash_attn=None,
+  n_batch=512, n_threads=1, cb_eval=None)``: one llama context with unified KV across
+  ``n_seq_max`` sequences (``flash_attn=None`` lets llama.cpp choose; KV types are
+  ``kvres.policy.kv_types`` names).
+  ``decode(tokens, first_pos, seq, logits=True)``: prefill in ``n_batch`` chunks through one
+  reused batch; the last token's logits (a copy) when ``logits``, else None.
+  Memory: ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``. State:
+  ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``. ``n_cells``, ``n_batch``,
+  ``can_shift``, ``close()``.
+- ``eval_callback(fn)``: a Python ``fn(tensor_ptr, ask, user) -> bool`` as the ggml scheduler
+  callback a context's ``cb_eval`` takes.
 
-Nothing here knows about sessions or token logs; the executor does. llama.cpp prints through a
-log callback installed once per process that forwards to the ``kvres.llama`` logger.
+Nothing here knows about sessions or token logs. llama.cpp prints through a log callback
+installed once per process that forwards to the ``kvres.llama`` logger.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from kvres.policy.errors import CapabilityError, ModelLoadError
+from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, KV_TYPES
 
+from ..model_files import check_gguf_file
 from .errors import ContextFullError, EngineError
 
 logger = logging.getLogger("kvres.llama")
 
-KV_TYPE_IDS: dict[str, int] = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2}
-QUANTIZED_KV_TYPES = frozenset({"q8_0", "q4_0"})
-FLASH_ATTN_DISABLED = 0
-FLASH_ATTN_ENABLED = 1
+FLASH_ATTN_TYPE = {None: -1, False: 0, True: 1}  # llama_flash_attn_type: auto, disabled, enabled
 
 # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. llama.cpp warns about things
 # callers cannot act on (e.g. unused special-token ids), so its warnings are logged as info.
 _GGML_LOG_TO_LOGGING = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.WARNING}
 _init_lock = threading.Lock()
 _log_callback: Any = None
-_hash_cache: dict[tuple[str, int, int], str] = {}
 
 
 def _llama() -> Any:
@@ -68,33 +70,23 @@ def _llama() -> Any:
     return llama_cpp
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, computed once per (path, size, mtime) in this process."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _hash_cache:
-        digest = hashlib.sha256()
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(chunk)
-        _hash_cache[key] = digest.hexdigest()
-    return _hash_cache[key]
+def eval_callback(fn: Callable[[int, bool, Any], bool]) -> Any:
+    return _llama().ggml_backend_sched_eval_callback(fn)
+
+
+def _kv_type_id(name: str, what: str) -> int:
+    if name not in CONFIGURABLE_KV_TYPES:
+        raise ValueError(f"{what}={name!r} is not a supported KV type ({', '.join(CONFIGURABLE_KV_TYPES)})")
+    return KV_TYPES[name].ggml_id
 
 
 class LlamaModel:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"model file not found: {os.fspath(path)!r}")
-        with self.path.open("rb") as fh:
-            magic = fh.read(4)
-        if magic != b"GGUF":
-            raise ModelLoadError(
-                f"not a GGUF model file: {os.fspath(path)!r} (starts with {magic!r}, expected b'GGUF')"
-            )
-        self.sha256 = file_sha256(self.path)
+    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int | None = None) -> None:
+        self.path = check_gguf_file(path)
         ll = _llama()
         params = ll.llama_model_default_params()
+        if n_gpu_layers is not None:
+            params.n_gpu_layers = n_gpu_layers
         self._ptr = ll.llama_model_load_from_file(os.fsencode(self.path), params)
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load the GGUF model {os.fspath(path)!r}")
@@ -165,6 +157,7 @@ class LlamaModel:
         raise EngineError(f"llama_detokenize failed on {len(tokens)} tokens")
 
 
+
 class _Batch:
     """One ``llama_batch`` whose arrays are numpy buffers owned here (one sequence per token)."""
 
@@ -197,17 +190,27 @@ class _Batch:
         self.struct.n_tokens = n
 
 
+def _payload_pointer(payload: bytes | bytearray | memoryview) -> tuple[Any, int]:
+    """A ``uint8 *`` over the payload's bytes (no copy for ``bytes`` / ``bytearray``) and its size."""
+    if isinstance(payload, bytes):
+        return ctypes.cast(ctypes.c_char_p(payload), ctypes.POINTER(ctypes.c_uint8)), len(payload)
+    view = memoryview(payload).cast("B")
+    if view.readonly:
+        return (ctypes.c_uint8 * view.nbytes).from_buffer_copy(view), view.nbytes
+    return (ctypes.c_uint8 * view.nbytes).from_buffer(view), view.nbytes
+
+
 class LlamaContext:
     def __init__(
         self,
         model: LlamaModel,
         n_ctx: int,
-        n_seq_max: int,
-        type_k: str,
-        type_v: str,
-        flash_attn: bool,
-        n_batch: int,
-        n_threads: int,
+        n_seq_max: int = 1,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        flash_attn: bool | None = None,
+        n_batch: int = 512,
+        n_threads: int = 1,
         cb_eval: Any = None,
     ) -> None:
         ll = _llama()
@@ -220,14 +223,14 @@ class LlamaContext:
         params.kv_unified = True
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.flash_attn_type = FLASH_ATTN_ENABLED if flash_attn else FLASH_ATTN_DISABLED
-        params.type_k = KV_TYPE_IDS[type_k]
-        params.type_v = KV_TYPE_IDS[type_v]
+        params.flash_attn_type = FLASH_ATTN_TYPE[flash_attn]
+        params.type_k = _kv_type_id(type_k, "type_k")
+        params.type_v = _kv_type_id(type_v, "type_v")
         params.no_perf = True
         if cb_eval is not None:
             params.cb_eval = cb_eval
             params.cb_eval_user_data = None
-        self._cb_eval = cb_eval  # keep the ctypes callback alive as long as the context
+        self._cb_eval = cb_eval  # the ctypes callback must live as long as the context
         self._ptr = ll.llama_init_from_model(model.ptr, params)
         if not self._ptr:
             raise EngineError(
@@ -239,7 +242,6 @@ class LlamaContext:
         self.n_batch = int(ll.llama_n_batch(self._ptr))
         self.can_shift = bool(ll.llama_memory_can_shift(self._mem))
         self._batch = _Batch(ll, self.n_batch)
-        self._logits_view: npt.NDArray[np.float32] | None = None
 
     @property
     def ptr(self) -> Any:
@@ -253,6 +255,14 @@ class LlamaContext:
             self._ptr = None
 
     # -- decoding -------------------------------------------------------------------------
+    @overload
+    def decode(
+        self, tokens: Sequence[int], first_pos: int, seq: int, logits: Literal[True] = ...
+    ) -> npt.NDArray[np.float32]: ...
+
+    @overload
+    def decode(self, tokens: Sequence[int], first_pos: int, seq: int, logits: Literal[False]) -> None: ...
+
     def decode(
         self, tokens: Sequence[int], first_pos: int, seq: int, logits: bool = True
     ) -> npt.NDArray[np.float32] | None:
@@ -312,7 +322,5 @@ class LlamaContext:
         return bytes(memoryview(buf)[:written])
 
     def state_set(self, seq: int, payload: bytes | bytearray | memoryview) -> bool:
-        ll = _llama()
-        view = memoryview(payload).cast("B")
-        buf = (ctypes.c_uint8 * view.nbytes).from_buffer_copy(view)
-        return int(ll.llama_state_seq_set_data(self.ptr, buf, view.nbytes, seq)) > 0
+        buf, size = _payload_pointer(payload)
+        return int(_llama().llama_state_seq_set_data(self.ptr, buf, size, seq)) > 0

@@ -1,15 +1,16 @@
-"""The llama.cpp executor: the executor protocol on llama-cpp-python's low-level API.
+"""The llama.cpp executor: the executor contract on llama-cpp-python's low-level API.
 
 Primitives:
 - ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
-  n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7)``.
-  Protocol: ``capabilities``, ``open_session(session_id, tokens=())``, ``append``, ``token_log``,
-  ``resident_ranges``, ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
-  ``block_attention_scores``, ``close_session``.
-  Beyond it: ``generate``, ``stream``, ``attention``, ``kv_profile``, ``tokenize``,
-  ``detokenize``, ``cache_positions``, ``sessions``, ``free_cells``, ``flush``, ``close``; attributes
-  ``fingerprint``, ``model_id`` (sha256 of the model file), ``geometry``, ``n_ctx``,
-  ``n_seq_max``, ``type_k``, ``type_v``, ``flash_attn``, ``n_vocab``.
+  n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7)``, an
+  ``kvres.actors.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
+  ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
+  ``export_range``, ``import_range``, ``block_attention_scores``, ``attention`` (raw capture),
+  ``tokenize``, ``detokenize``, ``close_session``.
+  Beyond it: ``generate``, ``stream``, ``kv_profile``, ``cache_positions``, ``sessions``,
+  ``free_cells``, ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
+  (``kvres.actors.model_files.model_id``), ``geometry``, ``n_ctx``, ``n_seq_max``, ``type_k``,
+  ``type_v``, ``flash_attn``, ``n_vocab``.
 
 One engine context serves every session: unified KV, sequence id i per session (plus its
 parking sequence and one shared scratch sequence, see ``cache_ops``). ``n_ctx`` is the token
@@ -39,10 +40,11 @@ order so that re-imports land where they were.
 
 Sliding-window models (``n_swa > 0``) keep a second cache: ``kv_export`` is false for them.
 
-KV precision: ``type_k`` / ``type_v`` in f32, f16, q8_0, q4_0 (quantized types need a head
-dimension divisible by 32; a quantized V cache turns flash attention on). A quantized K cache
-cannot be shifted (llama.cpp 0.3.36 crashes applying the K-shift to it): ``position_shift`` is
-then false and operations that would move cells raise ``CapabilityError``.
+KV precision: ``type_k`` / ``type_v`` in ``kvres.policy.kv_types.CONFIGURABLE_KV_TYPES`` (a
+quantized type needs a head dimension of whole blocks; a quantized V cache turns flash attention
+on). A quantized K cache cannot be shifted (llama.cpp 0.3.36 crashes applying the K-shift to
+it): ``position_shift`` is then false and operations that would move cells raise
+``CapabilityError``.
 """
 
 from __future__ import annotations
@@ -60,32 +62,35 @@ import numpy.typing as npt
 
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
-from kvres.policy.capacity import (
-    LayerKVProfile,
-    kv_type_row_bytes,
-    profile_from_gguf,
-    read_gguf_metadata,
-)
+from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import (
     BlockMismatchError,
     CapabilityError,
     RangeError,
     SessionExistsError,
 )
+from kvres.policy.kv_types import (
+    CONFIGURABLE_KV_TYPES,
+    QUANTIZED_KV_TYPES,
+    kv_type_fits_head,
+    kv_type_info,
+    kv_type_row_bytes,
+)
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
-from kvres.policy.scoring import block_scores, snapkv_key_scores
+from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
 
+from ..executor import Executor
+from ..model_files import model_id, profile_from_gguf, read_gguf_metadata
 from ..sampling import TokenSampler
 from ..session_table import SessionTable
-from .attention import AttentionCapture, ScoringContext
+from .attention import ScoringContext
 from .cache_ops import CacheOps
-from .engine import KV_TYPE_IDS, QUANTIZED_KV_TYPES, LlamaContext, LlamaModel
+from .engine import LlamaContext, LlamaModel
 from .errors import ContextFullError, EngineError, SessionLimitError
 from .state_blob import expected_payload_size, read_cell_positions
 
 MIN_N_CTX = 32
-QUANT_BLOCK = 32  # elements per q8_0 / q4_0 block
 MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ, including the reserved sequences
 ENGINE = "llama.cpp"
 _RESERVED_CELLS = 2  # applying pending K-shifts decodes one throwaway token
@@ -119,7 +124,7 @@ def _check_n_ctx(n_ctx: Any) -> int:
     return int(n_ctx)
 
 
-class LlamaExecutor(SessionTable):
+class LlamaExecutor(SessionTable, Executor):
     engine = ENGINE
 
     def __init__(
@@ -140,9 +145,9 @@ class LlamaExecutor(SessionTable):
         if not 1 <= int(n_seq_max) <= max_sessions:
             raise ValueError(f"n_seq_max={n_seq_max} must be in [1, {max_sessions}]")
         for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
-            if kv_type not in KV_TYPE_IDS:
+            if kv_type not in CONFIGURABLE_KV_TYPES:
                 raise ValueError(f"{name}={kv_type!r} is not a supported KV type "
-                                 f"({', '.join(KV_TYPE_IDS)})")
+                                 f"({', '.join(CONFIGURABLE_KV_TYPES)})")
         if type_v in QUANTIZED_KV_TYPES:
             if flash_attn is False:
                 raise ValueError(f"type_v={type_v!r} needs flash attention; flash_attn=False was given")
@@ -182,7 +187,7 @@ class LlamaExecutor(SessionTable):
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
 
-        self.model_id = f"sha256:{self._model.sha256}"
+        self.model_id = model_id(self.model_path)
         row = self.geometry.n_kv_heads * self.geometry.head_dim
         self._k_row = int(kv_type_row_bytes(type_k, row))
         self._v_row = int(kv_type_row_bytes(type_v, row))
@@ -192,22 +197,21 @@ class LlamaExecutor(SessionTable):
             self.model_id, f"{ENGINE}:{self.payload_format}", type_k, type_v, self.geometry
         )
         self._caps = Capabilities(
-            remove_tail=True,
             remove_middle=True,
             position_shift=self._ops.can_shift,
-            sliding_window_tokens=max(0, self._model.n_swa),
-            recompute_range=True,
             attention_scores=True,
+            attention_capture=True,
             # a sliding-window model keeps two caches, whose state blob this backend does not parse
             kv_export=self._model.n_swa == 0,
         )
 
     def _check_quantizable(self) -> None:
         for name, kv_type in (("type_k", self.type_k), ("type_v", self.type_v)):
-            if kv_type in QUANTIZED_KV_TYPES and self.geometry.head_dim % QUANT_BLOCK:
+            if not kv_type_fits_head(kv_type, self.geometry.head_dim):
                 raise ValueError(
-                    f"{name}={kv_type!r} needs a head dimension divisible by {QUANT_BLOCK}; "
-                    f"{self.model_path.name} has head_dim {self.geometry.head_dim}"
+                    f"{name}={kv_type!r} needs a head dimension divisible by "
+                    f"{kv_type_info(kv_type).block_elements}; {self.model_path.name} has head_dim "
+                    f"{self.geometry.head_dim}"
                 )
 
     def _geometry(self) -> KVGeometry:
@@ -316,7 +320,7 @@ class LlamaExecutor(SessionTable):
                     "again", needed=len(item.rng), free=self.free_cells(),
                 )
 
-    # -- protocol -------------------------------------------------------------------------
+    # -- the executor contract ------------------------------------------------------------
     def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         with self._lock:
             s = self._get(session_id)

@@ -11,8 +11,7 @@ Primitives:
   ``CacheEvictionConfig``; ``from_stream_policy(policy, budget)`` maps a StreamingLLM policy and a
   token budget onto it (sizes rounded up to whole KV blocks, as genai requires); ``to_genai()``.
 - ``GenAIEngine(model_dir, eviction=None, f32=True, num_threads=1)``: a continuous-batching
-  pipeline; ``generate(prompts, max_new_tokens) -> list[list[int]]`` (greedy, token ids in and out),
-  ``generate_text(text, max_new_tokens) -> str``.
+  pipeline; ``generate(prompts, max_new_tokens) -> list[list[int]]`` (greedy, token ids in and out).
 
 KV here is not range-addressable from Python: eviction is genai's (SUM / NORM_SUM aggregation of
 attention inside its paged attention); kvres's own mechanisms live in ``executor.py``.
@@ -121,7 +120,6 @@ class GenAIEngine:
             props |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
         self.eviction = eviction
         self.pipeline = genai.ContinuousBatchingPipeline(str(self.model_dir), sched, "CPU", props)
-        self.tokenizer = self.pipeline.get_tokenizer()
         gen = json.loads((self.model_dir / "generation_config.json").read_text())
         self.eos_token_id = int(gen.get("eos_token_id", 2))
 
@@ -137,6 +135,3 @@ class GenAIEngine:
         results = self.pipeline.generate(tensors, [self._config(max_new_tokens)] * len(tensors))
         return [list(r.m_generation_ids[0]) for r in results]
 
-    def generate_text(self, text: str, max_new_tokens: int) -> str:
-        ids = self.tokenizer.encode(text).input_ids.data[0].tolist()
-        return str(self.tokenizer.decode(self.generate([ids], max_new_tokens)[0]))

@@ -1,29 +1,30 @@
 """Sessions whose KV the engine manages: openvino-genai's continuous batching with its own eviction.
 
 Primitives:
-- ``GenAIExecutor(model_path, num_threads=1, work_dir=None)``: the part of the executor protocol
-  that makes sense when kvres does not own the KV: ``open_session`` / ``append`` (the token log),
-  ``generate`` (one genai request over the whole log; greedy), ``token_log``, ``resident_ranges``
-  (always empty: no KV is kept between calls), ``close_session``, ``tokenize`` / ``detokenize``;
-  ``set_eviction(session_id, stream_policy, budget_tokens, aggregation)`` gives a session genai's
-  ``CacheEvictionConfig`` (SUM / NORM_SUM): "let the engine evict". Range operations raise
-  ``CapabilityError``: the capabilities are all false, so the planner never asks for them.
+- ``GenAIExecutor(model_path, num_threads=1, work_dir=None)``: a
+  ``kvres.actors.executor.EngineManagedExecutor``, for when kvres does not own the KV:
+  ``open_session`` / ``append`` (the token log), ``generate`` (one genai request over the whole
+  log; greedy), ``token_log``, ``resident_ranges`` (always empty: no KV is kept between calls),
+  ``close_session``, ``tokenize`` / ``detokenize``; ``set_eviction(session_id, stream_policy,
+  budget_tokens, aggregation)`` gives a session genai's ``CacheEvictionConfig`` (SUM / NORM_SUM):
+  "let the engine evict". The capabilities are all false; there are no range operations.
 
-One ``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
+The model is exported once into ``work_dir / <first 16 hex digits of its model id>``; one
+``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.executor import EngineManagedExecutor
+from kvres.actors.model_files import model_id
 from kvres.policy import (
     Capabilities,
     CapabilityError,
@@ -39,31 +40,18 @@ from .text import TextCodec
 ENGINE = "openvino-genai"
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-class GenAIExecutor:
+class GenAIExecutor(EngineManagedExecutor):
     engine = ENGINE
-    engine_managed = True  # the engine decides residency inside each request
 
     def __init__(self, model_path: str | os.PathLike[str], num_threads: int = 1,
                  work_dir: str | os.PathLike[str] | None = None) -> None:
         source = Path(model_path)
-        if not source.is_file():
-            from kvres.policy import ModelLoadError
-
-            raise ModelLoadError(f"model file not found: {str(source)!r}")
-        digest = _file_digest(source)
+        self.model_id = model_id(source)
         root = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "kvres-genai"
-        self.model_dir = root / digest
+        self.model_dir = root / self.model_id.removeprefix("sha256:")[:16]
         if not (self.model_dir / "generation_config.json").is_file():
             export_genai_model(source, self.model_dir)
-        self.fingerprint = f"{ENGINE}:{digest}"
+        self.fingerprint = f"{ENGINE}:{self.model_id}"
         self.num_threads = num_threads
         self._engines: dict[EngineEviction | None, GenAIEngine] = {}
         self._logs: dict[str, list[int]] = {}
@@ -145,7 +133,3 @@ class GenAIExecutor:
             self._codec = TextCodec.from_dir(self.model_dir)
         return self._codec
 
-    def _no_kv(self, *_: Any, **__: Any) -> Any:
-        raise CapabilityError("openvino-genai manages this KV itself: kvres cannot address its ranges")
-
-    evict_range = admit_range = export_range = import_range = block_attention_scores = _no_kv

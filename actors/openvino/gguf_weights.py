@@ -3,7 +3,7 @@
 Primitives:
 - ``LlamaConfig``: the hyper-parameters the graph needs (and that re-basing keys needs: RoPE base).
 - ``LlamaWeights``: ``config`` + ``tensors`` (name -> float32 array in (n_out, n_in) layout) +
-  ``model_id`` (a content hash of the file) + ``tokenizer`` metadata.
+  ``model_id`` (``kvres.actors.model_files.model_id`` of the file) + ``tokenizer`` metadata.
 - ``read_llama_gguf(path) -> LlamaWeights``; raises ``ModelLoadError`` naming the path for a file
   that is missing, not a GGUF, or not a Llama model this converter understands.
 
@@ -15,7 +15,6 @@ means 10000; an absent ``output.weight`` means the output matrix is tied to ``to
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.model_files import gguf_value, model_id, open_gguf
 from kvres.policy.errors import ModelLoadError
 
 F32 = npt.NDArray[np.float32]
-GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -56,22 +55,6 @@ class LlamaWeights:
     tokenizer: dict[str, Any] = field(default_factory=dict)
 
 
-def file_digest(path: Path, n_hex: int = 16) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:n_hex]
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    value = f.contents()
-    return value
-
-
 def _tensor_f32(t: Any) -> F32:
     import gguf
 
@@ -90,41 +73,30 @@ def _tensor_f32(t: Any) -> F32:
 
 def read_llama_gguf(path: str | os.PathLike[str]) -> LlamaWeights:
     p = Path(path)
-    if not p.is_file():
-        raise ModelLoadError(f"GGUF model file {str(p)!r} does not exist")
-    with p.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"{str(p)!r} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(p))
-    except Exception as exc:  # the reader raises assorted errors on damaged files
-        raise ModelLoadError(f"cannot read GGUF file {str(p)!r}: {exc}") from exc
-    arch = _field(reader, "general.architecture")
+    reader = open_gguf(p)
+    arch = gguf_value(reader, "general.architecture")
     if arch != "llama":
         raise ModelLoadError(
             f"GGUF file {str(p)!r} has architecture {arch!r}; this converter handles 'llama' only"
         )
     try:
-        n_embd = int(_field(reader, "llama.embedding_length"))
-        n_heads = int(_field(reader, "llama.attention.head_count"))
+        n_embd = int(gguf_value(reader, "llama.embedding_length"))
+        n_heads = int(gguf_value(reader, "llama.attention.head_count"))
         cfg = LlamaConfig(
-            n_layers=int(_field(reader, "llama.block_count")),
+            n_layers=int(gguf_value(reader, "llama.block_count")),
             n_embd=n_embd,
             n_heads=n_heads,
-            n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
-            n_ff=int(_field(reader, "llama.feed_forward_length")),
+            n_kv_heads=int(gguf_value(reader, "llama.attention.head_count_kv", n_heads)),
+            n_ff=int(gguf_value(reader, "llama.feed_forward_length")),
             vocab_size=0,
-            rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_freq_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-            rope_dims=int(_field(reader, "llama.rope.dimension_count", n_embd // n_heads)),
-            context_length=int(_field(reader, "llama.context_length", 2048)),
+            rms_eps=float(gguf_value(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_freq_base=float(gguf_value(reader, "llama.rope.freq_base", 10000.0)),
+            rope_dims=int(gguf_value(reader, "llama.rope.dimension_count", n_embd // n_heads)),
+            context_length=int(gguf_value(reader, "llama.context_length", 2048)),
         )
     except TypeError as exc:
         raise ModelLoadError(f"GGUF file {str(p)!r} lacks a llama hyper-parameter: {exc}") from exc
-    scaling = _field(reader, "llama.rope.scaling.type")
+    scaling = gguf_value(reader, "llama.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ModelLoadError(f"GGUF file {str(p)!r} uses RoPE scaling {scaling!r}, not supported")
     if cfg.rope_dims != cfg.head_dim:
@@ -146,8 +118,8 @@ def read_llama_gguf(path: str | os.PathLike[str]) -> LlamaWeights:
     vocab = int(tensors["token_embd.weight"].shape[0])
     cfg = LlamaConfig(**{**cfg.__dict__, "vocab_size": vocab})
     tokenizer = {
-        key.removeprefix("tokenizer.ggml."): _field(reader, key)
+        key.removeprefix("tokenizer.ggml."): gguf_value(reader, key)
         for key in reader.fields
         if key.startswith("tokenizer.ggml.")
     }
-    return LlamaWeights(cfg, tensors, model_id=f"gguf-{file_digest(p)}", tokenizer=tokenizer)
+    return LlamaWeights(cfg, tensors, model_id=model_id(p), tokenizer=tokenizer)

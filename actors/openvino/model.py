@@ -1,10 +1,11 @@
 """Load a stateful LLM for the OpenVINO executor: a Llama GGUF (converted in memory) or an IR.
 
 Primitives:
-- ``LoadedModel``: the ``ov.Model`` plus what the executor needs from it: ``model_id``,
-  ``geometry`` (``KVGeometry``), ``state_names`` ((key, value) variable ids per layer), ``rope``
-  (``RopeParams`` or None when the IR does not say how its keys were rotated), ``vocab_size``,
-  ``has_attention_probs`` (explicit Softmax attention the scoring pass can expose).
+- ``LoadedModel``: the ``ov.Model`` plus what the executor needs from it: ``model_id`` (the
+  source GGUF's ``kvres.actors.model_files.model_id``, recorded in a converted IR, else the IR
+  weights file's), ``geometry`` (``KVGeometry``), ``state_names`` ((key, value) variable ids per
+  layer), ``rope`` (``RopeParams`` or None when the IR does not say how its keys were rotated),
+  ``vocab_size``, ``has_attention_probs`` (explicit Softmax attention the scoring pass can expose).
 - ``load_model(path) -> LoadedModel``: ``.gguf`` -> ``build_llama_model``; ``.xml`` or a folder with
   ``openvino_model.xml`` -> ``ov.Core().read_model``. Raises ``ModelLoadError`` naming the path for
   a missing file, a file that is neither a GGUF nor an IR, or an IR without KV states / inputs.
@@ -20,10 +21,11 @@ from typing import Any
 
 import openvino as ov
 
+from kvres.actors.model_files import GGUF_MAGIC, model_id
 from kvres.coldstore.block import KVGeometry
 from kvres.policy.errors import ModelLoadError
 
-from .gguf_weights import GGUF_MAGIC, file_digest, read_llama_gguf
+from .gguf_weights import read_llama_gguf
 from .graph import ATTN_PROBS_TAG, KV_STATE_PATTERN, RT_INFO_ROOT, build_llama_model
 from .rope import RopeParams
 
@@ -113,5 +115,4 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     except RuntimeError as exc:
         raise ModelLoadError(f"OpenVINO cannot read IR {str(p)!r}: {exc}") from exc
     bin_path = p.with_suffix(".bin")
-    fallback_id = f"ir-{file_digest(bin_path if bin_path.is_file() else p)}"
-    return inspect_model(model, fallback_id, str(p))
+    return inspect_model(model, model_id(bin_path if bin_path.is_file() else p), str(p))

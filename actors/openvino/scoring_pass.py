@@ -4,10 +4,11 @@ Primitives:
 - ``with_attention_outputs(model) -> (ov.Model, output names)``: a clone whose per-layer Softmax
   (tagged ``ATTN_PROBS_TAG`` by ``graph.py``) are extra outputs ``[batch, heads, queries, keys]``.
   Raises ``CapabilityError`` when the graph has none (e.g. the SDPA form).
-- ``score_keys(request, names, kv, tokens, positions, window) -> per-entry scores``: replays the
-  last ``window`` resident tokens over the cache before them (states set to that prefix, the same
-  context they first saw) and sums the attention each cache entry receives over layers, heads and
-  those queries (SnapKV's observation window, unpooled). The session's own request is untouched.
+- ``attention_probs(request, names, output_names, kv, tokens, positions, window) -> probs``:
+  replays the last ``window`` resident tokens over the cache before them (states set to that
+  prefix, the same context they first saw) and returns their attention over every cache entry,
+  float32 ``[layer, head, query, key]`` (SnapKV's observation window). The session's own request
+  is untouched.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy.typing as npt
 import openvino as ov
 
 from kvres.policy.errors import CapabilityError
-from kvres.policy.scoring import key_mass
 
 from .graph import ATTN_PROBS_TAG
 from .states import KVArrays, StateNames, kv_len, take, write_kv
@@ -40,7 +40,7 @@ def with_attention_outputs(model: ov.Model) -> tuple[ov.Model, list[str]]:
     return clone, names
 
 
-def score_keys(
+def attention_probs(
     request: ov.InferRequest,
     state_names: StateNames,
     output_names: Sequence[str],
@@ -48,12 +48,12 @@ def score_keys(
     tokens: Sequence[int],
     positions: Sequence[int],
     window: int,
-) -> npt.NDArray[np.float64]:
+) -> npt.NDArray[np.float32]:
     n = kv_len(kv)
     if len(tokens) != n or len(positions) != n:
         raise ValueError(f"{len(tokens)} tokens / {len(positions)} positions for {n} cache entries")
     if n == 0:
-        return np.zeros(0)
+        raise ValueError("no cache entries to attend to")
     w = max(1, min(window, n))
     write_kv(request, state_names, take(kv, 0, n - w))
     out = request.infer({
@@ -62,6 +62,6 @@ def score_keys(
         "position_ids": np.asarray([positions[n - w:]], dtype=np.int64),
         "beam_idx": np.zeros(1, dtype=np.int32),
     })
-    attn = np.stack([out[name][0] for name in output_names])  # [L, H, w, n]
+    probs = np.stack([np.asarray(out[name][0], dtype=np.float32) for name in output_names])
     request.reset_state()
-    return key_mass(attn)
+    return probs

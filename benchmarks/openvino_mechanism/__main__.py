@@ -7,9 +7,9 @@ benchmarks/results).
 For each context length and plan (StreamingLLM with re-basing; recency with a position gap), one
 session is prefilled, the planner's plan is made once, and the time from "apply the plan" to "next
 token's logits ready" (the plan's evictions plus one decode step) is measured on:
-- ``ov_recompute``: ``OpenVINOExecutor(mode="recompute")`` with an in-memory parking store (export
-  each block to the store; the survivors are re-prefilled once, at the next decode),
-- ``ov_state``: ``OpenVINOExecutor(mode="state")`` (slice the KV states, rotate kept keys in numpy),
+- ``ov_recompute``: ``openvino_executor(mode="recompute")`` (drop the evicted ranges; the
+  survivors are re-prefilled once, at the next decode),
+- ``ov_state``: ``openvino_executor(mode="state")`` (slice the KV states, rotate kept keys in numpy),
 - ``llama_shift``: llama.cpp's native ``llama_memory_seq_rm`` + ``llama_memory_seq_add``.
 The plan-only time (``apply_seconds``) is reported too; for recompute it hides the deferred
 re-prefill. Each point is the median over ``--repeats`` fresh prefills (prefill excluded). The ratios
@@ -36,26 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from kvres.coldstore.block import KVBlock
-from kvres.policy import Block, PlanInput, StreamPolicy, apply_plan, plan_hot_set, split_into_blocks
+from kvres.actors.executor import apply_plan
+from kvres.policy import Block, PlanInput, StreamPolicy, plan_hot_set, split_into_blocks
 
 from .engine_eviction import compare_engine_eviction
 from .llama_native import LlamaNative, NativeSession
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K.gguf"
 BLOCK = 16
-
-
-class _ListStore:
-    def __init__(self) -> None:
-        self.blocks: list[KVBlock] = []
-
-    def put(self, block: KVBlock) -> int:
-        self.blocks.append(block)
-        return len(self.blocks) - 1
-
-    def get(self, key: int) -> KVBlock:
-        return self.blocks[key]
 
 
 def _prompt(n: int) -> list[int]:
@@ -72,7 +60,7 @@ def _plans(n: int) -> dict[str, tuple[int, StreamPolicy]]:
 
 def _measure(model: Path, n: int, name: str, budget: int, stream: StreamPolicy, repeats: int,
              native: LlamaNative) -> dict[str, Any]:
-    from kvres.actors.openvino import OpenVINOExecutor
+    from kvres.actors.openvino import openvino_executor
 
     prompt = _prompt(n)
     keys = ("ov_recompute", "ov_state", "llama_shift")
@@ -82,7 +70,7 @@ def _measure(model: Path, n: int, name: str, budget: int, stream: StreamPolicy, 
     plan = None
     for _ in range(repeats):
         for mode in ("recompute", "state"):
-            ex = OpenVINOExecutor(model, mode=mode, cold_store=_ListStore())
+            ex = openvino_executor(model, mode=mode)
             ex.open_session("s")
             ex.append("s", prompt)
             if plan is None:

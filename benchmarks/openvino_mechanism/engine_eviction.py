@@ -6,7 +6,7 @@ Primitives:
   - ``genai_full``: continuous batching, no eviction (the reference continuation),
   - ``genai_sum`` / ``genai_norm_sum``: continuous batching with ``CacheEvictionConfig`` built by
     ``EngineEviction.from_stream_policy`` (SUM / NORM_SUM aggregation of attention scores),
-  - ``kvres_state``: ``OpenVINOExecutor(mode="state")``, the planner's StreamingLLM plan applied
+  - ``kvres_state``: ``openvino_executor(mode="state")``, the planner's StreamingLLM plan applied
     after the prefill and again whenever the cache outgrows the budget by a block,
   - ``kvres_state_scored``: the same with per-block attention scores from the executor's scoring
     pass (``block_attention_scores``), so the middle keeps its most-attended blocks (like genai),
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from kvres.policy import Block, PlanInput, StreamPolicy, apply_plan, plan_hot_set, split_into_blocks
+from kvres.actors.executor import apply_plan
+from kvres.policy import Block, PlanInput, StreamPolicy, plan_hot_set, split_into_blocks
 
 BLOCK = 16
 
@@ -42,9 +43,9 @@ def _agree(a: list[int], b: list[int]) -> int:
 
 def _kvres_generate(model: Path, prompt: list[int], new_tokens: int, policy: StreamPolicy,
                     budget: int, scored: bool, rebase: bool) -> list[int]:
-    from kvres.actors.openvino import OpenVINOExecutor
+    from kvres.actors.openvino import openvino_executor
 
-    ex = OpenVINOExecutor(model, mode="state")
+    ex = openvino_executor(model, mode="state")
     ex.open_session("s")
     logits = ex.append("s", prompt)
     out: list[int] = []

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from kvres.actors.executor import apply_plan
 from kvres.policy import (
     Block,
     BlockFlag,
@@ -50,7 +51,6 @@ from kvres.policy import (
     PlanInput,
     Range,
     StreamPolicy,
-    apply_plan,
     plan_hot_set,
     split_into_blocks,
 )

@@ -20,7 +20,7 @@ import numpy as np
 from kvres.policy import Capabilities, PlanInput, Range, StreamPolicy, plan_hot_set
 from kvres.policy.blocks import BlockTable
 
-CAPS = Capabilities(remove_tail=True, remove_middle=True, position_shift=True)
+CAPS = Capabilities(remove_middle=True, position_shift=True)
 BLOCK = 16
 
 

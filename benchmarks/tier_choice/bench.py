@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvres.actors.model_files import read_gguf_metadata
 from kvres.actors.probes import ProbeResults, load_probes, measure_block_bytes, measure_c_engage
-from kvres.policy.capacity import read_gguf_metadata
+from kvres.actors.tier_env import tier_config_from_env
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute
 from kvres.policy.tiering import (
     MIB,
@@ -45,7 +46,6 @@ from kvres.policy.tiering import (
     choose_tier,
     head_dims_from_metadata,
     metadata_profile_factory,
-    tier_config_from_env,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def default_model() -> tuple[Path, str] | None:
     if PASSKEY.is_file():
         return PASSKEY, "passkey.gguf"
     try:
-        from kvres.cluster.default_model import ensure_tiny_model
+        from kvres.actors.default_model import ensure_tiny_model
 
         return ensure_tiny_model(), "default tiny (generated)"
     except Exception as exc:  # the benchmark still runs without it

@@ -10,11 +10,10 @@ import pytest
 
 from kvres.actors.backend import BackendFullError, BackendHost
 from kvres.actors.coldstore_actor import ColdStoreServer
-from kvres.actors.reference import ReferenceExecutor
-from kvres.actors.store_ports import LocalStorePort
-from kvres.cluster.config import BackendConfig, SessionPolicy
+from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.policy import KvresError, UnknownSessionError
 from kvres.policy.backend_planner import plan_backend
+from kvres.testing import LocalStorePort, ReferenceExecutor
 
 
 def tokens(n: int, seed: int = 0) -> list[int]:
@@ -112,15 +111,14 @@ def test_bad_input(stores) -> None:
 @pytest.mark.parametrize(("bandwidth_gbps", "recomputed"), [(100.0, 0), (1e-6, 300)],
                          ids=["fast-tier-recalls", "slow-tier-recomputes"])
 def test_resume_chooses_recall_or_recompute_from_costs(stores, bandwidth_gbps, recomputed) -> None:
-    from kvres.actors.backend import recall_chooser
-    from kvres.policy.recall import PrefillCost, TierCost
+    from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 
-    chooser = recall_chooser({"ram": TierCost("ram", bandwidth_gbps, 1e-6),
-                              "disk": TierCost("disk", bandwidth_gbps, 1e-4)},
-                             PrefillCost(tokens_per_s=10_000.0, fixed_s=1e-4))
+    costs = RecallCosts({"ram": TierCost("ram", bandwidth_gbps, 1e-6),
+                         "disk": TierCost("disk", bandwidth_gbps, 1e-4)},
+                        PrefillCost(tokens_per_s=10_000.0, fixed_s=1e-4))
     config = BackendConfig(name="b", kv_budget_tokens=512, n_ctx=1024)
-    h = BackendHost(config, ReferenceExecutor(), plan_backend, LocalStorePort("node-a", stores),
-                    recall=chooser)
+    port = LocalStorePort("node-a", stores)
+    h = BackendHost(config, ReferenceExecutor(), plan_backend, port, recall_costs=lambda: costs)
     ref = host(stores)
     for x in (h, ref):
         x.open_session("s", SessionPolicy())

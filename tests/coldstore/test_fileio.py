@@ -109,8 +109,13 @@ def test_start_writeback_is_harmless(tmp_path: Path) -> None:
     assert (tmp_path / "f").read_bytes() == b"x" * 10000
 
 
-def test_fsync_dirs_skips_directories_removed_meanwhile(tmp_path: Path) -> None:
-    fileio.fsync_dirs((tmp_path, tmp_path / "gone"))
+def test_fsync_dirs_skips_directories_removed_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(fileio.os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real_fsync(fd)))
+    (tmp_path / "kept").mkdir()
+    fileio.fsync_dirs((tmp_path, tmp_path / "gone", tmp_path / "kept"))
+    assert synced == [tmp_path.stat().st_ino, (tmp_path / "kept").stat().st_ino]
 
 
 def test_dropping_a_session_right_after_a_write_is_fine(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The reference executor in the conformance table."""
 
-from kvres.actors.reference import ReferenceExecutor
+from kvres.testing import ReferenceExecutor
 
 FACTORIES = {"reference": lambda: ReferenceExecutor(vocab_size=64)}

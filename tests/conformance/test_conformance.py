@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvres.actors.executor import apply_plan
 from kvres.policy import (
     Block,
     BlockFlag,
@@ -15,7 +16,6 @@ from kvres.policy import (
     Range,
     RangeError,
     UnknownSessionError,
-    apply_plan,
     plan_hot_set,
     split_into_blocks,
 )

@@ -1,4 +1,4 @@
-"""Decoding loops, tokenizer helpers, model identity, and the Ray actor shell."""
+"""Decoding loops, tokenizer helpers and model identity."""
 
 from __future__ import annotations
 
@@ -116,29 +116,3 @@ def test_tokenize_round_trip_and_identity(llama: LlamaExecutor, stories_model: P
     assert llama.n_ctx == 1024 and llama.n_vocab == 512
     assert STORY  # the fixtures' text
 
-
-@pytest.mark.slow
-def test_ray_actor_shell(stories_model: Path) -> None:
-    """The actor wraps an executor: one remote call per generate, a streaming generator for stream,
-    blocks travel through the object store."""
-    ray = pytest.importorskip("ray")
-    from kvres.actors.llama.actor import remote_backend
-
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        backend = remote_backend(num_cpus=1).remote(stories_model, n_ctx=256, n_seq_max=2, n_threads=1)
-        ray.get(backend.open_session.remote("s"))
-        ray.get(backend.append.remote("s", [1, 403, 407, 261]))
-        generated = ray.get(backend.generate.remote("s", 5, 0.0, None, False))
-        streamed = [ray.get(ref) for ref in backend.stream.remote("s", 4, 0.0, None, False)]
-        assert len(generated) == 5 and len(streamed) == 4
-        log = ray.get(backend.token_log.remote("s"))
-        assert log[-9:] == generated + streamed
-        block = ray.get(backend.export_range.remote("s", Range(0, 4)))
-        ray.get(backend.evict_range.remote("s", Range(0, 4)))
-        ray.get(backend.import_range.remote("s", block))
-        assert ray.get(backend.resident_ranges.remote("s")) == [Range(0, 13)]
-        info = ray.get(backend.describe.remote())
-        assert info["engine"] == "llama.cpp" and info["sessions"] == ["s"]
-    finally:
-        ray.shutdown()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvres.actors.model_files import gguf_value, open_gguf
 from models import passkey_tasks as pt
 from models.checkpoint import load_checkpoint, save_checkpoint, sha256_file
 from models.export_gguf import export_checkpoint
@@ -49,13 +50,13 @@ def test_checkpoint_save_is_deterministic(tmp_path: Path) -> None:
 
 def test_gguf_metadata() -> None:
     import gguf
-    r = gguf.GGUFReader(str(GGUF))
-    f = r.fields
-    assert bytes(f["general.architecture"].parts[-1]).decode() == "llama"
-    assert bytes(f["tokenizer.ggml.model"].parts[-1]).decode() == "llama"
-    assert int(f["tokenizer.ggml.bos_token_id"].parts[-1][0]) == pt.BOS_ID
-    assert int(f["tokenizer.ggml.eos_token_id"].parts[-1][0]) == pt.EOS_ID
-    assert len(f["tokenizer.ggml.tokens"].data) == len(pt.VOCAB)
+
+    r = open_gguf(GGUF)
+    assert gguf_value(r, "general.architecture") == "llama"
+    assert gguf_value(r, "tokenizer.ggml.model") == "llama"
+    assert gguf_value(r, "tokenizer.ggml.bos_token_id") == pt.BOS_ID
+    assert gguf_value(r, "tokenizer.ggml.eos_token_id") == pt.EOS_ID
+    assert len(gguf_value(r, "tokenizer.ggml.tokens")) == len(pt.VOCAB)
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in r.tensors)
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from kvres.actors.backend import BackendHost
 from kvres.actors.coldstore_actor import ColdStoreServer
-from kvres.actors.openvino import OpenVINOExecutor
-from kvres.actors.store_ports import LocalStorePort
-from kvres.cluster.config import BackendConfig, SessionPolicy
+from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.openvino import openvino_executor
 from kvres.policy.backend_planner import plan_backend
+from kvres.testing import LocalStorePort
 
 
 def _host(stories_gguf: Path, tmp_path: Path, mode: str) -> BackendHost:
@@ -23,8 +23,7 @@ def _host(stories_gguf: Path, tmp_path: Path, mode: str) -> BackendHost:
     port = LocalStorePort("node-a", stores)
     config = BackendConfig(name="b-ov", engine="openvino", openvino_mode=mode, kv_budget_tokens=512,
                            n_ctx=1024, n_seq_max=4)
-    executor = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=port if mode == "recompute" else None)
-    return BackendHost(config, executor, plan_backend, port)
+    return BackendHost(config, openvino_executor(stories_gguf, mode=mode), plan_backend, port)
 
 
 @pytest.mark.parametrize("mode", ["state", "recompute"])
@@ -40,8 +39,9 @@ def test_streaming_session_on_openvino(stories_gguf: Path, tmp_path: Path, mode:
     assert stats["resident_ranges"][0] == (0, 16)
 
 
-def test_suspend_resume_gives_the_same_continuation(stories_gguf: Path, tmp_path: Path) -> None:
-    a, b = _host(stories_gguf, tmp_path / "a", "state"), _host(stories_gguf, tmp_path / "b", "state")
+@pytest.mark.parametrize("mode", ["state", "recompute"])
+def test_suspend_resume_gives_the_same_continuation(stories_gguf: Path, tmp_path: Path, mode: str) -> None:
+    a, b = _host(stories_gguf, tmp_path / "a", mode), _host(stories_gguf, tmp_path / "b", mode)
     prompt = [1] + [3 + (j * 11) % 400 for j in range(199)]
     for h in (a, b):
         h.open_session("s", SessionPolicy.streaming(128, recent_tokens=32))

@@ -12,7 +12,8 @@ import numpy as np
 import openvino as ov
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative
-from kvres.actors.openvino import OpenVINOExecutor, convert_gguf_to_ir, load_model, read_llama_gguf
+from kvres.actors.model_files import model_id
+from kvres.actors.openvino import StateExecutor, convert_gguf_to_ir, load_model, read_llama_gguf
 from kvres.actors.openvino.rope import RopeParams, rotate_keys
 
 from .conftest import write_tiny_llama_gguf
@@ -35,7 +36,7 @@ def test_reader_reads_hyper_parameters(stories_gguf: Path) -> None:
 
 
 def test_prefill_logits_match_llama_cpp(stories_gguf: Path, llama: LlamaNative) -> None:
-    ex = OpenVINOExecutor(stories_gguf)
+    ex = StateExecutor(stories_gguf)
     tokens = _prompt(100)
     ex.open_session("s")
     got = ex.append("s", tokens)
@@ -45,7 +46,7 @@ def test_prefill_logits_match_llama_cpp(stories_gguf: Path, llama: LlamaNative) 
 
 
 def test_greedy_steps_match_llama_cpp(stories_gguf: Path, llama: LlamaNative) -> None:
-    ex = OpenVINOExecutor(stories_gguf)
+    ex = StateExecutor(stories_gguf)
     tokens = _prompt(40, seed=3)
     ex.open_session("s")
     got, want = ex.append("s", tokens), llama.decode(tokens, list(range(40)))
@@ -61,10 +62,10 @@ def test_greedy_steps_match_llama_cpp(stories_gguf: Path, llama: LlamaNative) ->
 def test_ir_on_disk_is_the_same_model(stories_gguf: Path, tmp_path: Path) -> None:
     xml = convert_gguf_to_ir(stories_gguf, tmp_path / "ir")
     loaded = load_model(xml)
-    assert loaded.model_id == read_llama_gguf(stories_gguf).model_id
+    assert loaded.model_id == read_llama_gguf(stories_gguf).model_id == model_id(stories_gguf)
     assert loaded.rope == RopeParams(10000.0, 8) and loaded.has_attention_probs
     tokens = _prompt(50, seed=5)
-    a, b = OpenVINOExecutor(stories_gguf), OpenVINOExecutor(xml)
+    a, b = StateExecutor(stories_gguf), StateExecutor(xml)
     a.open_session("s")
     b.open_session("s")
     np.testing.assert_array_equal(a.append("s", tokens), b.append("s", tokens))
@@ -77,7 +78,7 @@ def test_tiny_random_gguf_matches_llama_cpp_too(tmp_path: Path) -> None:
     tokens = list(range(3, 60))
     with LlamaNative(path, n_ctx=128) as native:
         want = native.decode(tokens, list(range(len(tokens))))
-    ex = OpenVINOExecutor(path)
+    ex = StateExecutor(path)
     ex.open_session("s")
     assert np.abs(ex.append("s", tokens) - want).max() <= LOGIT_ATOL
 

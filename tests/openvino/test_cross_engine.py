@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative, NativeSession
-from kvres.actors.openvino import OpenVINOExecutor
-from kvres.policy import Block, PlanInput, Range, StreamPolicy, apply_plan, plan_hot_set, split_into_blocks
-
-from .dict_store import DictBlockStore
+from kvres.actors.executor import apply_plan
+from kvres.actors.openvino import OpenVINOExecutor, StateExecutor, openvino_executor
+from kvres.policy import Block, PlanInput, Range, StreamPolicy, plan_hot_set, split_into_blocks
 
 LOGIT_ATOL = 1e-4
 KL_MAX = 1e-6
@@ -62,7 +61,7 @@ CASES = [("state", name) for name in sorted(PLANS)] + [("recompute", "streaming-
 def test_same_plan_same_next_token_distribution(
     stories_gguf: Path, llama: LlamaNative, mode: str, plan_name: str
 ) -> None:
-    executor = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore())
+    executor = openvino_executor(stories_gguf, mode=mode)
     executor.open_session("s")
     executor.append("s", PROMPT)
     native = NativeSession(llama)
@@ -82,7 +81,7 @@ def test_same_plan_same_next_token_distribution(
 
 
 def test_admit_after_eviction_matches_llama(stories_gguf: Path, llama: LlamaNative) -> None:
-    executor = OpenVINOExecutor(stories_gguf, mode="state")
+    executor = StateExecutor(stories_gguf)
     executor.open_session("s")
     executor.append("s", PROMPT)
     native = NativeSession(llama)
@@ -104,7 +103,7 @@ def test_project_llama_executor_agrees_with_state_mode(stories_gguf: Path, plan_
     """The same plan through ``apply_plan`` on the project's two executors, then an admission."""
     from kvres.actors.llama import LlamaExecutor
 
-    ov_ex = OpenVINOExecutor(stories_gguf, mode="state")
+    ov_ex = StateExecutor(stories_gguf)
     llama_ex = LlamaExecutor(stories_gguf, n_ctx=1024, type_k="f32", type_v="f32", flash_attn=False,
                              n_threads=1)
     try:

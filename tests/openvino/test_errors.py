@@ -11,12 +11,18 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from kvres.actors.openvino import OpenVINOExecutor, RecomputeError, load_model
-from kvres.actors.reference import ReferenceExecutor
+from kvres.actors.executor import apply_plan
+from kvres.actors.openvino import (
+    MODES,
+    OpenVINOExecutor,
+    RecomputeError,
+    RecomputeExecutor,
+    StateExecutor,
+    load_model,
+)
 from kvres.policy import (
     Block,
     BlockMismatchError,
-    CapabilityError,
     ModelLoadError,
     PlanInput,
     Range,
@@ -24,9 +30,9 @@ from kvres.policy import (
     plan_hot_set,
     split_into_blocks,
 )
+from kvres.testing import ReferenceExecutor
 
 from .conftest import write_tiny_llama_gguf
-from .dict_store import DictBlockStore
 
 PROMPT = [1] + [3 + (i * 11) % 400 for i in range(149)]
 
@@ -34,7 +40,7 @@ PROMPT = [1] + [3 + (i * 11) % 400 for i in range(149)]
 def test_missing_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     with pytest.raises(ModelLoadError, match="nope.gguf"):
-        OpenVINOExecutor(missing)
+        StateExecutor(missing)
 
 
 def test_neither_gguf_nor_ir_is_named(tmp_path: Path) -> None:
@@ -64,12 +70,12 @@ def test_ir_without_kv_states_is_refused(tmp_path: Path) -> None:
     xml = tmp_path / "stateless.xml"
     ov.save_model(ov.Model([ops.result(logits)], params, "stateless"), str(xml))
     with pytest.raises(ModelLoadError, match="stateless.xml.*no KV states"):
-        OpenVINOExecutor(xml)
+        StateExecutor(xml)
 
 
 def test_block_from_another_model_is_refused(stories_gguf: Path, other_gguf: Path) -> None:
-    ours = OpenVINOExecutor(stories_gguf)
-    other = OpenVINOExecutor(other_gguf)
+    ours = StateExecutor(stories_gguf)
+    other = StateExecutor(other_gguf)
     ours.open_session("s")
     other.open_session("s")
     ours.append("s", list(range(3, 40)))
@@ -87,7 +93,7 @@ def test_block_from_another_model_is_refused(stories_gguf: Path, other_gguf: Pat
 
 
 def test_block_of_other_tokens_or_other_precision_is_refused(stories_gguf: Path) -> None:
-    ex = OpenVINOExecutor(stories_gguf)
+    ex = StateExecutor(stories_gguf)
     ex.open_session("s")
     ex.append("s", PROMPT)
     block = ex.export_range("s", Range(30, 40))
@@ -95,7 +101,7 @@ def test_block_of_other_tokens_or_other_precision_is_refused(stories_gguf: Path)
     forged = replace(block, token_ids=tuple(t + 1 for t in block.token_ids))
     with pytest.raises(BlockMismatchError, match="other token ids"):
         ex.import_range("s", forged)
-    low = OpenVINOExecutor(stories_gguf, precision="default")
+    low = StateExecutor(stories_gguf, precision="default")
     assert low.kv_type != ex.kv_type and low.fingerprint != ex.fingerprint
     low.open_session("s", ex.token_log("s"))
     with pytest.raises(BlockMismatchError, match=f"KV {ex.kv_type}"):
@@ -103,56 +109,84 @@ def test_block_of_other_tokens_or_other_precision_is_refused(stories_gguf: Path)
 
 
 def test_bad_token_id_is_named(stories_gguf: Path) -> None:
-    ex = OpenVINOExecutor(stories_gguf)
+    ex = StateExecutor(stories_gguf)
     ex.open_session("s")
     with pytest.raises(ValueError, match="token id 512 "):
         ex.append("s", [1, 2, 512])
     assert ex.token_log("s") == []
 
 
-def test_recompute_without_cold_store_degrades_to_noop(stories_gguf: Path) -> None:
-    ex = OpenVINOExecutor(stories_gguf, mode="recompute")
+def test_recompute_mode_rebuilds_any_residency(stories_gguf: Path) -> None:
+    """Without a cold store the token log is enough: a streaming plan with re-basing runs in full,
+    and the next token sees the survivors exactly as a session that was only ever given them."""
+    ex = RecomputeExecutor(stories_gguf)
     caps = ex.capabilities()
-    assert not caps.remove_middle and not caps.position_shift and caps.remove_tail
+    assert caps.remove_middle and caps.position_shift and caps.kv_export
     ex.open_session("s")
     ex.append("s", PROMPT)
     blocks = [Block(b.range, last_used=i) for i, b in enumerate(split_into_blocks(ex.resident_ranges("s"), 16))]
     plan = plan_hot_set(PlanInput(blocks, 64, StreamPolicy(True, 4, 32), caps))
-    assert plan.is_noop and any("remove_middle" in d or "position_shift" in d for d in plan.diagnostics)
-    with pytest.raises(CapabilityError, match="cold store"):
-        ex.evict_range("s", Range(16, 32))
-    ex.evict_range("s", Range(140, 150))  # the tail needs no cold store
-    assert ex.resident_ranges("s") == [Range(0, 140)]
+    assert not plan.is_noop and plan.rebase_positions and not plan.diagnostics
+    apply_plan(ex, "s", plan)
+    survivors = [t for r in ex.resident_ranges("s") for t in PROMPT[r.start:r.end]]
+    assert len(survivors) <= 64
+    np.testing.assert_array_equal(ex.cache_positions("s")[ex.cache_positions("s") >= 0],
+                                  np.arange(len(survivors)))
+    only = RecomputeExecutor(stories_gguf)
+    only.open_session("s")
+    only.append("s", survivors)
+    np.testing.assert_allclose(ex.append("s", [5]), only.append("s", [5]), atol=1e-5)
 
 
-def test_recompute_mode_parks_blocks_and_recalls_them(stories_gguf: Path) -> None:
-    store = DictBlockStore()
-    ex = OpenVINOExecutor(stories_gguf, mode="recompute", cold_store=store)
-    expected = OpenVINOExecutor(stories_gguf, mode="recompute")
-    for e in (ex, expected):
-        e.open_session("s")
-        e.append("s", PROMPT)
-    ex.evict_range("s", Range(32, 64), rebase=True)
-    assert store.puts == 1 and ("s", 32, 64) in store.blocks
-    ex.recall_range("s", Range(32, 64))
-    assert ex.resident_ranges("s") == [Range(0, 150)]
-    np.testing.assert_array_equal(ex.append("s", [5]), expected.append("s", [5]))
+def test_recompute_mode_drops_evicted_ranges_and_brings_them_back(stories_gguf: Path) -> None:
+    """Evicting keeps no copy; admitting recomputes from the token log and importing checks the
+    block, then re-prefills: both give back the uninterrupted session."""
+    expected = RecomputeExecutor(stories_gguf)
+    expected.open_session("s")
+    expected.append("s", PROMPT)
+    want = expected.append("s", [5])
+    for bring_back in ("admit", "import"):
+        ex = RecomputeExecutor(stories_gguf)
+        ex.open_session("s")
+        ex.append("s", PROMPT)
+        block = ex.export_range("s", Range(32, 64))
+        ex.evict_range("s", Range(32, 64), rebase=True)
+        assert ex.resident_ranges("s") == [Range(0, 32), Range(64, 150)]
+        if bring_back == "admit":
+            ex.admit_range("s", Range(32, 64))
+        else:
+            forged = replace(block, token_ids=tuple(t + 1 for t in block.token_ids))
+            with pytest.raises(BlockMismatchError, match="other token ids"):
+                ex.import_range("s", forged)
+            ex.import_range("s", block)
+        assert ex.resident_ranges("s") == [Range(0, 150)]
+        np.testing.assert_array_equal(ex.cache_positions("s"), np.arange(150))
+        np.testing.assert_allclose(ex.append("s", [5]), want, atol=1e-5)
 
 
-class _FailingExecutor(OpenVINOExecutor):
-    """The real executor whose engine call fails on demand: the only way to make infer fail."""
+class _Failing:
+    """Mixed into a real executor: its engine call fails on demand (the only way to make infer fail)."""
 
     fail = False
 
     def _run(self, s, tokens: Sequence[int], positions: Sequence[int], past: int):  # type: ignore[no-untyped-def]
         if self.fail:
             raise RuntimeError("injected engine failure")
-        return super()._run(s, tokens, positions, past)
+        return super()._run(s, tokens, positions, past)  # type: ignore[misc]
 
 
-def _twins(stories_gguf: Path, mode: str) -> tuple[_FailingExecutor, OpenVINOExecutor]:
-    ex = _FailingExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore())
-    control = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore())
+class _FailingState(_Failing, StateExecutor):
+    pass
+
+
+class _FailingRecompute(_Failing, RecomputeExecutor):
+    pass
+
+
+def _twins(stories_gguf: Path, mode: str) -> tuple[_Failing, OpenVINOExecutor]:
+    failing = {"state": _FailingState, "recompute": _FailingRecompute}[mode]
+    ex = failing(stories_gguf)
+    control = MODES[mode](stories_gguf)
     for e in (ex, control):
         e.open_session("s")
         e.append("s", PROMPT)

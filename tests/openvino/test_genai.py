@@ -79,10 +79,10 @@ def test_engine_eviction_rejects_bad_sizes() -> None:
 
 
 def test_executor_tokenizes_like_llama_cpp(stories_gguf: Path, genai_dir: Path, llama: LlamaNative) -> None:
-    from kvres.actors.openvino import OpenVINOExecutor
+    from kvres.actors.openvino import StateExecutor
 
     for source in (stories_gguf, genai_dir / "openvino_model.xml"):
-        ex = OpenVINOExecutor(source)
+        ex = StateExecutor(source)
         for text in TEXTS:
             ids = ex.tokenize(text)
             assert ids == llama.tokenize(text)

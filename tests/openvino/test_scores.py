@@ -7,16 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.openvino import OpenVINOExecutor, load_model
+from kvres.actors.openvino import StateExecutor, load_model, openvino_executor
 from kvres.actors.openvino.scoring_pass import with_attention_outputs
-from kvres.policy import CapabilityError, Range
+from kvres.policy import CapabilityError, Range, RangeError
 from kvres.policy.capabilities import Capabilities
 
 PROMPT = [1] + [3 + (i * 13) % 300 for i in range(119)]
 
 
 def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
-    ex = OpenVINOExecutor(stories_gguf, score_window=8, score_kernel=1)
+    ex = StateExecutor(stories_gguf, score_window=8, score_kernel=1)
     ex.open_session("s")
     ex.append("s", PROMPT)
     ranges = [Range(0, 40), Range(40, 80), Range(80, 120)]
@@ -25,7 +25,7 @@ def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
     assert sum(scores) == pytest.approx(5 * 8 * 8, rel=1e-5)
     assert all(s > 0 for s in scores)
     # the pass does not disturb the session: same next token as an unscored twin
-    twin = OpenVINOExecutor(stories_gguf, score_window=8)
+    twin = StateExecutor(stories_gguf, score_window=8)
     twin.open_session("s")
     twin.append("s", PROMPT)
     np.testing.assert_array_equal(ex.append("s", [5]), twin.append("s", [5]))
@@ -33,15 +33,34 @@ def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["state", "recompute"])
 def test_scores_only_count_resident_keys(stories_gguf: Path, mode: str) -> None:
-    from .dict_store import DictBlockStore
-
-    ex = OpenVINOExecutor(stories_gguf, mode=mode, cold_store=DictBlockStore(), score_window=4,
-                          score_kernel=1)  # no pooling: the mass of the resident keys adds up
+    # no pooling: the mass of the resident keys adds up
+    ex = openvino_executor(stories_gguf, mode=mode, score_window=4, score_kernel=1)
     ex.open_session("s")
     ex.append("s", PROMPT)
     ex.evict_range("s", Range(20, 100), rebase=True)
     scores = ex.block_attention_scores("s", [Range(0, 20), Range(100, 120)])
     assert sum(scores) == pytest.approx(5 * 8 * 4, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["state", "recompute"])
+def test_attention_capture_is_labelled_by_token_log_index(stories_gguf: Path, mode: str) -> None:
+    ex = openvino_executor(stories_gguf, mode=mode, score_kernel=1)
+    assert ex.capabilities().attention_capture
+    ex.open_session("s")
+    with pytest.raises(RangeError, match="no resident tokens"):
+        ex.attention("s")
+    ex.append("s", PROMPT)
+    ex.evict_range("s", Range(20, 100), rebase=True)
+    cap = ex.attention("s", window=6)
+    keys = np.r_[0:20, 100:120]
+    assert cap.probs.shape == (5, 8, 6, 40) and cap.probs.dtype == np.float32
+    np.testing.assert_array_equal(cap.key_positions, keys)
+    np.testing.assert_array_equal(cap.query_positions, keys[-6:])
+    np.testing.assert_allclose(cap.probs.sum(axis=-1), 1.0, atol=1e-5)
+    later = cap.key_positions[None, :] > cap.query_positions[:, None]
+    assert np.all(cap.probs[:, :, later] == 0)  # causal
+    scores = ex.block_attention_scores("s", [Range(0, 20), Range(100, 120)], window=6)
+    np.testing.assert_allclose(scores, [cap.probs[..., :20].sum(), cap.probs[..., 20:].sum()], rtol=1e-6)
 
 
 def test_sdpa_graph_has_no_scores(stories_gguf: Path) -> None:
@@ -51,7 +70,7 @@ def test_sdpa_graph_has_no_scores(stories_gguf: Path) -> None:
     with pytest.raises(CapabilityError, match="no explicit attention"):
         with_attention_outputs(model)
     assert load_model(stories_gguf).has_attention_probs
-    assert isinstance(OpenVINOExecutor(stories_gguf).capabilities(), Capabilities)
+    assert isinstance(StateExecutor(stories_gguf).capabilities(), Capabilities)
 
 
 def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Path) -> None:
@@ -60,13 +79,16 @@ def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Pat
     from kvres.actors.openvino import convert_gguf_to_ir
 
     xml = convert_gguf_to_ir(stories_gguf, tmp_path / "sdpa", attention="sdpa")
-    sdpa, explicit = OpenVINOExecutor(xml), OpenVINOExecutor(stories_gguf)
+    sdpa, explicit = StateExecutor(xml), StateExecutor(stories_gguf)
     assert not sdpa.capabilities().attention_scores and explicit.capabilities().attention_scores
     for e in (sdpa, explicit):
         e.open_session("s")
     np.testing.assert_allclose(sdpa.append("s", PROMPT), explicit.append("s", PROMPT), atol=1e-4)
+    assert not sdpa.capabilities().attention_capture
     with pytest.raises(CapabilityError, match="exposes no attention"):
         sdpa.block_attention_scores("s", [Range(0, 10)])
+    with pytest.raises(CapabilityError, match="exposes no attention"):
+        sdpa.attention("s")
 
 
 def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> None:
@@ -74,7 +96,7 @@ def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> N
     from kvres.actors.llama import LlamaExecutor
 
     ranges = [Range(i, i + 8) for i in range(0, 120, 8)]
-    ov_ex = OpenVINOExecutor(stories_gguf, score_window=8)
+    ov_ex = StateExecutor(stories_gguf, score_window=8)
     ov_ex.open_session("s")
     ov_ex.append("s", PROMPT)
     ll_ex = LlamaExecutor(stories_gguf, n_ctx=256, n_seq_max=1, n_threads=1, type_k="f32", type_v="f32",

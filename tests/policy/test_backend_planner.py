@@ -7,7 +7,7 @@ import pytest
 from kvres.policy import Capabilities, Range, StreamPolicy
 from kvres.policy.backend_planner import BackendPlanInput, SessionView, plan_backend
 
-CAPS = Capabilities(remove_tail=True, remove_middle=True, position_shift=True)
+CAPS = Capabilities(remove_middle=True, position_shift=True)
 STREAM = StreamPolicy(True, sink_tokens=4, recent_tokens=32)
 
 

@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvres.policy.capacity import (
-    LayerKVProfile,
-    kv_type_row_bytes,
-    profile_from_gguf,
-    profile_from_metadata,
-    resolve_context_for_budget,
-)
+from kvres.policy.capacity import LayerKVProfile, profile_from_metadata, resolve_context_for_budget
+from kvres.policy.kv_types import kv_type_row_bytes
 
 GiB = 1024**3
 SWA = LayerKVProfile(global_layers=7, windowed_layers=35, window=512, per_layer_kv_bytes=4096)
@@ -112,18 +107,3 @@ def test_metadata_errors_name_the_key() -> None:
         profile_from_metadata(_meta(**{
             "gemma3.attention.sliding_window": 8, "gemma3.attention.sliding_window_pattern": [True] * 3,
         }))
-
-
-def test_profile_from_real_gguf(stories_model) -> None:
-    profile = profile_from_gguf(stories_model)
-    assert profile == LayerKVProfile(5, 0, 0, 128.0)
-    assert profile.kv_bytes_for_context(1) == 640  # the model README: 640 bytes per token at f16
-
-
-def test_profile_from_missing_or_foreign_file(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="nope.gguf"):
-        profile_from_gguf(tmp_path / "nope.gguf")
-    junk = tmp_path / "junk.gguf"
-    junk.write_bytes(b"not a gguf at all" * 10)
-    with pytest.raises(ValueError, match="not a GGUF file"):
-        profile_from_gguf(junk)

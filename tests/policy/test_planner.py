@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from kvres.policy import (
     Block,
     BlockFlag,
-    CacheClass,
     Capabilities,
     PlanInput,
     Range,
@@ -19,7 +18,7 @@ from kvres.policy import (
     split_into_blocks,
 )
 
-FULL = Capabilities(remove_tail=True, remove_middle=True, position_shift=True)
+FULL = Capabilities(remove_middle=True, position_shift=True)
 
 
 def blocks_of(n_tokens: int, size: int = 16) -> list[Block]:
@@ -44,18 +43,6 @@ def test_recency_evicts_least_recently_used_first() -> None:
     assert starts(plan.evict_cold) == [16, 32]
     assert starts(plan.keep_hot) == [0, 48]
     assert plan.hot_tokens == 32
-
-
-def test_class_order_before_recency() -> None:
-    blocks = [
-        Block(Range(0, 10), CacheClass.TASK_PINNED, last_used=0),
-        Block(Range(10, 20), CacheClass.REPO_MAP, last_used=1),
-        Block(Range(20, 30), CacheClass.VOLATILE, last_used=5),
-    ]
-    plan = plan_hot_set(PlanInput(blocks, 15, capabilities=FULL))
-    assert starts(plan.evict_cold) == [10, 20]
-    plan = plan_hot_set(PlanInput(blocks, 25, capabilities=FULL))
-    assert starts(plan.evict_cold) == [20]
 
 
 def test_streaming_partition_keeps_sinks_and_recent() -> None:
@@ -83,9 +70,9 @@ def test_scored_eviction_lowest_score_first_within_class() -> None:
     blocks = blocks_of(64)
     plan = plan_hot_set(PlanInput(blocks, 32, capabilities=FULL, scores=[0.9, 0.1, 0.5, 0.2]))
     assert starts(plan.evict_cold) == [16, 48]
-    classed = [Block(blocks[0].range, CacheClass.REPO_MAP)] + blocks[1:]
-    plan = plan_hot_set(PlanInput(classed, 48, capabilities=FULL, scores=[0.0, 0.1, 0.5, 0.2]))
-    assert starts(plan.evict_cold) == [16]  # block 0 scores lowest but its class is kept longer
+    pinned = [Block(blocks[0].range, BlockFlag.PINNED)] + blocks[1:]
+    plan = plan_hot_set(PlanInput(pinned, 48, capabilities=FULL, scores=[0.0, 0.1, 0.5, 0.2]))
+    assert starts(plan.evict_cold) == [16]  # block 0 scores lowest but is pinned
 
 
 def test_protected_over_budget_is_reported_not_broken() -> None:
@@ -132,8 +119,7 @@ def plan_inputs(draw: st.DrawFn) -> PlanInput:
         pos += draw(st.integers(0, 3))  # gaps allowed
         flags = draw(st.sampled_from([BlockFlag.NONE] * 4 + list(BlockFlag)[1:]))
         blocks.append(
-            Block(Range(pos, pos + size), draw(st.sampled_from(list(CacheClass))), flags,
-                  last_used=draw(st.integers(0, 50)))
+            Block(Range(pos, pos + size), flags, last_used=draw(st.integers(0, 50)))
         )
         pos += size
     with_scores = draw(st.booleans())

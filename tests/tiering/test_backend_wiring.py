@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvres.actors.config import BackendConfig
 from kvres.actors.engines import make_executor, resolve_kv_tier
-from kvres.cluster.config import BackendConfig
 
 PINNED = {"KVRES_HOST_RAM_GBPS": "10", "KVRES_VRAM_GBPS": "10",
           "KVRES_C_ENGAGE_MS": "0.8"}

@@ -10,7 +10,8 @@ import pytest
 from kvres.actors import kv_tier_choice
 from kvres.actors.kv_tier_choice import KVTypeChoice, choose_kv_types
 from kvres.actors.probes import ProbeResults
-from kvres.policy.tiering import MIB, EnvValueError
+from kvres.actors.tier_env import EnvValueError
+from kvres.policy.tiering import MIB
 
 from .refs import QWEN14B, QWEN_CTX
 

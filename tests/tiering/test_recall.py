@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from kvres.policy.recall import PrefillCost, RecallCostError, TierCost, recall_mask, recall_or_recompute
+from kvres.policy.recall import PrefillCost, RecallCostError, TierCost, recall_or_recompute
 
 RAM = TierCost("ram", bandwidth_gbps=10.0, latency_s=20e-6)
 SLOW_DISK = TierCost("disk", bandwidth_gbps=0.2, latency_s=15e-3)
@@ -41,19 +38,3 @@ def test_bad_costs_named() -> None:
         PrefillCost(tokens_per_s=float("nan"))
     with pytest.raises(RecallCostError, match="block_bytes"):
         recall_or_recompute(-1, 1, RAM, PREFILL)
-
-
-@settings(max_examples=50, deadline=None)
-@given(
-    sizes=st.lists(st.tuples(st.integers(0, 10**8), st.integers(0, 4096)), min_size=1, max_size=40),
-    bw=st.floats(0.01, 100.0),
-    lat=st.floats(0.0, 0.05),
-    rate=st.floats(10.0, 1e6),
-)
-def test_mask_matches_scalar_rule(sizes, bw, lat, rate) -> None:
-    tier, prefill = TierCost("t", bw, lat), PrefillCost(rate)
-    b = np.array([s[0] for s in sizes])
-    n = np.array([s[1] for s in sizes])
-    mask = recall_mask(b, n, tier, prefill)
-    expected = [recall_or_recompute(int(x), int(y), tier, prefill).action == "recall" for x, y in sizes]
-    assert mask.tolist() == expected

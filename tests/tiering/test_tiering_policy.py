@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvres.actors.tier_env import log_tier_decision
 from kvres.policy.capacity import LayerKVProfile, kv_type_row_bytes, profile_from_metadata
 from kvres.policy.tiering import (
     KV_TIER_LADDER,
@@ -21,7 +22,6 @@ from kvres.policy.tiering import (
     effective_bandwidth,
     fits,
     head_dims_from_metadata,
-    log_tier_decision,
     metadata_profile_factory,
     t_resident_s,
     tier_kv_bytes,

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.executor import Executor
+from kvres.actors.session_table import SessionTable
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.errors import (
@@ -26,13 +28,9 @@ from kvres.policy.errors import (
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 
-from .session_table import SessionTable
-
 REFERENCE_CAPABILITIES = Capabilities(
-    remove_tail=True,
     remove_middle=True,
     position_shift=True,
-    recompute_range=True,
     attention_scores=True,
     kv_export=True,
 )
@@ -45,7 +43,7 @@ class _Session:
     positions: PositionMap = field(default_factory=PositionMap)
 
 
-class ReferenceExecutor(SessionTable):
+class ReferenceExecutor(SessionTable, Executor):
     engine = "reference"
 
     def __init__(self, vocab_size: int = 64, capabilities: Capabilities | None = None) -> None:
@@ -125,6 +123,13 @@ class ReferenceExecutor(SessionTable):
         self._check_block_tokens(session_id, block)
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
         s.positions.admit(rng, offsets, preferred_first=block.positions[0])
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """One id per character (its code point modulo the vocabulary); no BOS token exists."""
+        return [ord(c) % self.vocab_size for c in text]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return "".join(chr(int(t)) for t in tokens)
 
     def block_attention_scores(
         self, session_id: str, ranges: Sequence[Range], window: int | None = None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_MODELS = Path(__file__).resolve().parent.parent / "models"
+REPO_MODELS = Path(__file__).resolve().parent.parent / "models"  # a checkout: actors/../models
 TRAINED_MODEL = REPO_MODELS / "passkey.gguf"
 
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 2, 1, 128, 4096
@@ -50,7 +50,8 @@ def write_tiny_model(path: Path, seed: int = 0) -> Path:
     vocab = len(tokens)
 
     def weight(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * (1.0 / np.sqrt(shape[-1]))).astype(np.float32)
+        w: np.ndarray = (rng.standard_normal(shape) * (1.0 / np.sqrt(shape[-1]))).astype(np.float32)
+        return w
 
     tmp = path.with_suffix(".tmp")
     writer = GGUFWriter(str(tmp), "llama")

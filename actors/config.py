@@ -1,0 +1,107 @@
+"""Backend and session configuration (pydantic), the plain data the backend actors run on.
+
+Primitives:
+- ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV) / engine (let an
+  openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM aggregation),
+  block size, resident budget, spill (keep evicted blocks in the cold store) or drop.
+- ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
+  threads, GPUs.
+
+Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
+Drivers import both from ``kvres.cluster``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvres.policy.kv_types import KVType
+
+
+class SessionPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["none", "streaming", "scored", "engine"] = "none"
+    scorer: Literal["snapkv", "h2o"] = "snapkv"
+    aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM"  # kind="engine" only
+    block_size: int = Field(16, ge=1, le=4096)
+    budget_tokens: int | None = Field(None, ge=1)
+    sink_tokens: int = Field(4, ge=0)
+    recent_tokens: int = Field(64, ge=0)
+    observation_window: int = Field(16, ge=1, le=4096)
+    rebase: bool = True  # close position gaps after eviction (False: keep them)
+    spill: bool = True
+
+    @property
+    def kvres_evicts(self) -> bool:
+        """kvres itself plans evictions for this session (streaming or scored)."""
+        return self.kind in ("streaming", "scored")
+
+    @model_validator(mode="after")
+    def _budget_fits_protected(self) -> SessionPolicy:
+        if self.kind == "none":
+            return self
+        if self.budget_tokens is None:
+            raise ValueError(f"budget_tokens is required for a {self.kind!r} policy")
+        floor = self.sink_tokens + self.recent_tokens + self.block_size
+        if self.budget_tokens < floor:
+            raise ValueError(
+                f"budget_tokens={self.budget_tokens} is smaller than sink_tokens "
+                f"({self.sink_tokens}) + recent_tokens ({self.recent_tokens}) + one block "
+                f"({self.block_size}) = {floor}"
+            )
+        return self
+
+    @classmethod
+    def streaming(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
+                  block_size: int = 16, spill: bool = True) -> SessionPolicy:
+        return cls(kind="streaming", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
+                   recent_tokens=recent_tokens, block_size=block_size, spill=spill)
+
+    @classmethod
+    def engine(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
+               aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM") -> SessionPolicy:
+        """Let the engine evict (openvino-genai backends): its CacheEvictionConfig keeps
+        ``sink_tokens`` + ``recent_tokens`` and the highest-scoring blocks up to the budget."""
+        return cls(kind="engine", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
+                   recent_tokens=recent_tokens, aggregation=aggregation)
+
+    @classmethod
+    def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o"] = "snapkv",
+               sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
+               spill: bool = True) -> SessionPolicy:
+        return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
+                   sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
+                   spill=spill)
+
+
+class BackendConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("backend-0", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    engine: Literal["llama", "openvino", "openvino-genai"] = "llama"
+    model_path: Path | None = None  # None: the project's default model
+    n_ctx: int = Field(4096, ge=64, le=1 << 20)
+    n_seq_max: int = Field(8, ge=1, le=64)
+    kv_budget_tokens: int = Field(2048, ge=16)
+    type_k: KVType = "f16"
+    type_v: KVType = "f16"
+    n_threads: int | None = Field(None, ge=1, le=256)
+    num_gpus: float = Field(0.0, ge=0.0)
+    node_id: str | None = None  # pin the backend to this Ray node
+    openvino_mode: Literal["state", "recompute"] = "state"
+
+    @model_validator(mode="after")
+    def _check(self) -> BackendConfig:
+        if self.n_ctx % 2:
+            raise ValueError(f"n_ctx must be even, got {self.n_ctx}")
+        if self.kv_budget_tokens > self.n_ctx:
+            raise ValueError(
+                f"kv_budget_tokens={self.kv_budget_tokens} exceeds n_ctx={self.n_ctx}"
+            )
+        if self.model_path is not None and not Path(self.model_path).is_file():
+            raise ValueError(f"model_path {str(self.model_path)!r} does not exist")
+        return self

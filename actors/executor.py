@@ -1,0 +1,139 @@
+"""The executor contract: what a backend needs from an engine, as abstract base classes.
+
+Primitives:
+- ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
+  ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``, ``detokenize``; attributes
+  ``engine`` (a name) and ``fingerprint`` (binds KV blocks to model, precision and geometry).
+- ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
+  ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
+  ``block_attention_scores`` (SnapKV), and ``attention`` (a raw capture, where
+  ``Capabilities.attention_capture`` says the engine has one).
+- ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
+  request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
+- ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
+
+Positions. Every range here is in *token-log* positions: index i is the i-th token the session
+ever received. The engine keeps its own cache position per resident token
+(``kvres.policy.positions.PositionMap`` decides them): eviction with ``rebase=True`` closes the
+gap (later tokens move down), ``rebase=False`` leaves it. Admitting or importing ``[a, b)`` places
+it after the nearest resident token before it, keeping the original distance, and an imported
+block goes back to its exported positions when they still lie after that token, so suspend +
+resume restores the exact layout.
+
+Errors: an unknown session id raises ``UnknownSessionError``; a range outside the token log, or
+not fully resident (evict, export) / not fully evicted (admit, import), raises ``RangeError``; a
+block of another model, KV type or geometry raises ``BlockMismatchError``; an operation the
+capabilities deny raises ``CapabilityError``. None of them changes the session.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.coldstore.block import KVBlock
+from kvres.policy.capabilities import Capabilities
+from kvres.policy.errors import CapabilityError
+from kvres.policy.planner import Plan, StreamPolicy
+from kvres.policy.ranges import Range
+from kvres.policy.scoring import AttentionCapture
+
+Logits = npt.NDArray[np.float32]
+
+
+class EngineSessions(ABC):
+    engine: ClassVar[str]
+    fingerprint: str
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    def open_session(self, session_id: str, tokens: Sequence[int] = ()) -> None:
+        """Open a session; ``tokens`` become its token log with no KV resident yet."""
+
+    @abstractmethod
+    def append(self, session_id: str, tokens: Sequence[int]) -> Logits:
+        """Add tokens (batched prefill); return the next-token logits (empty where the engine
+        computes them only inside ``generate``)."""
+
+    @abstractmethod
+    def token_log(self, session_id: str) -> list[int]: ...
+
+    @abstractmethod
+    def resident_ranges(self, session_id: str) -> list[Range]: ...
+
+    @abstractmethod
+    def close_session(self, session_id: str) -> None: ...
+
+    @abstractmethod
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    @abstractmethod
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+
+class Executor(EngineSessions):
+    @abstractmethod
+    def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None: ...
+
+    @abstractmethod
+    def admit_range(self, session_id: str, rng: Range) -> None:
+        """Recompute an evicted range from the token log and make it resident again."""
+
+    @abstractmethod
+    def export_range(self, session_id: str, rng: Range) -> KVBlock:
+        """The KV of a resident range, as a block the cold store can keep."""
+
+    @abstractmethod
+    def import_range(self, session_id: str, block: KVBlock) -> None:
+        """Make an exported block's range resident again, exactly as it was exported."""
+
+    @abstractmethod
+    def block_attention_scores(
+        self, session_id: str, ranges: Sequence[Range], window: int | None = None
+    ) -> list[float]:
+        """SnapKV: one score per range, the attention its keys receive from the last ``window``
+        resident tokens (the engine's default observation window when None), max-pooled."""
+
+    def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
+        """Attention of the last ``window`` resident tokens over every resident token."""
+        raise CapabilityError(f"the {self.engine} executor has no raw attention capture")
+
+
+class EngineManagedExecutor(EngineSessions):
+    @abstractmethod
+    def set_eviction(
+        self, session_id: str, stream_policy: StreamPolicy | None, budget_tokens: int = 0,
+        aggregation: str = "NORM_SUM",
+    ) -> None:
+        """Let the engine keep sinks + recent window + its best blocks up to ``budget_tokens``;
+        ``stream_policy=None`` turns the engine's eviction off for the session."""
+
+    @abstractmethod
+    def generate(
+        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> list[int]: ...
+
+
+def apply_plan(
+    executor: Executor,
+    session_id: str,
+    plan: Plan,
+    spill: Callable[[KVBlock], None] | None = None,
+) -> list[Range]:
+    """Evict ``plan.evict_cold`` from the session, last range first so earlier positions stay put.
+
+    With ``spill``, each range is exported and handed to it before it is evicted, so no KV is
+    dropped before its copy is safe. Returns the evicted ranges in position order.
+    """
+    evicted = sorted(b.range for b in plan.evict_cold)
+    for rng in reversed(evicted):
+        if spill is not None:
+            spill(executor.export_range(session_id, rng))
+        executor.evict_range(session_id, rng, rebase=plan.rebase_positions)
+    return evicted
