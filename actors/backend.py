@@ -44,6 +44,7 @@ from kvres.policy import (
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
 from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 from kvres.policy.scoring import block_scores, key_mass
+from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, SessionPolicy
 from .executor import EngineManagedExecutor, Executor
@@ -215,7 +216,7 @@ class BackendHost:
     def append(self, session_id: str, tokens: Sequence[int]) -> int:
         """Append tokens (prefilled in chunks that fit the budget); returns the log length."""
         s = self._touch(session_id)
-        toks = [int(t) for t in tokens]
+        toks = token_ids(tokens)
         if not toks:
             raise ValueError("append needs at least one token")
         done = 0

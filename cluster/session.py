@@ -32,6 +32,7 @@ from kvres.actors.default_model import default_model_path
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
 from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, KvresConfig, SessionPolicy
 
@@ -53,7 +54,7 @@ class Session:
         """Append token ids, or text (tokenized by the backend's model); returns the token ids."""
         if isinstance(tokens_or_text, str):
             return list(ray.get(self._actor.append_text.remote(self.session_id, tokens_or_text)))
-        tokens = [int(t) for t in tokens_or_text]
+        tokens = token_ids(tokens_or_text)
         ray.get(self._actor.append.remote(self.session_id, tokens))
         return tokens
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import msgpack
 
@@ -68,21 +67,24 @@ _HEADER_KEYS = frozenset(
 
 @dataclass(frozen=True)
 class BlockHeader:
-    """A decoded, validated header; the payload is not read yet."""
+    """A decoded, validated header: the block's fields (``block``, with an empty payload) and what
+    the payload must be (``payload_len`` bytes with CRC ``payload_crc``); the payload is not read."""
 
-    fingerprint: str
-    model_id: str
-    engine: str
-    type_k: str
-    type_v: str
-    geometry: KVGeometry
-    session_id: str
-    token_range: Range
-    token_ids: tuple[int, ...]
-    positions: tuple[int, ...]
-    meta: dict[str, Any]
+    block: KVBlock
     payload_len: int
     payload_crc: int
+
+    @property
+    def session_id(self) -> str:
+        return self.block.session_id
+
+    @property
+    def token_range(self) -> Range:
+        return self.block.token_range
+
+    @property
+    def fingerprint(self) -> str:
+        return self.block.fingerprint
 
 
 def payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
@@ -225,21 +227,13 @@ def _parse_header(raw: memoryview) -> BlockHeader:
     try:
         validate_session_id(obj["sid"])
         validate_fingerprint(obj["fp"])
-        return BlockHeader(
-            fingerprint=obj["fp"],
-            model_id=obj["model_id"],
-            engine=obj["engine"],
-            type_k=obj["type_k"],
-            type_v=obj["type_v"],
-            geometry=KVGeometry(*geom),
-            session_id=obj["sid"],
-            token_range=Range(*rng),
-            token_ids=_int_tuple(obj["tokens"], "tokens"),
-            positions=_int_tuple(obj["pos"], "pos"),
-            meta=obj["meta"],
-            payload_len=obj["plen"],
-            payload_crc=int.from_bytes(obj["pcrc"], "big"),
+        block = KVBlock(
+            fingerprint=obj["fp"], model_id=obj["model_id"], engine=obj["engine"],
+            type_k=obj["type_k"], type_v=obj["type_v"], geometry=KVGeometry(*geom),
+            session_id=obj["sid"], token_range=Range(*rng), token_ids=_int_tuple(obj["tokens"], "tokens"),
+            payload=b"", positions=_int_tuple(obj["pos"], "pos"), meta=obj["meta"],
         )
+        return BlockHeader(block, obj["plen"], int.from_bytes(obj["pcrc"], "big"))
     except BlockCorruptError:
         raise
     except (ColdStoreError, ValueError, TypeError) as exc:
@@ -281,23 +275,7 @@ def block_from_parts(
             f"payload checksum mismatch for {header.session_id!r} {header.token_range}: stored "
             f"{header.payload_crc:#010x}, computed {zlib.crc32(view):#010x}"
         )
-    try:
-        return KVBlock(
-            fingerprint=header.fingerprint,
-            model_id=header.model_id,
-            engine=header.engine,
-            type_k=header.type_k,
-            type_v=header.type_v,
-            geometry=header.geometry,
-            session_id=header.session_id,
-            token_range=header.token_range,
-            token_ids=header.token_ids,
-            payload=payload if isinstance(payload, (bytes, bytearray)) else view,
-            positions=header.positions,
-            meta=header.meta,
-        )
-    except (ValueError, TypeError) as exc:
-        raise BlockCorruptError(f"header fields are inconsistent: {exc}") from exc
+    return replace(header.block, payload=payload if isinstance(payload, (bytes, bytearray)) else view)
 
 
 def decode_block(

@@ -40,13 +40,7 @@ from .ram_tier import RamTier, ram_cost
 
 
 @dataclass
-class StoreStats:
-    ram_bytes: int = 0
-    ram_blocks: int = 0
-    ram_budget_bytes: int = 0
-    disk_bytes: int = 0
-    disk_blocks: int = 0
-    disk_budget_bytes: int = 0
+class StoreCounters:
     puts: int = 0
     hits_ram: int = 0
     hits_disk: int = 0
@@ -56,6 +50,16 @@ class StoreStats:
     drops: int = 0
     spill_errors: int = 0
     corrupt: int = 0
+
+
+@dataclass(kw_only=True)
+class StoreStats(StoreCounters):
+    ram_bytes: int
+    ram_blocks: int
+    ram_budget_bytes: int
+    disk_bytes: int
+    disk_blocks: int
+    disk_budget_bytes: int
 
     @property
     def hits(self) -> int:
@@ -65,19 +69,6 @@ class StoreStats:
         out = asdict(self)
         out["hits"] = self.hits
         return out
-
-
-@dataclass
-class _Counters:
-    puts: int = 0
-    hits_ram: int = 0
-    hits_disk: int = 0
-    misses: int = 0
-    spills: int = 0
-    promotions: int = 0
-    drops: int = 0
-    spill_errors: int = 0
-    corrupt: int = 0
 
 
 @dataclass
@@ -101,7 +92,7 @@ class TieredStore(ColdStore):
         self.ram = ram
         self.disk = disk
         self.promote_on_get = promote_on_get
-        self._counters = _Counters()
+        self._counters = StoreCounters()
         self._drop_log: deque[BlockKey] = deque(maxlen=max_drop_log)
         if disk is not None and disk.startup_dropped:
             self._record_drops(disk.startup_dropped)
@@ -278,7 +269,6 @@ class TieredStore(ColdStore):
     # ---- numbers -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        c = self._counters
         return StoreStats(
             ram_bytes=self.ram.used_bytes,
             ram_blocks=len(self.ram),
@@ -286,13 +276,5 @@ class TieredStore(ColdStore):
             disk_bytes=0 if self.disk is None else self.disk.used_bytes,
             disk_blocks=0 if self.disk is None else len(self.disk),
             disk_budget_bytes=0 if self.disk is None else self.disk.budget_bytes,
-            puts=c.puts,
-            hits_ram=c.hits_ram,
-            hits_disk=c.hits_disk,
-            misses=c.misses,
-            spills=c.spills,
-            promotions=c.promotions,
-            drops=c.drops,
-            spill_errors=c.spill_errors,
-            corrupt=c.corrupt,
+            **asdict(self._counters),
         )

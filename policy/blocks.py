@@ -15,9 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from .ranges import Range
+from .ranges import IntArray, Range
 
 
 class BlockFlag(enum.IntFlag):
@@ -48,9 +47,6 @@ class Block:
     @property
     def protected(self) -> bool:
         return bool(self.flags & PROTECTED_FLAGS)
-
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import RangeError
-from .ranges import Range
-
-IntArray = npt.NDArray[np.int64]
+from .ranges import IntArray, Range
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,18 @@ Primitives:
 - ``Range(start, end)``: a half-open interval ``[start, end)`` of token positions, validated.
 - ``merge_ranges(ranges)``: sorted, coalesced union of ranges.
 - ``subtract_range(ranges, cut)``: the ranges with ``cut`` removed.
+- ``IntArray``: the numpy type of position columns (int64).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, order=True)

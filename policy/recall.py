@@ -95,15 +95,8 @@ def recall_or_recompute(block_bytes: int, n_tokens: int, tier: TierCost, prefill
         raise RecallCostError(f"block_bytes must be >= 0, got {block_bytes}")
     recall_s = tier.seconds(block_bytes)
     recompute_s = prefill.seconds(n_tokens)
-    return RecallDecision(
-        action="recall" if recall_s <= recompute_s else "recompute",
-        block_bytes=block_bytes,
-        n_tokens=n_tokens,
-        tier=tier,
-        prefill=prefill,
-        recall_s=recall_s,
-        recompute_s=recompute_s,
-    )
+    action: Action = "recall" if recall_s <= recompute_s else "recompute"
+    return RecallDecision(action, block_bytes, n_tokens, tier, prefill, recall_s, recompute_s)
 
 
 @dataclass(frozen=True)

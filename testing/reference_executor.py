@@ -27,6 +27,7 @@ from kvres.policy.errors import (
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
+from kvres.policy.tokens import token_ids
 
 REFERENCE_CAPABILITIES = Capabilities(
     remove_middle=True,
@@ -81,10 +82,7 @@ class ReferenceExecutor(SessionTable, Executor):
 
     def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         s = self._get(session_id)
-        toks = [int(t) for t in tokens]
-        bad = [t for t in toks if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+        toks = token_ids(tokens, self.vocab_size)
         if not toks:
             raise ValueError("append needs at least one token")
         s.positions.append(len(toks))

@@ -79,6 +79,7 @@ from kvres.policy.kv_types import (
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
+from kvres.policy.tokens import token_ids
 
 from ..executor import Executor
 from ..model_files import model_id, profile_from_gguf, read_gguf_metadata
@@ -299,12 +300,9 @@ class LlamaExecutor(SessionTable, Executor):
 
     # -- placing tokens -------------------------------------------------------------------
     def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
-        toks = [int(t) for t in tokens]
+        toks = token_ids(tokens, self._model.n_vocab)
         if not toks:
             raise ValueError("at least one token is needed")
-        bad = [t for t in toks if not 0 <= t < self._model.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self._model.n_vocab}")
         return toks
 
     def _materialize(self, s: _Session) -> None:
@@ -517,14 +515,7 @@ class LlamaExecutor(SessionTable, Executor):
             if stop_at_eog and self._model.is_eog(token):
                 return
 
-    def generate(
-        self,
-        session_id: str,
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        stop_at_eog: bool = True,
-    ) -> list[int]:
-        """Decode up to ``max_tokens`` tokens in one call (greedy at temperature 0, else seeded
-        sampling); they are appended to the session and returned."""
-        return list(self.stream(session_id, max_tokens, temperature, seed, stop_at_eog))
+    def generate(self, session_id: str, max_tokens: int, **options: Any) -> list[int]:
+        """``stream`` collected: up to ``max_tokens`` tokens decoded in one call (greedy at
+        temperature 0, else seeded sampling), appended to the session and returned."""
+        return list(self.stream(session_id, max_tokens, **options))

@@ -25,6 +25,7 @@ import numpy as np
 
 from kvres.actors.llama import LlamaExecutor
 from kvres.policy import Range
+from kvres.testing import kl_divergence
 
 SINKS = 4
 NEXT = 13
@@ -46,15 +47,6 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
-
-
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def log_softmax(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64)
-        return x - (x.max() + np.log(np.exp(x - x.max()).sum()))
-
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return float((np.exp(lp) * (lp - lq)).sum())
 
 
 def _median_ms(samples: dict[str, list[float]]) -> dict[str, float]:
@@ -84,7 +76,7 @@ def measure_eviction(executor: LlamaExecutor, resident: int, repeats: int) -> di
                             ("evict_next_decode", t_next), ("recompute", t_recompute),
                             ("recompute_next_decode", t_rnext)):
             t[name].append(value)
-        kl = _kl(recomputed, after_evict)
+        kl = kl_divergence(recomputed, after_evict)
     ms = _median_ms(t)
     e2e_evict = statistics.median(a + b for a, b in zip(t["evict_rebase"], t["evict_next_decode"], strict=True))
     e2e_recompute = statistics.median(a + b for a, b in zip(t["recompute"], t["recompute_next_decode"], strict=True))

@@ -189,17 +189,26 @@ def test_migration_across_engines_recomputes_from_the_token_log(manager) -> None
 
 @pytest.mark.parametrize("scorer", ["snapkv", "h2o"])
 def test_scored_session_stays_under_budget_with_sinks_and_recent_kept(manager, scorer) -> None:
+    """Scores decide what stays: the scored session keeps other blocks than the same session under
+    recency (streaming) would, while sinks, the recent window and the budget hold."""
     policy = SessionPolicy.scored(128, scorer=scorer, recent_tokens=32)
     session = manager.open_session(policy=policy, backend="b0")
-    session.append(PROMPT)
+    recency = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    for s in (session, recency):
+        s.append(PROMPT)
+    differs = []
     for _ in range(3):
-        session.generate(48)
+        for s in (session, recency):
+            s.generate(48)
         stats = session.stats()
         assert stats["resident_tokens"] <= 128
+        differs.append(stats["resident_ranges"] != recency.stats()["resident_ranges"])
     assert stats["counters"]["evictions"] > 0
     kept = stats["resident_ranges"]
     assert kept[0][0] == 0 and kept[-1][1] == stats["token_count"]  # sinks and recent protected
-    session.close()
+    assert all(differs), "scored eviction kept what recency keeps: were the scores used?"
+    for s in (session, recency):
+        s.close()
 
 
 def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
@@ -210,10 +219,14 @@ def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
     for s in (llama, plain):
         s.append(PROMPT)
     assert plain.generate(16) == llama.generate(16)
+    long_prompt = PROMPT + list(range(3, 203))
     evicting = manager.open_session(backend="genai", policy=SessionPolicy.engine(96, recent_tokens=32))
-    evicting.append(PROMPT + list(range(3, 203)))
+    uncapped = manager.open_session(backend="genai")
+    for s in (evicting, uncapped):
+        s.append(long_prompt)
     tokens = evicting.generate(16)
     assert len(tokens) == 16 and evicting.stats()["token_count"] == 400 + 16
+    assert tokens != uncapped.generate(16)  # the engine evicted: the continuation saw less KV
     with pytest.raises(ValueError, match="kind 'streaming' is not possible"):
         manager.open_session(backend="genai", policy=SessionPolicy.streaming(128, recent_tokens=32))
     with pytest.raises(ValueError, match="needs an engine that evicts by itself"):
@@ -221,7 +234,7 @@ def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
     evicting.suspend()
     evicting.resume()
     assert len(evicting.generate(4)) == 4
-    for s in (llama, plain, evicting):
+    for s in (llama, plain, evicting, uncapped):
         s.close()
 
 
@@ -238,3 +251,15 @@ def test_seeded_sampling_is_reproducible(manager) -> None:
     with pytest.raises(ValueError, match="temperature"):
         greedy.generate(4, temperature=-1.0)
     greedy.close()
+
+
+@pytest.mark.parametrize("backend", ["b0", "ov", "ov-recompute"])
+def test_a_closed_session_leaves_no_block_in_any_cold_store(manager, backend) -> None:
+    session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend=backend)
+    session.append(PROMPT)
+    session.suspend()
+    stores = list(manager.cold_stores.values())
+    held = sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores)
+    assert held > 0  # spilled and suspended blocks are parked
+    session.close()
+    assert sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores) == 0

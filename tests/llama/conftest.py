@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from kvres.actors.llama import LlamaExecutor
@@ -62,13 +61,3 @@ def story_tokens(executor: LlamaExecutor, n: int, variant: int = 0) -> list[int]
     return tokens[:n]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
-
-
-def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    """KL(p || q) in nats between the softmax distributions of two logit vectors."""
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return float((np.exp(lp) * (lp - lq)).sum())

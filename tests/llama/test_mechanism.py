@@ -10,8 +10,9 @@ import pytest
 from kvres.actors.llama import LlamaExecutor
 from kvres.actors.llama.engine import LlamaContext, LlamaModel
 from kvres.policy import Range
+from kvres.testing import kl_divergence
 
-from .conftest import kl_divergence, story_tokens
+from .conftest import story_tokens
 
 NEXT = 13  # a token id to decode after every cache change
 

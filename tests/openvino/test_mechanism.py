@@ -128,13 +128,16 @@ def test_kv_profile_of_the_plugins_own_kv_precision(stories_gguf: Path) -> None:
 
 def test_compiled_cache_keeps_the_most_recent_models(stories_gguf: Path, other_gguf: Path) -> None:
     cache = CompiledModelCache(max_entries=2)
-    stories = cache.get(stories_gguf, "CPU", "f32", 1)
-    other = cache.get(other_gguf, "CPU", "f32", 1)
-    assert cache.get(stories_gguf, "CPU", "f32", 1) is stories and len(cache) == 2
-    cache.get(stories_gguf, "CPU", "f32", 2)  # a third entry: the least recently used one goes
+
+    def compiled(path: Path, threads: int = 1) -> object:
+        return cache.get(path, "CPU", "f32", threads)[1]
+
+    stories, other = compiled(stories_gguf), compiled(other_gguf)
+    assert compiled(stories_gguf) is stories and len(cache) == 2
+    compiled(stories_gguf, threads=2)  # a third entry: the least recently used one goes
     assert len(cache) == 2
-    assert cache.get(stories_gguf, "CPU", "f32", 1) is stories
-    assert cache.get(other_gguf, "CPU", "f32", 1) is not other
+    assert compiled(stories_gguf) is stories
+    assert compiled(other_gguf) is not other
     with pytest.raises(ValueError, match="max_entries"):
         CompiledModelCache(max_entries=0)
 
