@@ -12,8 +12,9 @@ Primitives:
 The executor is a ``kvres.actors.executor.Executor`` (kvres addresses its KV) or an
 ``EngineManagedExecutor`` (the engine evicts by itself). Blocks go through a
 ``kvres.actors.store_ports.StorePort``; every operation moves all of its blocks in one batched call
-per store (a suspend one ``put_many``, a resume one ``get_many`` and one ``delete_many``, an
-eviction one ``put_many``). Whatever a session parked is deleted when it closes.
+per store (a suspend one ``put_many``, a resume one ``pop_many``, an eviction one ``put_many``).
+Whatever a session parked is deleted when it closes. An engine that cannot export KV (a llama.cpp
+sliding-window model) suspends by its token log alone and recomputes on resume.
 
 A session's token log is the source of truth: no failure on the way (a lost or corrupt block, a
 foreign block) loses tokens; missing KV is recomputed from the log.
@@ -278,7 +279,8 @@ class BackendHost:
         executor = self.executor
         if s.policy.kind != "scored" or not isinstance(executor, Executor):
             return view
-        if not executor.capabilities().attention_scores:
+        caps = executor.capabilities()
+        if not (caps.attention_scores if s.policy.scorer == "snapkv" else caps.attention_capture):
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
@@ -407,11 +409,10 @@ class BackendHost:
         if self._store is None:
             raise KvresError(f"backend {self.name!r} has no cold store: cannot suspend {session_id!r}")
         resident = self.executor.resident_ranges(session_id)  # none where the engine manages KV
-        if resident:
+        refs: list[ColdRef] = []
+        if resident and self.executor.capabilities().kv_export:
             executor = self._kv_executor("suspend")
             refs = self._park([executor.export_range(session_id, r) for r in resident])
-        else:
-            refs = []
         record = SuspendRecord(
             session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
             s.policy, s.last_logits, dict(s.counters), self.fingerprint,

@@ -2,35 +2,27 @@
 directory (which backend holds which session).
 
 Primitives:
-- ``PlannerServer``: ``plan(backend, BackendPlanInput) -> BackendPlan`` (latency recorded in
-  ``kvres_plan_latency_ms``), ``register(session_id, backend)``, ``forget(session_id)``,
+- ``PlannerServer``: ``plan(backend, BackendPlanInput) -> BackendPlan``, ``register(session_id, backend)``, ``forget(session_id)``,
   ``where(session_id)``, ``directory()``.
 - ``PlannerActor``: ``ray.remote(PlannerServer)``.
 """
 
 from __future__ import annotations
 
-import time
-
 import ray
 
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
-
-from .metrics import Metrics, NullMetrics, RayMetrics
 
 PLANNER_NAME = "kvres-planner"
 
 
 class PlannerServer:
-    def __init__(self, use_ray_metrics: bool = False) -> None:
-        self._metrics: Metrics = RayMetrics() if use_ray_metrics else NullMetrics()
+    def __init__(self) -> None:
         self._directory: dict[str, str] = {}
 
     def plan(self, backend: str, inp: BackendPlanInput) -> BackendPlan:
-        t0 = time.perf_counter()
-        plan = plan_backend(inp)
-        self._metrics.observe_plan_ms(backend, (time.perf_counter() - t0) * 1e3)
-        return plan
+        """The plan for one backend (the backend records its latency, round trip included)."""
+        return plan_backend(inp)
 
     def register(self, session_id: str, backend: str) -> None:
         self._directory[session_id] = backend

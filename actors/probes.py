@@ -56,7 +56,7 @@ ENV_HOST_RAM = "KVRES_HOST_RAM_GBPS"
 ENV_PCIE = "KVRES_PCIE_GBPS"
 ENV_VRAM = "KVRES_VRAM_GBPS"
 ENV_C_ENGAGE = "KVRES_C_ENGAGE_MS"
-DEFAULT_C_ENGAGE_MS = 0.8  # DESIGN.md 4.5 reference, used only when no model is given to measure it
+DEFAULT_C_ENGAGE_MS = 0.8  # docs/policies.md, T*: reference figure, used only when no model is measured
 
 MIN_PLAUSIBLE_GBPS = 0.05
 MAX_PLAUSIBLE_GBPS = 20_000.0  # above any real memory system: a figure past it means an elided copy
@@ -475,7 +475,8 @@ def load_probes(
     """Probe results for this device: env overrides, else the cache, else measured (then cached).
 
     ``model_path`` (a GGUF) is what the llama.cpp micro-benchmarks run; without it c_engage is the
-    DESIGN.md reference (0.8 ms, source "default") and the model-specific figures are None.
+    reference figure of docs/policies.md, T* (0.8 ms, source "default") and the model-specific
+    figures are None.
     ``engine_probes=False`` skips the llama.cpp probes (c_engage then "default" unless cached).
     """
     env = os.environ if env is None else env

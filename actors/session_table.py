@@ -4,7 +4,8 @@ Primitives:
 - ``SessionTable``: a base class over ``self._sessions`` (session id -> an object with ``tokens``
   and ``positions``, a ``kvres.policy.positions.PositionMap``): ``_get`` (raises
   ``UnknownSessionError``), ``sessions``, ``token_log``, ``resident_ranges``, ``cache_positions``,
-  ``_check_block_tokens`` (a KV block must carry the token ids the session has at its range).
+  ``_check_block`` (a ``KVBlock`` of this engine's fingerprint carrying the token ids the session
+  has at its range).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.coldstore.block import KVBlock
 from kvres.policy.errors import BlockMismatchError, UnknownSessionError
 from kvres.policy.ranges import Range
 
@@ -39,6 +41,15 @@ class SessionTable:
     def cache_positions(self, session_id: str) -> npt.NDArray[np.int64]:
         """Engine cache position per token-log index; -1 where evicted."""
         return np.asarray(self._get(session_id).positions.all_positions())
+
+    def _check_block(self, session_id: str, block: object, fingerprint: str) -> KVBlock:
+        """``block`` as a ``KVBlock`` of this engine (``fingerprint``) whose token ids match the
+        session's at its range, or ``BlockMismatchError``."""
+        if not isinstance(block, KVBlock):
+            raise BlockMismatchError(f"expected a KVBlock, got {type(block).__name__} {block!r:.80}")
+        block.check_fingerprint(fingerprint)
+        self._check_block_tokens(session_id, block)
+        return block
 
     def _check_block_tokens(self, session_id: str, block: Any) -> None:
         rng = block.token_range

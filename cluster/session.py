@@ -96,7 +96,7 @@ class SessionManager:
         self._started_ray = started_ray
         self.planner: Any = PlannerActor.options(
             name=PLANNER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
-        ).remote(use_ray_metrics=True)
+        ).remote()
         self.cold_stores = self._ensure_cold_stores()
         self._backends: dict[str, Any] = {}
         for backend in config.backends:

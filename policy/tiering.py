@@ -11,7 +11,7 @@ Primitives:
 - ``effective_bandwidth(host_ram_gbps, pcie_gbps) -> (bw_eff_gbps, binding_link)``: the slower of
   the RAM and PCIe legs, and which binds ("pcie", "host_ram", or "none" when there is no device link).
 - ``t_resident_s``, ``drop_fraction`` (the drop model), ``tstar_bytes``, ``fits``: the formulas of
-  DESIGN.md 4.5, in SI units (GB/s = 1e9 bytes/s, seconds, bytes).
+  docs/policies.md, T*, in SI units (GB/s = 1e9 bytes/s, seconds, bytes).
 - ``choose_tier(...) -> TierDecision | None``: first tier with ``kv_bytes(i) <= budget + T*``, floor
   fallback, explicit-type handling; ``TierDecision`` holds every term (``summary()`` for the log).
 - ``TierConfig``: target drop and spill cap (read from the environment by ``kvres.actors.tier_env``).

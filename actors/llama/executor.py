@@ -18,7 +18,7 @@ budget of all sessions together; ``n_seq_max`` the number of sessions. Ranges ar
 positions and ``kvres.policy.positions.PositionMap`` decides every cache position, so this
 executor places tokens exactly where every other executor would.
 
-Mechanism (DESIGN.md 5.1; the cell-level steps live in ``cache_ops``):
+Mechanism (docs/architecture.md, llama.cpp; the cell-level steps live in ``cache_ops``):
 - evict: ``seq_rm`` of the range's cache positions, then with re-basing ``seq_add`` of the tail
   (llama.cpp applies the RoPE K-shift on the next decode).
 - export: share the range's cells with the scratch sequence (``seq_cp``) and serialise it
@@ -387,14 +387,11 @@ class LlamaExecutor(SessionTable, Executor):
                 f"(sliding-window cache of {self._model.n_swa} tokens)"
             )
 
-    def _check_block(self, s: _Session, session_id: str, block: KVBlock) -> None:
+    def _check_llama_block(self, s: _Session, session_id: str, block: KVBlock) -> None:
         self._require_export()
-        if not isinstance(block, KVBlock):
-            raise TypeError(f"import_range needs a KVBlock, got {type(block).__name__}")
-        block.check_fingerprint(self.fingerprint)
+        self._check_block(session_id, block, self.fingerprint)
         rng = block.token_range
         s.positions.check_evicted(rng)
-        self._check_block_tokens(session_id, block)
         size = expected_payload_size(len(rng), self.geometry.n_layers, self._k_row, self._v_row)
         if block.payload_nbytes != size:
             raise BlockMismatchError(
@@ -413,7 +410,7 @@ class LlamaExecutor(SessionTable, Executor):
         imported in any order are laid out in position order (see ``cache_ops``)."""
         with self._lock:
             s = self._get(session_id)
-            self._check_block(s, session_id, block)
+            self._check_llama_block(s, session_id, block)
             rng = block.token_range
             offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
             op = s.positions.plan_admit(rng, offsets, preferred_first=block.positions[0])

@@ -54,9 +54,9 @@ from kvres.policy.errors import (
 from kvres.policy.positions import AdmitOp, PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
+from kvres.policy.tokens import token_ids
 
 from .compiled import SHARED_CACHE, CompiledModelCache, compile_config
-from .model import LoadedModel
 from .rope import rotate_keys
 from .scoring_pass import attention_probs, with_attention_outputs
 from .states import KVArrays, kv_len, kv_to_payload, payload_to_kv, read_kv, take, write_kv
@@ -116,7 +116,6 @@ class OpenVINOExecutor(SessionTable, Executor):
         self.score_window = score_window
         self.score_kernel = score_kernel
         self.device = device
-        self.loaded: LoadedModel
         self.loaded, self._compiled = compiled_cache.get(Path(model_path), device, precision, num_threads)
         self._score_compiled: ov.CompiledModel | None = None
         self._score_outputs: list[str] = []
@@ -245,11 +244,7 @@ class OpenVINOExecutor(SessionTable, Executor):
         return [(rotate_keys(k, delta, rope), v) for k, v in kv]
 
     def _valid_tokens(self, tokens: Sequence[int]) -> list[int]:
-        toks = [int(t) for t in tokens]
-        bad = [t for t in toks if not 0 <= t < self.loaded.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.loaded.vocab_size}")
-        return toks
+        return token_ids(tokens, self.loaded.vocab_size)
 
     # -- range operations ------------------------------------------------------------------------
     def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
@@ -298,12 +293,9 @@ class OpenVINOExecutor(SessionTable, Executor):
 
     def import_range(self, session_id: str, block: KVBlock) -> None:
         s = self._get(session_id)
-        if not isinstance(block, KVBlock):
-            raise BlockMismatchError(f"expected a KVBlock, got {type(block).__name__} {block!r:.80}")
-        block.check_fingerprint(self.fingerprint)
+        block = self._check_block(session_id, block, self.fingerprint)
         rng = block.token_range
         s.positions.check_in_log(rng)
-        self._check_block_tokens(session_id, block)
         if len(block.positions) != len(rng):
             raise BlockMismatchError(f"block for {rng} has {len(block.positions)} positions, needs {len(rng)}")
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]

@@ -7,10 +7,11 @@ Primitives:
 - ``read_llama_gguf(path) -> LlamaWeights``; raises ``ModelLoadError`` naming the path for a file
   that is missing, not a GGUF, or not a Llama model this converter understands.
 
-Pitfalls handled here (see DESIGN 5.2): ``GGUFReader`` tensor ``shape`` is in ggml ``ne`` order
-(``[n_in, n_out]``) while ``data`` is already shaped ``(n_out, n_in)``, so ``data`` is used as is;
-quantized tensors are raw bytes and go through ``gguf.quants.dequantize``; no ``rope.freq_base`` key
-means 10000; an absent ``output.weight`` means the output matrix is tied to ``token_embd``.
+Pitfalls handled here (see docs/architecture.md, OpenVINO): ``GGUFReader`` tensor ``shape`` is in
+ggml ``ne`` order (``[n_in, n_out]``) while ``data`` is already shaped ``(n_out, n_in)``, so ``data``
+is used as is; quantized tensors are raw bytes and go through ``gguf.quants.dequantize``; no
+``rope.freq_base`` key means 10000; an absent ``output.weight`` means the output matrix is tied to
+``token_embd``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ What it measures: exact-match passkey accuracy (all 5 digits, greedy) of the pro
 - ``full`` cache, ``streaming`` (4 sinks + most recent tokens), ``h2o`` (attention each key got from
   the prompt rows before the question, summed), ``h2o_norm`` (the same per observing row),
   ``snapkv`` (attention from the question rows, max-pooled, kernel 7), each on llama.cpp
-  (``LlamaExecutor``) and OpenVINO (``OpenVINOExecutor``, state mode), scores computed by each
+  (``LlamaExecutor``) and OpenVINO (``openvino_executor``, state mode), scores computed by each
   engine, eviction through ``plan_hot_set`` + ``apply_plan`` in blocks of 4 tokens, question + 2
   tokens protected as the recent window; STRICT protocol (``harness.answer_strict``);
 - OpenVINO's native eviction (openvino-genai ``CacheEvictionConfig``, SUM and NORM_SUM, SnapKV
@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ov = genai_dir = None
     tmp = tempfile.TemporaryDirectory()
     if not args.no_openvino:
-        from kvres.actors.openvino import OpenVINOExecutor
+        from kvres.actors.openvino import openvino_executor
         from kvres.actors.openvino.genai import export_genai_model
 
-        ov = OpenVINOExecutor(args.model, mode="state", num_threads=args.threads)
+        ov = openvino_executor(args.model, mode="state", num_threads=args.threads)
         genai_dir = export_genai_model(args.model, Path(tmp.name) / "genai")
     try:
         for family in args.families:

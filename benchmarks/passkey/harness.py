@@ -17,21 +17,23 @@ Primitives:
 - ``plan_for(task, method, budget_tokens, scores, caps, cfg) -> Plan | None``: ``plan_hot_set``
   over those blocks (``None`` for ``full``).
 - ``answer_strict(executor, task, plan, rebase) -> (answer ids, resident tokens)``: the STRICT
-  protocol (DESIGN.md 9): the session holds the prompt without its last token, the plan is applied
-  (``apply_plan``), then the last prompt token is decoded against the evicted cache, so the first
-  answer digit is computed from what the policy kept; greedy decoding of the answer follows.
+  protocol (docs/architecture.md, How correctness is judged): the session holds the prompt without
+  its last token, the plan is applied (``apply_plan``), then the last prompt token is decoded
+  against the evicted cache, so the first answer digit is computed from what the policy kept;
+  greedy decoding of the answer follows.
 - ``evaluate(executor, tasks, methods, budgets, scorer, cfg) -> list[Record]``: every task under
   every (method, budget fraction); ``accuracy(records, **filters)``; ``decode_answer(ids)``.
 
 The resident budget is a fraction of the prompt: ``round(fraction * n_tokens)`` tokens are resident
 when the first answer token is computed (the last prompt token included). Protected tokens (sinks
 and the recent window) count against it. All methods share one ``StreamPolicy`` (sinks 4, recent =
-question + ``recent_extra``), so streaming is the same plan with no scores (DESIGN.md 4.4: "no scores
--> identical to T1"). Streaming re-bases positions after eviction (StreamingLLM); the scored
-methods keep the evicted positions as gaps, as H2O / SnapKV (and genai's own eviction) do. On the
-passkey model re-basing costs SnapKV a few points at a 10% budget (family 1, 50 middle-third
-prompts, blocks of 4: 96% with gaps, 86% re-based). The failures re-based kept every answer
-digit and got one digit wrong: a lossy-eviction effect on this small model, not a lost needle.
+question + ``recent_extra``), so streaming is the same plan with no scores (docs/policies.md, T2:
+without scores the plan is exactly T1's). Streaming re-bases positions after eviction
+(StreamingLLM); the scored methods keep the evicted positions as gaps, as H2O / SnapKV (and genai's
+own eviction) do. On the passkey model re-basing costs SnapKV a few points at a 10% budget (family
+1, 50 middle-third prompts, blocks of 4: 96% with gaps, 86% re-based). The failures re-based kept
+every answer digit and got one digit wrong: a lossy-eviction effect on this small model, not a lost
+needle.
 """
 
 from __future__ import annotations

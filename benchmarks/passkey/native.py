@@ -8,15 +8,16 @@ Primitives:
   a ``ContinuousBatchingPipeline`` with that eviction, all prompts in one batch.
 
 Not strict. genai evicts only once a prompt has been processed: the first answer token is computed
-from the full cache (the pitfall of DESIGN.md 9), later ones from the evicted cache. Prefilling in
-32-token chunks (``chunk``, via ``dynamic_split_fuse`` / ``max_num_batched_tokens``) does not change
-that: with a 96-token cache the peak cache usage still equals the whole 384-token prompt, and the
-accuracies were identical (family 1, 30 prompts, SUM and NORM_SUM at 96 / 128 / 192 tokens). So
-genai's figures are lenient by the first digit compared with kvres's strict ones; the other four
-digits still need the needle. Its cache is ``max_cache_size`` plus up to 31 tokens of a partly
-filled block (only full blocks are evicted). genai keeps positions as they were
-(``apply_rotation=False``, its default) and scores with its SnapKV-style window over the last
-``snapkv_window`` prompt tokens (set to the question's length here).
+from the full cache (the pitfall the strict protocol avoids, docs/architecture.md, How correctness
+is judged), later ones from the evicted cache. Prefilling in 32-token chunks (``chunk``, via
+``dynamic_split_fuse`` / ``max_num_batched_tokens``) does not change that: with a 96-token cache the
+peak cache usage still equals the whole 384-token prompt, and the accuracies were identical (family
+1, 30 prompts, SUM and NORM_SUM at 96 / 128 / 192 tokens). So genai's figures are lenient by the
+first digit compared with kvres's strict ones; the other four digits still need the needle. Its
+cache is ``max_cache_size`` plus up to 31 tokens of a partly filled block (only full blocks are
+evicted). genai keeps positions as they were (``apply_rotation=False``, its default) and scores with
+its SnapKV-style window over the last ``snapkv_window`` prompt tokens (set to the question's length
+here).
 """
 
 from __future__ import annotations

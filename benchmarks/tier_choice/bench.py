@@ -13,9 +13,9 @@ What is reported:
   env overrides (KVRES_*_GBPS, KVRES_C_ENGAGE_MS) still win;
 - for stories260K and the project's default model (models/passkey.gguf when present, else the
   generated tiny default) with this machine's probes, and for a Qwen2.5-14B-shaped KV layout
-  (48 layers, 8 KV heads of 128, W_active 15.7 GB) on this machine and on DESIGN.md 4.5's two
-  reference hosts (PCIe 6.7 / RAM 11.5 GB/s and PCIe 51.2 / RAM 9.3 GB/s; their device memory
-  bandwidths, 936 and 960 GB/s, are assumed): the decision and all its terms for contexts 256 ..
+  (48 layers, 8 KV heads of 128, W_active 15.7 GB) on this machine and on the two reference hosts
+  of docs/policies.md, T* (PCIe 6.7 / RAM 11.5 GB/s and PCIe 51.2 / RAM 9.3 GB/s; their device
+  memory bandwidths, 936 and 960 GB/s, are assumed): the decision and all its terms for contexts 256 ..
   131,072 and budgets of 100/98/90/60/30/20% of the f16 KV;
 - recall vs recompute of stories260K blocks of 16..256 tokens with the measured costs.
 The plot: T* (MiB, after the cliff cap, <= 0 drawn at 0) against context, one line per model/host,

@@ -101,7 +101,7 @@ def test_unknown_and_duplicate_session_ids(llama: LlamaExecutor) -> None:
 
 def test_bad_tokens(llama: LlamaExecutor) -> None:
     llama.open_session("s")
-    with pytest.raises(ValueError, match="token id 9999"):
+    with pytest.raises(ValueError, match="= 9999 is outside the vocabulary"):
         llama.append("s", [1, 9999])
     with pytest.raises(ValueError, match="at least one token"):
         llama.append("s", [])

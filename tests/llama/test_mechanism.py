@@ -19,11 +19,11 @@ NEXT = 13  # a token id to decode after every cache change
 # Bound on KL(fresh prefill of the kept tokens || evicted + re-based session), in nats. Eviction is
 # lossy, not noisy: the survivors' KV was computed while they attended to the evicted tokens, so
 # the two distributions differ by what that context left in them. Measured on the three prompts
-# below: 0.0003, 0.0004, 0.023 nats (DESIGN.md: about 0.02); over the same prompts keeping the
-# evicted tokens instead (the full session) differs from the reference by 0.0006..0.09 nats. The
-# bound, 0.05 nats, leaves 2x headroom over the largest measurement and is an order of magnitude
-# below what a position bug costs in the leading-range test (K rotated by the wrong delta turns a
-# 0.02 max-abs difference into whole-logit changes).
+# below: 0.0003, 0.0004, 0.023 nats (docs/architecture.md, llama.cpp: about 0.02); over the same
+# prompts keeping the evicted tokens instead (the full session) differs from the reference by
+# 0.0006..0.09 nats. The bound, 0.05 nats, leaves 2x headroom over the largest measurement and is
+# an order of magnitude below what a position bug costs in the leading-range test (K rotated by the
+# wrong delta turns a 0.02 max-abs difference into whole-logit changes).
 EVICTION_KL_BOUND = 0.05
 
 
@@ -97,7 +97,7 @@ def story_tokens_raw(model: LlamaModel, n: int) -> list[int]:
 
 def test_leading_eviction_rebased_vs_gap(make_llama: Callable[..., LlamaExecutor]) -> None:
     """Evicting [0, 150) leaves the survivors' relative positions unchanged; re-basing them only
-    adds K-shift rounding (DESIGN.md measured 0.021 with the raw calls)."""
+    adds K-shift rounding (0.021 with the raw calls, docs/architecture.md, llama.cpp)."""
     results = {}
     for rebase in (False, True):
         executor = make_llama()

@@ -1,4 +1,5 @@
-"""Retrieval under eviction with the project's own passkey model (issue 8; DESIGN.md 4.4 and 9).
+"""Retrieval under eviction with the project's own passkey model (docs/policies.md, T2: H2O and
+SnapKV; docs/architecture.md, How correctness is judged).
 
 STRICT protocol (``benchmarks.passkey.harness.answer_strict``): the plan is applied to the prompt
 minus its last token, which is then decoded against the evicted cache, so the first answer digit
@@ -115,9 +116,9 @@ def test_question_window_beats_h2o_before_the_question_on_several_needles(multi_
 
 @pytest.mark.parametrize("family", [1, 2])
 def test_openvino_answers_with_a_full_cache(gguf: Path, family: int) -> None:
-    from kvres.actors.openvino import OpenVINOExecutor
+    from kvres.actors.openvino import openvino_executor
 
-    ex = OpenVINOExecutor(gguf, mode="state", num_threads=1)
+    ex = openvino_executor(gguf, mode="state", num_threads=1)
     records = h.evaluate(ex, "openvino", _tasks(family), ("full",), (), None, CFG)
     acc = _acc(records, "full")
     assert acc >= 0.95, f"OpenVINO full-cache accuracy {acc:.0%} < 95% on {N_PROMPTS} family-{family} prompts"

@@ -19,25 +19,17 @@ from benchmarks.openvino_mechanism.llama_native import LlamaNative, NativeSessio
 from kvres.actors.executor import apply_plan
 from kvres.actors.openvino import OpenVINOExecutor, StateExecutor, openvino_executor
 from kvres.policy import Block, PlanInput, Range, StreamPolicy, plan_hot_set, split_into_blocks
+from kvres.testing import kl_divergence
 
 LOGIT_ATOL = 1e-4
 KL_MAX = 1e-6
 PROMPT = [1] + [3 + (i * 37 + (i * i) % 13) % 490 for i in range(239)]
 
 
-def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def log_softmax(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64) - x.max()
-        return x - np.log(np.exp(x).sum())
-
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return float(np.sum(np.exp(lp) * (lp - lq)))
-
-
 def assert_same_distribution(ov_logits: np.ndarray, llama_logits: np.ndarray) -> None:
     assert ov_logits.argmax() == llama_logits.argmax()
     assert np.abs(ov_logits - llama_logits).max() <= LOGIT_ATOL
-    assert kl(llama_logits, ov_logits) <= KL_MAX
+    assert kl_divergence(llama_logits, ov_logits) <= KL_MAX
 
 
 PLANS = {

@@ -1,4 +1,4 @@
-"""Synthetic models for the tier-choice tests (reference figures of DESIGN.md 4.5)."""
+"""Synthetic models for the tier-choice tests (reference figures of docs/policies.md, T*)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ C_ENGAGE_S = 0.8e-3
 SMALL = KVLayout(global_layers=36, windowed_layers=0, window=0, n_kv_heads=2, head_dim_k=128, head_dim_v=128)
 SMALL_WEIGHTS = 2.0e9
 
-# Gemma-like SWA layout: 42 layers of which 7 global, window 512 (DESIGN.md 4.2's worked check).
+# Gemma-like SWA layout: 42 layers of which 7 global, window 512 (docs/policies.md, T0's worked check).
 SWA = KVLayout(global_layers=7, windowed_layers=35, window=512, n_kv_heads=8, head_dim_k=128, head_dim_v=128)
 
 

@@ -1,4 +1,4 @@
-"""Recall or recompute (DESIGN.md 4.6) with synthetic costs, both ways."""
+"""Recall or recompute (docs/policies.md, Recall or recompute) with synthetic costs, both ways."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""T*: the pure tier choice against DESIGN.md 4.5's formulas and reference figures."""
+"""T*: the pure tier choice against the formulas and reference figures of docs/policies.md, T*."""
 
 from __future__ import annotations
 
