@@ -1,12 +1,21 @@
 """One backend: an executor (one engine instance) and the sessions on it, kept under budget.
 
 Primitives:
-- ``BackendHost(config, executor, plan, store, metrics)``: a plain class (works without Ray).
-  ``open_session``, ``append``, ``generate``, ``stream``, ``suspend``, ``resume``, ``close``,
-  ``session_stats``, ``stats``. Before tokens arrive it asks ``plan`` (the planner: a callable
-  taking a ``BackendPlanInput``) for room whenever a session or the backend would go over its
-  budget, and carries the plan out: idle sessions suspended to the cold store, ranges evicted
-  (exported to the cold store first when the session spills).
+- ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None)``:
+  a plain, thread-safe class (works without Ray). ``open_session``, ``append``, ``generate``,
+  ``stream``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``.
+- ``BackendFullError``, ``SessionBusyError``: typed refusals.
+
+Calls of different sessions run concurrently: ``append`` / ``generate`` / ``stream`` become jobs
+of a ``StepLoop`` (``kvres.actors.scheduler``), and every engine step decodes the next token of
+every generating session plus prefill chunks of appending ones in one ``append_many`` (one
+``llama_decode`` batch on llama.cpp), sampling per session with the session's own sampler. Between
+steps, sessions that need room are planned (``plan``: by default ``plan_backend`` of
+``kvres.policy.backend_planner``, in this process) and the plan carried out: idle sessions
+suspended to the cold store, ranges evicted (exported to the cold store first when the session
+spills). Control calls (``stats``, ``suspend`` of another session, ``close``) take the same lock
+and so wait at most one step. A session suspended to make room comes back by itself on its next
+call, as soon as a sequence slot is free.
 - ``SuspendRecord``: everything needed to bring a session back on any backend of the same model.
 
 The executor is a ``kvres.actors.executor.Executor`` (kvres addresses its KV) or an
@@ -23,15 +32,16 @@ foreign block) loses tokens; missing KV is recomputed from the log.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kvres.coldstore import ColdStoreError, KVBlock
+from kvres.coldstore import ColdStoreError
 from kvres.policy import (
     BlockMismatchError,
     KvresError,
@@ -42,7 +52,7 @@ from kvres.policy import (
     UnknownSessionError,
     subtract_range,
 )
-from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
+from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, plan_backend
 from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 from kvres.policy.scoring import block_scores, key_mass
 from kvres.policy.tokens import token_ids
@@ -51,13 +61,19 @@ from .config import BackendConfig, SessionPolicy
 from .executor import EngineManagedExecutor, Executor
 from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
+from .scheduler import Job, StepLoop
 from .store_ports import ColdRef, StorePort
 
 H2O_QUERY_WINDOW = 256
+STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 
 
 class BackendFullError(KvresError):
     """The backend cannot make room: its budget is taken by sessions it may not evict."""
+
+
+class SessionBusyError(KvresError):
+    """The session has a call running (an append or a generate); the operation must wait for it."""
 
 
 class ProbedRecallCosts:
@@ -105,6 +121,7 @@ class _Session:
     cold: list[ColdRef] = field(default_factory=list)  # spilled by eviction
     last_logits: npt.NDArray[np.float32] | None = None
     suspended: SuspendRecord | None = None
+    resident: int = 0  # resident tokens, kept in step with the executor (cheap budget checks)
 
 
 class BackendHost:
@@ -112,7 +129,7 @@ class BackendHost:
         self,
         config: BackendConfig,
         executor: Executor | EngineManagedExecutor,
-        plan: Callable[[BackendPlanInput], BackendPlan],
+        plan: Callable[[BackendPlanInput], BackendPlan] = plan_backend,
         store: StorePort | None = None,
         metrics: Metrics | None = None,
         recall_costs: Callable[[], RecallCosts | None] | None = None,
@@ -127,6 +144,10 @@ class BackendHost:
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
+        self._lock = threading.RLock()
+        self._loop = StepLoop(self._lock, self._step, config.name)
+        self.step_tokens = STEP_TOKENS
+        self.peak_resident_tokens = 0  # the most the engine held after any step
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _get(self, session_id: str, *, live: bool = True) -> _Session:
@@ -137,34 +158,57 @@ class BackendHost:
             raise KvresError(f"session {session_id!r} is suspended; resume it first")
         return s
 
-    def _touch(self, session_id: str) -> _Session:
-        s = self._get(session_id)
-        s.last_used = next(self._clock)
-        return s
-
     def _count(self, session_id: str, name: str, value: int = 1) -> None:
         self._sessions[session_id].counters[name] += value
         self._metrics.count(name, self.name, session_id, value)
 
+    def _refresh_resident(self, session_id: str) -> int:
+        s = self._sessions[session_id]
+        s.resident = 0 if s.suspended else sum(len(r) for r in self.executor.resident_ranges(session_id))
+        return s.resident
+
     def _publish(self) -> None:
         total = 0
         for sid, s in self._sessions.items():
-            tokens = 0 if s.suspended else self._resident_tokens(sid)
-            total += tokens
-            self._metrics.set_resident(self.name, sid, tokens)
+            total += s.resident
+            self._metrics.set_resident(self.name, sid, s.resident)
         self._metrics.set_backend_resident(self.name, total)
 
-    def _resident_tokens(self, session_id: str) -> int:
-        return sum(len(r) for r in self.executor.resident_ranges(session_id))
+    def _busy(self) -> set[str]:
+        return {job.session_id for job in self._loop.pending()}
 
     def sessions(self) -> list[str]:
-        return list(self._sessions)
+        with self._lock:
+            return list(self._sessions)
+
+    def token_count(self, session_id: str) -> int:
+        with self._lock:
+            s = self._get(session_id, live=False)
+            return len(s.suspended.token_log if s.suspended else self.executor.token_log(session_id))
 
     # -- session lifecycle -----------------------------------------------------------------
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
-        if session_id in self._sessions:
-            raise SessionExistsError(session_id)
-        policy = policy or SessionPolicy()
+        with self._lock:
+            if session_id in self._sessions:
+                raise SessionExistsError(session_id)
+            policy = policy or SessionPolicy()
+            self._check_policy(policy)
+            try:
+                self._make_room({}, newcomer=session_id)
+            except BackendFullError:
+                if self._store is None:
+                    raise
+                # every slot serves a running call: the session starts suspended (holding no
+                # engine slot) and comes in as soon as one frees
+                record = SuspendRecord(session_id, [], [], [], [], policy, None,
+                                       dict.fromkeys(COUNTERS, 0), self.fingerprint)
+                self._sessions[session_id] = _Session(policy, next(self._clock), suspended=record)
+                return
+            self._open_on_engine(session_id, policy)
+            self._sessions[session_id] = _Session(policy, next(self._clock))
+            self._publish()
+
+    def _check_policy(self, policy: SessionPolicy) -> None:
         engine_managed = isinstance(self.executor, EngineManagedExecutor)
         if policy.kind == "engine" and not engine_managed:
             raise ValueError(
@@ -186,10 +230,6 @@ class BackendHost:
                 f"scorer 'h2o' needs the attention of every query, which backend {self.name!r} "
                 f"({self.config.engine}) cannot capture; use scorer='snapkv'"
             )
-        self._make_room(session_id, 0, newcomer=True)
-        self._open_on_engine(session_id, policy)
-        self._sessions[session_id] = _Session(policy, next(self._clock))
-        self._publish()
 
     def _open_on_engine(self, session_id: str, policy: SessionPolicy, tokens: Sequence[int] = ()) -> None:
         self.executor.open_session(session_id, tokens)
@@ -198,36 +238,40 @@ class BackendHost:
                                        policy.budget_tokens or 0, policy.aggregation)
 
     def close(self, session_id: str) -> None:
-        s = self._get(session_id, live=False)
-        if s.suspended is None:
-            self.executor.close_session(session_id)
-        self._delete_refs(s.cold + (s.suspended.blocks if s.suspended else []))
-        del self._sessions[session_id]
-        self._metrics.set_resident(self.name, session_id, 0)
-        self._publish()
+        """Close the session, ending a call it has running (that call raises ``SessionBusyError``)."""
+        with self._lock:
+            s = self._get(session_id, live=False)
+            self._loop.cancel(session_id, SessionBusyError(f"session {session_id!r} was closed during the call"))
+            if s.suspended is None:
+                self.executor.close_session(session_id)
+            if self._store is not None:
+                self._store.release(s.cold + (s.suspended.blocks if s.suspended else []))
+            del self._sessions[session_id]
+            self._metrics.set_resident(self.name, session_id, 0)
+            self._publish()
+            self._loop.poke()
 
-    # -- tokens in and out -----------------------------------------------------------------
+    # -- tokens in and out (jobs of the step loop) -----------------------------------------
     def _chunk(self, policy: SessionPolicy, remaining: int) -> int:
         if not policy.kvres_evicts or policy.budget_tokens is None:
             return remaining
         room = policy.budget_tokens - policy.sink_tokens - policy.recent_tokens
-        step = max(1, room // 2)
-        return min(remaining, step)
+        return min(remaining, max(1, room // 2))
+
+    def _submit(self, job: Job) -> Job:
+        with self._lock:
+            s = self._get(job.session_id, live=False)
+            if self._loop.pending(job.session_id):
+                raise SessionBusyError(f"session {job.session_id!r} already has a call running")
+            s.last_used = next(self._clock)
+            return self._loop.submit(job)
 
     def append(self, session_id: str, tokens: Sequence[int]) -> int:
         """Append tokens (prefilled in chunks that fit the budget); returns the log length."""
-        s = self._touch(session_id)
         toks = token_ids(tokens)
         if not toks:
             raise ValueError("append needs at least one token")
-        done = 0
-        while done < len(toks):
-            n = self._chunk(s.policy, len(toks) - done)
-            self._make_room(session_id, n)
-            s.last_logits = self.executor.append(session_id, toks[done : done + n])
-            done += n
-        self._publish()
-        return len(self.executor.token_log(session_id))
+        return self._submit(Job(session_id, "append", feed=toks)).wait()
 
     def stream(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
@@ -235,39 +279,138 @@ class BackendHost:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         sampler = TokenSampler(temperature, seed)
-        s = self._touch(session_id)
-        if isinstance(self.executor, EngineManagedExecutor):
-            yield from self.executor.generate(session_id, max_tokens, temperature, seed)
-            self._publish()
-            return
-        if s.last_logits is None:
-            raise KvresError(f"session {session_id!r} has no tokens yet: append a prompt first")
-        produced = 0
-        while produced < max_tokens:
-            n = self._chunk(s.policy, max_tokens - produced)
-            self._make_room(session_id, n)
-            for _ in range(n):
-                token = sampler.sample(s.last_logits)
-                s.last_logits = self.executor.append(session_id, [token])
-                produced += 1
-                yield token
-        self._publish()
+        job = self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler))
+        return job.tokens()
 
     def generate(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[int]:
         return list(self.stream(session_id, max_tokens, temperature, seed))
 
+    def _step(self, jobs: list[Job]) -> bool:
+        """One engine step for ``jobs`` (under the lock): admit suspended sessions where a slot
+        frees, make room between steps, then one ``append_many`` for everything that fits."""
+        if isinstance(self.executor, EngineManagedExecutor):
+            for job in jobs:
+                self._run_engine_managed(self.executor, job)
+            return True
+        progressed = False
+        busy = {job.session_id for job in jobs}
+        batch: list[tuple[Job, list[int]]] = []
+        incoming: dict[str, int] = {}
+        capacity = self.step_tokens
+        for job in jobs:
+            s = self._sessions.get(job.session_id)
+            if s is None:
+                job.finish(UnknownSessionError(job.session_id))
+                progressed = True
+                continue
+            if s.suspended is not None:
+                admitted = self._admit(job, busy)
+                progressed |= admitted or job.done
+                if not admitted:
+                    continue
+                s = self._sessions[job.session_id]
+            if job.kind == "generate" and (job.remaining == 0 or s.last_logits is None):
+                job.finish(None if job.remaining == 0 else KvresError(
+                    f"session {job.session_id!r} has no tokens yet: append a prompt first"))
+                progressed = True
+                continue
+            want = 1 if job.kind == "generate" else self._chunk(s.policy, len(job.feed))
+            n = min(want, capacity)
+            if n <= 0:
+                break
+            try:
+                # room for the whole chunk ahead (a generate plans ahead like an append would)
+                ahead = self._chunk(s.policy, job.remaining) if job.kind == "generate" else n
+                self._make_room({**incoming, job.session_id: n}, ahead={job.session_id: ahead}, busy=busy)
+            except BackendFullError as exc:
+                if not batch:
+                    job.finish(exc)
+                    progressed = True
+                continue  # otherwise it waits for the jobs ahead of it
+            except Exception as exc:
+                job.finish(exc)
+                progressed = True
+                continue
+            toks = [job.sampler.sample(s.last_logits)] if job.sampler is not None and s.last_logits is not None \
+                else job.feed[:n]
+            batch.append((job, toks))
+            incoming[job.session_id] = n
+            capacity -= n
+        if not batch:
+            return progressed
+        try:
+            logits = self.executor.append_many([(job.session_id, toks) for job, toks in batch])
+        except Exception as exc:
+            for job, _ in batch:
+                self._refresh_resident(job.session_id)
+                job.finish(exc)
+            return True
+        finished = False
+        self.peak_resident_tokens = max(self.peak_resident_tokens, sum(
+            s.resident + incoming.get(sid, 0) for sid, s in self._sessions.items()))
+        for (job, toks), lg in zip(batch, logits, strict=True):
+            s = self._sessions[job.session_id]
+            s.last_logits = lg
+            s.resident += len(toks)
+            if job.kind == "generate":
+                job.emit(toks[0])
+                if job.remaining == 0:
+                    job.finish()
+            else:
+                del job.feed[: len(toks)]
+                if not job.feed:
+                    job.result = len(self.executor.token_log(job.session_id))
+                    job.finish()
+            finished |= job.done
+        if finished:
+            self._publish()
+        return True
+
+    def _run_engine_managed(self, executor: EngineManagedExecutor, job: Job) -> None:
+        """An engine that evicts by itself runs a whole call at once (it cannot batch across
+        sessions from here)."""
+        try:
+            if job.session_id in self._sessions and self._sessions[job.session_id].suspended is not None:
+                self._resume(job.session_id, None)
+            if job.kind == "append":
+                executor.append(job.session_id, job.feed)
+                job.result = len(executor.token_log(job.session_id))
+            else:
+                assert job.sampler is not None
+                for token in executor.generate(job.session_id, job.remaining, job.sampler.temperature,
+                                               job.sampler.seed):
+                    job.emit(token)
+            job.finish()
+        except Exception as exc:
+            job.finish(exc)
+
+    def _admit(self, job: Job, busy: set[str]) -> bool:
+        """Bring a suspended session in for its job if a slot can be had (an idle session may be
+        suspended for it); False while every slot serves a running call."""
+        try:
+            self._resume(job.session_id, None, busy=busy)
+            self._count(job.session_id, "resumes")
+            return True
+        except BackendFullError as exc:
+            if not any(sid in self._sessions and self._sessions[sid].suspended is None for sid in busy):
+                job.finish(exc)  # nothing running will ever free room for it
+            return False
+        except Exception as exc:
+            job.finish(exc)
+            return False
+
     # -- pressure --------------------------------------------------------------------------
-    def _view(self, session_id: str, active: str | None, incoming: int) -> SessionView:
+    def _view(self, session_id: str, incoming: int, active: bool) -> SessionView:
         s = self._sessions[session_id]
         p = s.policy
         return SessionView(
             session_id=session_id,
             resident_ranges=tuple(self.executor.resident_ranges(session_id)),
             last_used=s.last_used,
-            active=session_id == active,
-            incoming_tokens=incoming if session_id == active else 0,
+            active=active,
+            incoming_tokens=incoming,
             budget_tokens=p.budget_tokens if p.kvres_evicts else None,
             stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens, p.rebase),
             evictable=p.kvres_evicts,
@@ -277,7 +420,7 @@ class BackendHost:
     def _with_scores(self, view: SessionView) -> SessionView:
         s = self._sessions[view.session_id]
         executor = self.executor
-        if s.policy.kind != "scored" or not isinstance(executor, Executor):
+        if s.policy.kind != "scored" or not isinstance(executor, Executor) or not view.resident_ranges:
             return view
         caps = executor.capabilities()
         if not (caps.attention_scores if s.policy.scorer == "snapkv" else caps.attention_capture):
@@ -301,34 +444,52 @@ class BackendHost:
         keys = key_mass(capture.probs)
         return [float(x) for x in block_scores(keys, capture.key_positions, ranges)]
 
-    def _needs_plan(self, views: list[SessionView]) -> bool:
-        total = sum(v.resident_tokens + v.incoming_tokens for v in views)
+    def _needs_plan(self, incoming: Mapping[str, int], newcomer_tokens: int) -> bool:
+        live = [(sid, s) for sid, s in self._sessions.items() if s.suspended is None]
+        total = sum(s.resident for _, s in live) + sum(incoming.values()) + newcomer_tokens
         if total > self.config.kv_budget_tokens:
             return True
-        return any(
-            v.budget_tokens is not None and v.resident_tokens + v.incoming_tokens > v.budget_tokens
-            for v in views
-        )
+        for sid, s in live:
+            budget = s.policy.budget_tokens if s.policy.kvres_evicts else None
+            if budget is not None and s.resident + incoming.get(sid, 0) > budget:
+                return True
+        return False
 
-    def _make_room(self, active: str | None, incoming: int, newcomer: bool = False) -> None:
-        """Ask the planner for room for ``incoming`` tokens of session ``active`` (a ``newcomer``
-        is not on the engine yet: a session being opened or resumed) and carry the plan out."""
-        live = [sid for sid, s in self._sessions.items() if s.suspended is None and sid != active]
-        views = [self._view(sid, active, incoming) for sid in live]
-        if newcomer:
-            if len(live) >= self._max_live_sessions():
-                # every sequence slot is taken: the least recently used session has to go
-                idle = min(views, key=lambda v: v.last_used)
-                self.suspend(idle.session_id)
-                self._count(idle.session_id, "suspends")
-                views.remove(idle)
-            views.append(SessionView(active or "", (), last_used=1 << 62, active=True,
-                                     incoming_tokens=incoming))
-        elif active is not None:
-            views.append(self._view(active, active, incoming))
-        if not self._needs_plan(views):
+    def _make_room(
+        self,
+        incoming: Mapping[str, int],
+        newcomer: str | None = None,
+        newcomer_tokens: int = 0,
+        ahead: Mapping[str, int] | None = None,
+        busy: set[str] | None = None,
+    ) -> None:
+        """Make room for ``incoming`` tokens per live session (and, for a ``newcomer`` being
+        opened or resumed, a sequence slot and ``newcomer_tokens``): plan when a session or the
+        backend would go over budget, planning room for ``ahead`` tokens where given, and carry
+        the plan out. Sessions with a running call (``busy``) are never suspended for it."""
+        busy = self._busy() if busy is None else busy
+        live = [sid for sid, s in self._sessions.items() if s.suspended is None and sid != newcomer]
+        if newcomer is not None and len(live) >= self.config.n_seq_max:
+            # every sequence slot is taken: the least recently used idle session has to go
+            idle = [sid for sid in live if sid not in busy and sid not in incoming]
+            if not idle:
+                raise BackendFullError(
+                    f"backend {self.name!r} has all n_seq_max={self.config.n_seq_max} sequence slots "
+                    f"serving running calls; {newcomer!r} has to wait for one"
+                )
+            victim = min(idle, key=lambda sid: self._sessions[sid].last_used)
+            self.suspend(victim)
+            self._count(victim, "suspends")
+            live.remove(victim)
+        if not self._needs_plan(incoming, newcomer_tokens):
             return
-        views = [self._with_scores(v) if v.active and not newcomer else v for v in views]
+        planned = {**incoming, **(ahead or {})}
+        active = set(planned) | busy
+        views = [self._view(sid, planned.get(sid, 0), sid in active) for sid in live]
+        views = [self._with_scores(v) if v.incoming_tokens else v for v in views]
+        if newcomer is not None:
+            views.append(SessionView(newcomer, (), last_used=1 << 62, active=True,
+                                     incoming_tokens=newcomer_tokens))
         t0 = time.perf_counter()
         plan = self._plan(BackendPlanInput(views, self.config.kv_budget_tokens, self.executor.capabilities()))
         self._metrics.observe_plan_ms(self.name, (time.perf_counter() - t0) * 1e3)
@@ -338,15 +499,14 @@ class BackendHost:
                 self._count(action.session_id, "suspends")
             else:
                 self._evict(action.session_id, action.ranges, action.rebase)
-        if plan.over_budget:
+        if plan.over_budget and self._needs_plan(incoming, newcomer_tokens):
+            who = newcomer if newcomer is not None else ", ".join(sorted(incoming))
+            more = newcomer_tokens if newcomer is not None else sum(incoming.values())
             raise BackendFullError(
-                f"backend {self.name!r} cannot fit {incoming} more tokens for session {active!r} "
+                f"backend {self.name!r} cannot fit {more} more tokens for session {who!r} "
                 f"within kv_budget_tokens={self.config.kv_budget_tokens}: "
                 + "; ".join(plan.diagnostics[-2:])
             )
-
-    def _max_live_sessions(self) -> int:
-        return self.config.n_seq_max
 
     def _kv_executor(self, what: str) -> Executor:
         if not isinstance(self.executor, Executor):
@@ -359,81 +519,55 @@ class BackendHost:
         s = self._sessions[session_id]
         ordered = sorted(ranges, reverse=True)
         if s.policy.spill and self._store is not None and executor.capabilities().kv_export:
-            s.cold.extend(self._park([executor.export_range(session_id, r) for r in ordered]))
+            s.cold.extend(self._store.park([executor.export_range(session_id, r) for r in ordered]))
             self._count(session_id, "spills", len(ordered))
         for rng in ordered:
             executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")
-
-    # -- the cold store ----------------------------------------------------------------------
-    def _park(self, blocks: list[KVBlock]) -> list[ColdRef]:
-        assert self._store is not None
-        return self._store.refs(self._store.put_many(blocks), blocks)
-
-    def _by_store(self, refs: Sequence[ColdRef]) -> dict[str, list[int]]:
-        groups: dict[str, list[int]] = {}
-        for i, ref in enumerate(refs):
-            groups.setdefault(ref.store, []).append(i)
-        return groups
-
-    def _pop(self, refs: Sequence[ColdRef], costs: RecallCosts | None) -> list[KVBlock | None]:
-        """The blocks behind ``refs``, removed from their stores: one ``pop_many`` per store."""
-        assert self._store is not None
-        out: list[KVBlock | None] = [None] * len(refs)
-        for store, idx in self._by_store(refs).items():
-            popped = self._store.at(store).pop_many(
-                [refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
-            for i, block in zip(idx, popped, strict=True):
-                out[i] = block
-        return out
-
-    def _tiers(self, refs: Sequence[ColdRef]) -> list[str | None]:
-        out: list[str | None] = [None] * len(refs)
-        if self._store is None:
-            return out
-        for store, idx in self._by_store(refs).items():
-            for i, tier in zip(idx, self._store.at(store).tiers([refs[i].key for i in idx]), strict=True):
-                out[i] = tier
-        return out
-
-    def _delete_refs(self, refs: Sequence[ColdRef]) -> None:
-        if self._store is None:
-            return
-        for store, idx in self._by_store(refs).items():
-            self._store.at(store).delete_many([refs[i].key for i in idx])
+        self._refresh_resident(session_id)
 
     # -- suspend / resume ------------------------------------------------------------------
     def suspend(self, session_id: str) -> SuspendRecord:
         """Export all of the session's KV to the cold store and free it on the engine."""
-        s = self._get(session_id)
-        if self._store is None:
-            raise KvresError(f"backend {self.name!r} has no cold store: cannot suspend {session_id!r}")
-        resident = self.executor.resident_ranges(session_id)  # none where the engine manages KV
-        refs: list[ColdRef] = []
-        if resident and self.executor.capabilities().kv_export:
-            executor = self._kv_executor("suspend")
-            refs = self._park([executor.export_range(session_id, r) for r in resident])
-        record = SuspendRecord(
-            session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
-            s.policy, s.last_logits, dict(s.counters), self.fingerprint,
-        )
-        self.executor.close_session(session_id)
-        s.suspended = record
-        self._publish()
-        return record
+        with self._lock:
+            s = self._get(session_id)
+            if self._loop.pending(session_id):
+                raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
+            if self._store is None:
+                raise KvresError(f"backend {self.name!r} has no cold store: cannot suspend {session_id!r}")
+            resident = self.executor.resident_ranges(session_id)  # none where the engine manages KV
+            refs: list[ColdRef] = []
+            if resident and self.executor.capabilities().kv_export:
+                executor = self._kv_executor("suspend")
+                refs = self._store.park([executor.export_range(session_id, r) for r in resident])
+            record = SuspendRecord(
+                session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
+                s.policy, s.last_logits, dict(s.counters), self.fingerprint,
+            )
+            self.executor.close_session(session_id)
+            s.suspended = record
+            s.resident = 0
+            self._publish()
+            self._loop.poke()
+            return record
 
     def detach(self, session_id: str) -> SuspendRecord:
         """Suspend and forget the session here (it moves to another backend)."""
-        s = self._get(session_id, live=False)
-        record = s.suspended or self.suspend(session_id)
-        del self._sessions[session_id]
-        self._metrics.set_resident(self.name, session_id, 0)
-        self._publish()
-        return record
+        with self._lock:
+            s = self._get(session_id, live=False)
+            record = s.suspended or self.suspend(session_id)
+            del self._sessions[session_id]
+            self._metrics.set_resident(self.name, session_id, 0)
+            self._publish()
+            return record
 
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
         """Bring a suspended session back (from this backend's record or one handed over);
         returns the number of tokens that had to be recomputed."""
+        with self._lock:
+            return self._resume(session_id, record)
+
+    def _resume(self, session_id: str, record: SuspendRecord | None, busy: set[str] | None = None) -> int:
         if record is None:
             record = self._get(session_id, live=False).suspended
             if record is None:
@@ -444,7 +578,8 @@ class BackendHost:
             raise KvresError(f"backend {self.name!r} has no cold store: cannot resume {session_id!r}")
         previous = self._sessions.pop(session_id, None)
         try:
-            self._make_room(session_id, sum(len(r) for r in record.resident_ranges), newcomer=True)
+            self._make_room({}, newcomer=session_id,
+                            newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy)
             self._open_on_engine(session_id, record.policy, record.token_log)
         except BaseException:
             if previous is not None:
@@ -462,15 +597,17 @@ class BackendHost:
             else:
                 del self._sessions[session_id]
             raise
+        self._refresh_resident(session_id)
         self._publish()
         return recomputed
 
     def _restore(self, session_id: str, record: SuspendRecord) -> int:
         """Import the parked blocks worth reading (one ``pop_many`` per store, which also frees
         them), recompute the rest from the token log."""
+        assert self._store is not None
         executor = self._kv_executor("resume")
         costs = self._recall_costs() if self._recall_costs is not None else None
-        for block in self._pop(record.blocks, costs):
+        for block in self._store.take(record.blocks, costs):
             if block is None:
                 continue  # gone, unreadable or cheaper to recompute: recomputed below
             try:
@@ -492,11 +629,15 @@ class BackendHost:
 
     # -- stats -----------------------------------------------------------------------------
     def session_stats(self, session_id: str) -> dict[str, Any]:
+        with self._lock:
+            return self._session_stats(session_id)
+
+    def _session_stats(self, session_id: str) -> dict[str, Any]:
         s = self._get(session_id, live=False)
         live = s.suspended is None
         resident = self.executor.resident_ranges(session_id) if live else []
         refs = list(s.cold) + (list(s.suspended.blocks) if s.suspended else [])
-        tiers = self._tiers(refs)
+        tiers = self._store.tiers_of(refs) if self._store is not None else [None] * len(refs)
         cold: dict[str, dict[str, int]] = {}
         for ref, tier in zip(refs, tiers, strict=True):
             if tier is None:
@@ -517,7 +658,19 @@ class BackendHost:
         }
 
     def stats(self) -> dict[str, Any]:
-        live = {sid: self._resident_tokens(sid) for sid, s in self._sessions.items() if s.suspended is None}
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
+        live = {sid: s.resident for sid, s in self._sessions.items() if s.suspended is None}
+        # KV bytes from the engine's profile (docs/policies.md, T0): each session keeps its own window
+        if not hasattr(self, "_kv_bytes_profile"):
+            kv_profile = getattr(self.executor, "kv_profile", None)
+            self._kv_bytes_profile = kv_profile() if callable(kv_profile) else None
+        profile = self._kv_bytes_profile
+        resident_bytes = None if profile is None else sum(profile.kv_bytes_for_context(t) for t in live.values())
+        budget_bytes = self.config.kv_memory_bytes or (None if profile is None else profile.for_sessions(
+            self.config.n_seq_max).kv_bytes_for_context(self.config.kv_budget_tokens))
         return {
             "backend": self.name,
             "engine": self.config.engine,
@@ -525,7 +678,11 @@ class BackendHost:
             "fingerprint": self.fingerprint,
             "kv_budget_tokens": self.config.kv_budget_tokens,
             "resident_tokens": sum(live.values()),
+            "peak_resident_tokens": self.peak_resident_tokens,
             "free_tokens": self.config.kv_budget_tokens - sum(live.values()),
+            "kv_budget_bytes": budget_bytes,
+            "resident_kv_bytes": resident_bytes,
+            "free_kv_bytes": None if budget_bytes is None or resident_bytes is None else budget_bytes - resident_bytes,
             "sessions": {
                 sid: {"state": "suspended" if s.suspended else "live", "resident_tokens": live.get(sid, 0)}
                 for sid, s in self._sessions.items()

@@ -1,11 +1,14 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor, finds the planner and this node's
-  cold store by name, and forwards: ``open_session``, ``append``, ``append_text``, ``generate``,
-  ``stream`` (a Ray streaming generator: one object per token), ``suspend``, ``resume``,
-  ``detach``, ``close``, ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
-- ``BackendActor``: ``ray.remote(BackendServer)``; ``backend_actor_name(name)``.
+- ``BackendServer(config, namespace)``: builds the executor, finds this node's cold store by
+  name, and forwards: ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a
+  Ray streaming generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
+  ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
+- ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
+  (appends and generations of up to ``CALL_THREADS`` sessions at once, batched together by the
+  host's step loop) and "control" (stats, suspend, resume, close, ...), so a control call never
+  queues behind running generations; ``backend_actor_name(name)``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from .config import BackendConfig, SessionPolicy
 from .default_model import default_model_path
 from .engines import make_executor, resolve_kv_tier
 from .metrics import RayMetrics
-from .planner_actor import PLANNER_NAME
 from .store_ports import RayStorePort, cold_store_name
+
+CALL_THREADS = 256
+CONTROL_THREADS = 8
 
 
 def backend_actor_name(name: str) -> str:
@@ -31,68 +36,93 @@ def backend_actor_name(name: str) -> str:
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
-        planner: Any = ray.get_actor(PLANNER_NAME, namespace=namespace)
         model = config.model_path or default_model_path()
         config, self.tier_decision = resolve_kv_tier(config, model)
         store = RayStorePort(cold_store_name(self.node_id), namespace)
         self.host = BackendHost(
             config,
             make_executor(config, model),
-            lambda inp: ray.get(planner.plan.remote(config.name, inp)),
-            store,
-            RayMetrics(),
+            store=store,
+            metrics=RayMetrics(),
             recall_costs=ProbedRecallCosts(str(model)) if config.engine == "llama" else None,
         )
 
+    def __repr__(self) -> str:
+        """Live state for Ray's dashboard (its Repr column): the host's counters, never the engine."""
+        host = self.__dict__.get("host")
+        if host is None:
+            return "BackendServer(starting)"
+        s = host.stats()
+        live = sum(1 for v in s["sessions"].values() if v["state"] == "live")
+        return (f"BackendServer({s['backend']}: {s['engine']} {s['model'].rsplit('/', 1)[-1]}, "
+                f"{live} live / {len(s['sessions']) - live} suspended sessions, "
+                f"{s['resident_tokens']}/{s['kv_budget_tokens']} tokens resident)")
+
+    @ray.method(concurrency_group="control")
     def ping(self) -> str:
         return self.node_id
 
+    @ray.method(concurrency_group="control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         self.host.open_session(session_id, policy)
 
+    @ray.method(concurrency_group="calls")
     def append(self, session_id: str, tokens: Sequence[int]) -> int:
         return self.host.append(session_id, tokens)
 
+    @ray.method(concurrency_group="calls")
     def append_text(self, session_id: str, text: str) -> list[int]:
-        add_bos = not self.host.executor.token_log(session_id)
+        add_bos = self.host.token_count(session_id) == 0
         tokens = self.host.executor.tokenize(text, add_bos)
         self.host.append(session_id, tokens)
         return tokens
 
+    @ray.method(concurrency_group="calls")
     def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
                  seed: int | None = None) -> list[int]:
         return self.host.generate(session_id, max_tokens, temperature, seed)
 
-    @ray.method(num_returns="streaming")
+    @ray.method(num_returns="streaming", concurrency_group="calls")
     def stream(self, session_id: str, max_tokens: int, temperature: float = 0.0,
                seed: int | None = None) -> Iterator[int]:
         yield from self.host.stream(session_id, max_tokens, temperature, seed)
 
+    @ray.method(concurrency_group="control")
     def suspend(self, session_id: str) -> None:
         self.host.suspend(session_id)
 
+    @ray.method(concurrency_group="control")
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
         return self.host.resume(session_id, record)
 
+    @ray.method(concurrency_group="control")
     def detach(self, session_id: str) -> SuspendRecord:
         return self.host.detach(session_id)
 
+    @ray.method(concurrency_group="control")
     def close(self, session_id: str) -> None:
         self.host.close(session_id)
 
+    @ray.method(concurrency_group="control")
     def session_stats(self, session_id: str) -> dict[str, Any]:
         return self.host.session_stats(session_id)
 
+    @ray.method(concurrency_group="control")
     def stats(self) -> dict[str, Any]:
         tier = self.tier_decision.as_dict() if self.tier_decision is not None else None
         return {**self.host.stats(), "node_id": self.node_id, "kv_types": (self.host.config.type_k,
                 self.host.config.type_v), "tier_decision": tier}
 
+    @ray.method(concurrency_group="control")
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.host.executor.tokenize(text, add_bos)
 
+    @ray.method(concurrency_group="control")
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.host.executor.detokenize(tokens)
 
 
-BackendActor = ray.remote(BackendServer)
+# Ray's stubs do not list concurrency_groups among ray.remote's keywords; Ray accepts it.
+BackendActor = ray.remote(  # type: ignore[call-overload]
+    concurrency_groups={"calls": CALL_THREADS, "control": CONTROL_THREADS}
+)(BackendServer)

@@ -53,6 +53,16 @@ class ColdStoreServer(ColdStore):
             promote_on_get=promote_on_get, copy_payloads=copy_payloads, fsync=fsync,
         )
 
+    def __repr__(self) -> str:
+        """Bytes and blocks per tier, for Ray's dashboard (its Repr column)."""
+        def size(n: int) -> str:
+            return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+        st = self._store.stats()
+        return (f"{type(self).__name__}(ram {size(st.ram_bytes)} in {st.ram_blocks} blocks "
+                f"of {size(st.ram_budget_bytes)}, disk {size(st.disk_bytes)} in {st.disk_blocks} blocks "
+                f"of {size(st.disk_budget_bytes)})")
+
     def _changed(self) -> None:
         """Called after every call that may move bytes between tiers."""
 

@@ -5,7 +5,11 @@ Primitives:
   openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM aggregation),
   block size, resident budget, spill (keep evicted blocks in the cold store) or drop.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
-  threads, GPUs.
+  threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
+  memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
+  or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
+  ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.kv_budget``), and an
+  explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them.
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 Drivers import both from ``kvres.cluster``.
@@ -19,6 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvres.policy.kv_types import KVType
+
+DEFAULT_KV_MEMORY_RESERVE = 256 * 1024 * 1024  # compute buffers and the rest of the process
 
 
 class SessionPolicy(BaseModel):
@@ -93,6 +99,18 @@ class BackendConfig(BaseModel):
     num_gpus: float = Field(0.0, ge=0.0)
     node_id: str | None = None  # pin the backend to this Ray node
     openvino_mode: Literal["state", "recompute"] = "state"
+    # device placement: llama.cpp layers to offload (None: all when Ray gives the actor GPUs, else 0)
+    n_gpu_layers: int | None = Field(None, ge=0, le=100_000)
+    openvino_device: str = Field("CPU", pattern=r"^[A-Z]+(\.[0-9A-Za-z_]+)?(:[A-Z0-9.,]+)?$")
+    # the KV budget as memory (either or both; both: the smaller)
+    kv_memory_bytes: int | None = Field(None, ge=1)
+    kv_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    kv_memory_reserve_bytes: int = Field(DEFAULT_KV_MEMORY_RESERVE, ge=0)
+
+    @property
+    def memory_budgeted(self) -> bool:
+        """The KV budget is given in memory: n_ctx and kv_budget_tokens are resolved from it."""
+        return self.kv_memory_bytes is not None or self.kv_memory_fraction is not None
 
     @model_validator(mode="after")
     def _check(self) -> BackendConfig:

@@ -1,16 +1,24 @@
-"""Build the executor a backend config asks for.
+"""Build the executor a backend config asks for, and the config it really runs with.
 
 Primitives:
-- ``resolve_kv_tier(config, model_path, env) -> (config, decision)``: with KVRES_KV_AUTO_TIER=1,
-  the T* choice (``kvres.actors.kv_tier_choice``) sets the KV types and the resident token budget
-  (the spilled tail lives in the cold store); otherwise the config comes back unchanged.
-- ``make_executor(config, model_path)``: a ``LlamaExecutor``, an OpenVINO executor of the
-  configured mechanism (state slicing or re-prefill) or a ``GenAIExecutor`` (openvino-genai: the
-  engine evicts).
+- ``resolve_kv_tier(config, model_path, env=None, placement=None) -> (config, decision)``: the
+  config a backend runs with. A memory-budgeted config (``BackendConfig.memory_budgeted``) gets
+  ``n_ctx`` and ``kv_budget_tokens`` from its bytes (``kvres.actors.kv_budget``); with
+  KVRES_KV_AUTO_TIER=1 a llama backend's KV types come from the T* choice
+  (``kvres.actors.kv_tier_choice``), whose budget is those same bytes (else ``kv_budget_tokens``
+  priced at f16). When the f16 cache of the whole context fits, nothing is probed or logged and
+  the types stay; otherwise the config comes back unchanged.
+- ``make_executor(config, model_path, placement=None)``: a ``LlamaExecutor`` (layers offloaded
+  and main GPU from the placement), an OpenVINO executor of the configured mechanism on the
+  placement's device (state slicing or re-prefill) or a ``GenAIExecutor`` (openvino-genai: the
+  engine evicts). Without a placement it is taken from the GPUs Ray assigned this process
+  (``kvres.actors.placement``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,38 +26,73 @@ from kvres.policy.tiering import TierDecision
 
 from .config import BackendConfig
 from .executor import EngineManagedExecutor, Executor
+from .placement import Placement, assigned_gpu_ids, placement_for
+
+logger = logging.getLogger("kvres.capacity")
 
 
 def resolve_kv_tier(
-    config: BackendConfig, model_path: Path, env: Mapping[str, str] | None = None
+    config: BackendConfig, model_path: Path, env: Mapping[str, str] | None = None,
+    placement: Placement | None = None,
 ) -> tuple[BackendConfig, TierDecision | None]:
-    """The config a llama backend really runs with. KV types the user set explicitly are kept
-    (an explicit V type disables the choice); the byte budget is ``kv_budget_tokens`` at f16."""
-    if config.engine != "llama":
-        return config, None
-    from .kv_tier_choice import choose_kv_types
-    from .model_files import profile_from_gguf
+    """The config a backend really runs with. KV types the user set explicitly are kept (an
+    explicit V type disables the choice)."""
+    env = os.environ if env is None else env
+    from .kv_budget import context_cap, memory_budget, resolve_kv_memory
+    from .tier_env import auto_tier_enabled
 
-    budget_bytes = profile_from_gguf(model_path).kv_bytes_for_context(config.kv_budget_tokens)
+    if placement is None and config.memory_budgeted:
+        placement = placement_for(config, assigned_gpu_ids(), env)
+    budget, source = memory_budget(config, model_path, placement) if config.memory_budgeted else (None, None)
+    decision: TierDecision | None = None
+    type_k: str = config.type_k
+    type_v: str = config.type_v
     explicit_k = config.type_k if "type_k" in config.model_fields_set else None
     explicit_v = config.type_v if "type_v" in config.model_fields_set else None
-    choice = choose_kv_types(model_path, config.n_ctx, budget_bytes, explicit_k, explicit_v, env)
-    if choice.decision is None:
-        return config, None
-    resident = max(1, min(config.n_ctx, int(choice.resident_budget_tokens)))
-    tuned = config.model_copy(
-        update={"type_k": choice.type_k, "type_v": choice.type_v, "kv_budget_tokens": resident}
-    )
-    return tuned, choice.decision
+    if config.engine == "llama" and auto_tier_enabled(env) and explicit_v is None:
+        from kvres.policy.tiering import layout_profile_factory
+
+        from .kv_budget import llama_cache_cells
+        from .kv_tier_choice import choose_kv_types
+        from .model_files import layout_from_gguf
+
+        layout = layout_from_gguf(model_path)
+        if budget is not None:  # priced as the engine allocates the context
+            budget_bytes, n_ctx = budget.bytes, context_cap(config, model_path)
+            profile_for = layout_profile_factory(layout, llama_cache_cells(config))
+        else:
+            profile_for = layout_profile_factory(layout)
+            budget_bytes, n_ctx = profile_for("f16", "f16").kv_bytes_for_context(config.kv_budget_tokens), config.n_ctx
+        if profile_for(explicit_k or "f16", "f16").kv_bytes_for_context(n_ctx) > budget_bytes:
+            # else the top tier holds the whole context: nothing to choose, probe or log
+            choice = choose_kv_types(model_path, n_ctx, budget_bytes, explicit_k, None, env,
+                                     profile_for=profile_for, head_dims=layout.head_dims)
+            decision = choice.decision
+            type_k, type_v = choice.type_k, choice.type_v
+            if budget is None and decision is not None:
+                resident = max(1, min(config.n_ctx, int(choice.resident_budget_tokens)))
+                config = config.model_copy(update={"type_k": type_k, "type_v": type_v, "kv_budget_tokens": resident})
+    if budget is not None:
+        config, memory = resolve_kv_memory(config, model_path, budget, placement=placement, source=source,
+                                           type_k=type_k, type_v=type_v)
+        logger.info("backend %s: KV memory %.1f MiB from %s buys n_ctx=%d, kv_budget_tokens=%d at %s/%s",
+                    config.name, memory.budget_bytes / 2**20, memory.device, memory.n_ctx,
+                    memory.kv_budget_tokens, memory.type_k, memory.type_v, extra={"kvres_memory": memory.as_dict()})
+    return config, decision
 
 
-def make_executor(config: BackendConfig, model_path: Path) -> Executor | EngineManagedExecutor:
+def make_executor(
+    config: BackendConfig, model_path: Path, placement: Placement | None = None
+) -> Executor | EngineManagedExecutor:
+    if placement is None:
+        placement = placement_for(config, assigned_gpu_ids())
     if config.engine == "llama":
         from .llama import LlamaExecutor
 
         return LlamaExecutor(
             str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
             type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
+            n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu,
         )
     if config.engine == "openvino-genai":
         from .openvino.genai_executor import GenAIExecutor
@@ -57,7 +100,8 @@ def make_executor(config: BackendConfig, model_path: Path) -> Executor | EngineM
         return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
     from .openvino import openvino_executor
 
-    return openvino_executor(model_path, mode=config.openvino_mode, num_threads=config.n_threads or 1)
+    return openvino_executor(model_path, mode=config.openvino_mode, num_threads=config.n_threads or 1,
+                             device=placement.openvino_device)
 
 
 __all__ = ["make_executor", "resolve_kv_tier"]

@@ -2,7 +2,8 @@
 
 Primitives:
 - ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
-  ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``, ``detokenize``; attributes
+  ``append_many`` (several sessions' tokens in one engine step; a loop over ``append`` unless the
+  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``, ``detokenize``; attributes
   ``engine`` (a name) and ``fingerprint`` (binds KV blocks to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
@@ -60,6 +61,11 @@ class EngineSessions(ABC):
     def append(self, session_id: str, tokens: Sequence[int]) -> Logits:
         """Add tokens (batched prefill); return the next-token logits (empty where the engine
         computes them only inside ``generate``)."""
+
+    def append_many(self, items: Sequence[tuple[str, Sequence[int]]]) -> list[Logits]:
+        """``append`` for several sessions (each at most once); an engine that can decode them in
+        one batch overrides this. Items before a failing one stay appended."""
+        return [self.append(session_id, tokens) for session_id, tokens in items]
 
     @abstractmethod
     def token_log(self, session_id: str) -> list[int]: ...

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from kvres.actors.model_files import read_gguf_metadata
+from kvres.actors.model_files import active_weight_bytes_of, read_gguf_metadata
 from kvres.policy.errors import ModelLoadError
 from kvres.policy.tiering import (
     DEFAULT_TIER,
@@ -62,8 +62,9 @@ def choose_kv_types(
 ) -> KVTypeChoice:
     """KV types and resident token budget for a new context of ``n_ctx`` tokens.
 
-    ``model_path`` (a GGUF) supplies the layer structure, the head dims, ``W_active`` (its file
-    size) and the model for the llama.cpp probes; ``profile_for`` / ``head_dims`` /
+    ``model_path`` (a GGUF) supplies the layer structure, the head dims, ``W_active`` (the weights
+    one decode step reads: ``kvres.actors.model_files.active_weight_bytes_of``) and the model for
+    the llama.cpp probes; ``profile_for`` / ``head_dims`` /
     ``weights_active_bytes`` / ``probes`` replace those parts (all four make ``model_path``
     optional). ``budget_bytes`` is the KV memory the context may keep resident.
     """
@@ -91,7 +92,7 @@ def choose_kv_types(
     if weights_active_bytes is None:
         if model_path is None:
             raise TieringError("choose_kv_types needs model_path or weights_active_bytes")
-        weights_active_bytes = float(os.path.getsize(model_path))
+        weights_active_bytes = active_weight_bytes_of(model_path)
     if probes is None:
         probes = load_probes(model_path, env=env)
     decision = choose_tier(

@@ -6,14 +6,15 @@ Primitives:
 - Names: kvres_resident_tokens{backend,session}, kvres_backend_resident_tokens{backend},
   kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, kvres_evictions_total{backend,session},
   kvres_admissions_total, kvres_spills_total, kvres_recomputed_tokens_total,
-  kvres_suspends_total, kvres_plan_latency_ms (histogram, {backend}).
+  kvres_suspends_total, kvres_plan_latency_ms (histogram, {backend}),
+  kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens decoded).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-COUNTERS = ("evictions", "admissions", "spills", "recomputed_tokens", "suspends")
+COUNTERS = ("evictions", "admissions", "spills", "recomputed_tokens", "suspends", "resumes")
 
 
 class Metrics:
@@ -26,6 +27,8 @@ class Metrics:
     def observe_plan_ms(self, backend: str, ms: float) -> None: ...
 
     def set_cold(self, node: str, tier: str, nbytes: int, blocks: int) -> None: ...
+
+    def count_tokens(self, backend: str, kind: str, n: int) -> None: ...
 
 
 NullMetrics = Metrics
@@ -57,6 +60,10 @@ class RayMetrics(Metrics):
             "kvres_plan_latency_ms", "Planner latency per backend plan (ms)",
             boundaries=[0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000], tag_keys=("backend",),
         )
+        self._tokens = metrics.Counter(
+            "kvres_tokens_total", "Tokens a backend prefilled (kind=prompt) or generated (kind=generated)",
+            tag_keys=("backend", "kind"),
+        )
 
     def set_resident(self, backend: str, session: str, tokens: int) -> None:
         self._resident.set(tokens, tags={"backend": backend, "session": session})
@@ -74,3 +81,7 @@ class RayMetrics(Metrics):
     def set_cold(self, node: str, tier: str, nbytes: int, blocks: int) -> None:
         self._cold_bytes.set(nbytes, tags={"node": node, "tier": tier})
         self._cold_blocks.set(blocks, tags={"node": node, "tier": tier})
+
+    def count_tokens(self, backend: str, kind: str, n: int) -> None:
+        if n:
+            self._tokens.inc(n, tags={"backend": backend, "kind": kind})

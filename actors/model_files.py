@@ -8,7 +8,12 @@ Primitives:
 - ``open_gguf(path)``: a ``gguf.GGUFReader`` over a checked file (tensors for the converters).
 - ``gguf_value(reader, key, default=None)``: one metadata value (strings decoded, arrays as lists).
 - ``read_gguf_metadata(path) -> dict``: every key/value of a GGUF file except the tokenizer's.
+- ``layout_from_gguf(path) -> ModelKVLayout``: which layers own KV, their widths and windows, as
+  llama.cpp builds them (``kvres.policy.kv_layout``).
 - ``profile_from_gguf(path, type_k, type_v) -> LayerKVProfile``: the T0 profile of a GGUF model.
+- ``tensor_bytes(path) -> dict[str, int]``: the stored size of every tensor.
+- ``active_weight_bytes_of(path) -> float``: the weights one decode step reads
+  (``kvres.policy.tiering.active_weight_bytes``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvres.policy.capacity import LayerKVProfile, profile_from_metadata
+from kvres.policy.capacity import CapacityError, LayerKVProfile
 from kvres.policy.errors import ModelLoadError
+from kvres.policy.kv_layout import ModelKVLayout, layout_from_metadata
 
 GGUF_MAGIC = b"GGUF"
 _digests: dict[tuple[str, int, int], str] = {}
@@ -82,7 +88,32 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {key: gguf_value(reader, key) for key in reader.fields if not key.startswith("tokenizer.")}
 
 
+def layout_from_gguf(path: str | os.PathLike[str]) -> ModelKVLayout:
+    meta = read_gguf_metadata(path)
+    try:
+        return layout_from_metadata(meta)
+    except CapacityError as exc:
+        raise ModelLoadError(f"cannot read the KV layout of {os.fspath(path)!r}: {exc}") from exc
+
+
 def profile_from_gguf(
     path: str | os.PathLike[str], type_k: str = "f16", type_v: str = "f16"
 ) -> LayerKVProfile:
-    return profile_from_metadata(read_gguf_metadata(path), type_k, type_v)
+    return layout_from_gguf(path).profile(type_k, type_v)
+
+
+def tensor_bytes(path: str | os.PathLike[str]) -> dict[str, int]:
+    reader = open_gguf(path)
+    return {str(t.name): int(t.n_bytes) for t in reader.tensors}
+
+
+def active_weight_bytes_of(path: str | os.PathLike[str]) -> float:
+    from kvres.policy.tiering import active_weight_bytes
+
+    meta = read_gguf_metadata(path)
+    arch = str(meta.get("general.architecture", ""))
+    return active_weight_bytes(
+        tensor_bytes(path),
+        n_expert=int(meta.get(f"{arch}.expert_count") or 0),
+        n_expert_used=int(meta.get(f"{arch}.expert_used_count") or 0),
+    )

@@ -17,6 +17,7 @@ class TokenSampler:
         if not np.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
         self.temperature = float(temperature)
+        self.seed = seed
         self._rng = np.random.default_rng(seed)
 
     def sample(self, logits: npt.NDArray[np.floating]) -> int:

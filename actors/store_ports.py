@@ -4,22 +4,30 @@ Primitives:
 - ``ColdRef(store, key, nbytes)``: a block parked in the store named ``store``.
 - ``StorePort``: a ``kvres.coldstore.ColdStore`` over the backend's home store (``name``), plus
   ``at(store)``: the same interface over another store by name, so a block parked on one node can
-  be fetched from another after a migration. ``refs(results, blocks)`` turns a batch of put
-  results into ``ColdRef``s of the home store.
-- ``RayStorePort(name, namespace)``: the port over ``ColdStoreActor``s looked up by name; every
-  call, batched ones included, is one Ray call.
+  be fetched from another after a migration. By ``ColdRef``, one batched call per store each:
+  ``park(blocks) -> refs`` (into the home store), ``take(refs, costs)`` (read and remove),
+  ``tiers_of(refs)``, ``release(refs)``.
+- ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port over ``ColdStoreActor``s
+  looked up by name; every call, batched ones included, is one Ray call; writes are write-behind
+  through a small local stage, so a resume right after a suspend reads nothing over Ray.
 - ``cold_store_name(node_id)``: the actor name of a node's cold store.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from abc import abstractmethod
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
 from kvres.policy.recall import RecallCosts
+
+logger = logging.getLogger("kvres.coldstore")
+STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 
 
 def cold_store_name(node_id: str) -> str:
@@ -40,51 +48,184 @@ class StorePort(ColdStore):
     def at(self, store: str) -> ColdStore:
         """The store named ``store`` (this port itself for the home store)."""
 
-    def refs(self, results: Sequence[PutResult], blocks: Sequence[KVBlock]) -> list[ColdRef]:
+    def park(self, blocks: Sequence[KVBlock]) -> list[ColdRef]:
+        results = self.put_many(blocks)
         return [ColdRef(self.name, r.key, b.payload_nbytes) for r, b in zip(results, blocks, strict=True)]
+
+    def take(self, refs: Sequence[ColdRef], costs: RecallCosts | None = None) -> list[KVBlock | None]:
+        """The blocks behind ``refs``, removed from their stores (None where gone, unreadable or
+        cheaper to recompute under ``costs``)."""
+        out: list[KVBlock | None] = [None] * len(refs)
+        for store, idx in _by_store(refs).items():
+            popped = self.at(store).pop_many([refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
+            for i, block in zip(idx, popped, strict=True):
+                out[i] = block
+        return out
+
+    def tiers_of(self, refs: Sequence[ColdRef]) -> list[Tier | None]:
+        out: list[Tier | None] = [None] * len(refs)
+        for store, idx in _by_store(refs).items():
+            for i, tier in zip(idx, self.at(store).tiers([refs[i].key for i in idx]), strict=True):
+                out[i] = tier
+        return out
+
+    def release(self, refs: Sequence[ColdRef]) -> None:
+        for store, idx in _by_store(refs).items():
+            self.at(store).delete_many([refs[i].key for i in idx])
+
+
+def _by_store(refs: Sequence[ColdRef]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, ref in enumerate(refs):
+        groups.setdefault(ref.store, []).append(i)
+    return groups
 
 
 class RayStorePort(StorePort):
-    def __init__(self, name: str, namespace: str) -> None:
+    """The port over the cold-store actors. Writes to the home store are write-behind: a batch is
+    kept in a small local stage (``stage_bytes``, oldest out first) and handed to a sender thread
+    that submits it (one Ray call, in order with this port's later calls, which wait until
+    everything before them is submitted), so a suspend does not wait for the store and the resume
+    that follows reads its blocks here and only tells the store to drop them. Every other call
+    waits for its answer."""
+
+    def __init__(self, name: str, namespace: str, stage_bytes: int = STAGE_BYTES) -> None:
         self.name = name
         self._namespace = namespace
         self._handle: Any = None
+        self._stage: OrderedDict[BlockKey, KVBlock] = OrderedDict()
+        self._stage_bytes = 0
+        self._stage_limit = stage_bytes
+        self._inflight: list[Any] = []
+        self._outbox: deque[tuple[str, tuple[Any, ...]]] = deque()
+        self._sent = threading.Condition()
+        self._sender: threading.Thread | None = None
 
     def at(self, store: str) -> ColdStore:
-        return self if store == self.name else RayStorePort(store, self._namespace)
+        return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0)
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _actor(self) -> Any:
         import ray
 
         if self._handle is None:
             self._handle = ray.get_actor(self.name, namespace=self._namespace)
-        return ray.get(getattr(self._handle, method).remote(*args))
+        return self._handle
 
-    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
-        result: PutResult = self._call("put", block, priority)
-        return result
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
 
-    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
-        return list(self._call("put_many", list(blocks), priority)) if blocks else []
+        with self._sent:
+            while self._outbox:  # calls keep the order they were made in
+                self._sent.wait()
+        self._reap()
+        return ray.get(getattr(self._actor(), method).remote(*args))
 
-    def get(self, key: BlockKey) -> KVBlock | None:
-        block: KVBlock | None = self._call("get", key)
+    def _send(self, method: str, *args: Any) -> None:
+        """Submit without waiting (from the sender thread); a failure is logged when noticed."""
+        self._actor()
+        with self._sent:
+            self._outbox.append((method, args))
+            if self._sender is None or not self._sender.is_alive():
+                self._sender = threading.Thread(target=self._send_loop, name=f"kvres-send-{self.name}", daemon=True)
+                self._sender.start()
+            self._sent.notify_all()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._sent:
+                while not self._outbox:
+                    self._sent.wait()
+                method, args = self._outbox[0]
+            try:
+                ref = getattr(self._actor(), method).remote(*args)
+            except Exception as exc:
+                ref = None
+                logger.warning("cold store %s: could not send %s: %s", self.name, method, exc)
+            with self._sent:
+                self._outbox.popleft()
+                if ref is not None:
+                    self._inflight.append(ref)
+                self._sent.notify_all()
+
+    def _reap(self) -> None:
+        import ray
+
+        with self._sent:
+            pending, self._inflight = self._inflight, []
+        if not pending:
+            return
+        done, rest = ray.wait(pending, num_returns=len(pending), timeout=0)
+        with self._sent:
+            self._inflight.extend(rest)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # the staged copy, while it lasts, still serves a resume
+                logger.warning("cold store %s: a write-behind call failed: %s", self.name, exc)
+
+    def _stage_blocks(self, blocks: Sequence[KVBlock]) -> None:
+        for block in blocks:
+            key = BlockKey.of(block)
+            old = self._stage.pop(key, None)
+            self._stage_bytes -= old.payload_nbytes if old is not None else 0
+            if block.payload_nbytes <= self._stage_limit:
+                self._stage[key] = block
+                self._stage_bytes += block.payload_nbytes
+        while self._stage_bytes > self._stage_limit:
+            _, oldest = self._stage.popitem(last=False)
+            self._stage_bytes -= oldest.payload_nbytes
+
+    def _unstage(self, key: BlockKey) -> KVBlock | None:
+        block = self._stage.pop(key, None)
+        if block is not None:
+            self._stage_bytes -= block.payload_nbytes
         return block
 
+    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
+        return self.put_many([block], priority)[0]
+
+    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
+        """Stage and send; the results are provisional (every block "ram", nothing displaced):
+        the store's own log (``drain_dropped``) says what it later dropped."""
+        if not blocks:
+            return []
+        self._stage_blocks(blocks)
+        self._send("put_many", list(blocks), priority)
+        return [PutResult(BlockKey.of(b), "ram") for b in blocks]
+
+    def get(self, key: BlockKey) -> KVBlock | None:
+        return self.get_many([key])[0]
+
     def get_many(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
-        return list(self._call("get_many", list(keys))) if keys else []
+        out: list[KVBlock | None] = [self._stage.get(k) for k in keys]
+        rest = [i for i, block in enumerate(out) if block is None]
+        if rest:
+            for i, block in zip(rest, self._call("get_many", [keys[i] for i in rest]), strict=True):
+                out[i] = block
+        return out
 
     def pop_many(
         self, keys: Sequence[BlockKey], nbytes: Sequence[int] | None = None, costs: RecallCosts | None = None
     ) -> list[KVBlock | None]:
         if not keys:
             return []
-        return list(self._call("pop_many", list(keys), None if nbytes is None else list(nbytes), costs))
+        out: list[KVBlock | None] = [self._unstage(k) for k in keys]
+        staged = [keys[i] for i, block in enumerate(out) if block is not None]
+        rest = [i for i, block in enumerate(out) if block is None]
+        if staged:
+            self._send("delete_many", staged)
+        if rest:
+            sizes = None if nbytes is None else [nbytes[i] for i in rest]
+            for i, block in zip(rest, self._call("pop_many", [keys[i] for i in rest], sizes, costs), strict=True):
+                out[i] = block
+        return out
 
     def delete(self, key: BlockKey) -> bool:
-        return bool(self._call("delete", key))
+        return self.delete_many([key]) == 1
 
     def delete_many(self, keys: Sequence[BlockKey]) -> int:
+        for key in keys:
+            self._unstage(key)
         return int(self._call("delete_many", list(keys))) if keys else 0
 
     def tier_of(self, key: BlockKey) -> Tier | None:
@@ -98,4 +239,6 @@ class RayStorePort(StorePort):
         return list(self._call("list_session", session_id))
 
     def drop_session(self, session_id: str) -> int:
+        for key in [k for k in self._stage if k.session_id == session_id]:
+            self._unstage(key)
         return int(self._call("drop_session", session_id))

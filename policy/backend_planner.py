@@ -12,6 +12,11 @@ Order of relief: (1) every session is brought under its own budget by ``plan_hot
 for the tokens about to arrive); (2) if the backend as a whole is still over budget, idle sessions
 are suspended, least recently used first; (3) then active sessions that allow eviction are shrunk,
 least recently used first; (4) what still does not fit is reported as ``over_budget``.
+
+Cost: a streaming session without scores is planned from its ranges (``plan_streaming``), in time
+proportional to its ranges and the blocks it loses, not to its length (a session that grew by one
+block costs one block's work); a scored one in plain Python up to a few hundred blocks, by
+``plan_hot_set`` on its blocks beyond. A session shrunk twice (steps 1 and 3) keeps its scores.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from .blocks import BlockTable
 from .capabilities import Capabilities
-from .planner import Plan, PlanInput, StreamPolicy, plan_hot_set
+from .planner import PlanInput, StreamPolicy, plan_hot_set, plan_streaming, trusted_range
 from .ranges import Range
 
 
@@ -45,15 +51,9 @@ class SessionView:
         return sum(len(r) for r in self.resident_ranges)
 
     def blocks(self) -> BlockTable:
-        tables = [BlockTable.uniform(r, self.block_size) for r in sorted(self.resident_ranges)]
-        if not tables:
-            return BlockTable.uniform(Range(0, 0), self.block_size)
-        joined = {
-            name: np.concatenate([getattr(t, name) for t in tables])
-            for name in ("starts", "ends", "flags")
-        }
-        joined["last_used"] = np.arange(joined["starts"].shape[0], dtype=np.int64)
-        return BlockTable(**joined)
+        """The resident ranges in position order, each cut at multiples of ``block_size``;
+        block i was last used at time i."""
+        return BlockTable.from_ranges(sorted(self.resident_ranges), self.block_size)
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,53 @@ class BackendPlan:
         return [a.session_id for a in self.actions if a.kind == "suspend"]
 
 
-def _shrink(view: SessionView, target: int, caps: Capabilities) -> Plan:
-    blocks = view.blocks()
-    scores = view.scores if view.scores is not None and len(view.scores) == len(blocks) else None
-    return plan_hot_set(PlanInput(blocks, max(0, target), view.stream_policy, caps, scores))
+_SCORED_IN_PYTHON_UP_TO = 512  # blocks; larger scored sessions are planned by numpy
+
+
+def _n_blocks(ranges: Sequence[Range], block_size: int) -> int:
+    return sum((r.end - 1) // block_size - r.start // block_size + 1 for r in ranges if r.end > r.start)
+
+
+class _Shrinking:
+    """One session while it is planned: what is left of it, and with which scores. Streaming
+    sessions are planned from their ranges (``plan_streaming``: scored ones of up to
+    ``_SCORED_IN_PYTHON_UP_TO`` blocks too), the rest by ``plan_hot_set`` on their blocks."""
+
+    def __init__(self, view: SessionView) -> None:
+        self.view = view
+        self.ranges: tuple[Range, ...] = tuple(sorted(view.resident_ranges))
+        n = _n_blocks(self.ranges, view.block_size) if view.scores is not None else 0
+        self.scores = view.scores if view.scores is not None and len(view.scores) == n else None
+        self.table: BlockTable | None = None  # the blocks left, once planned by plan_hot_set
+        self.table_scores: npt.NDArray[np.float64] | None = None
+        if self.scores is not None and n > _SCORED_IN_PYTHON_UP_TO:
+            self._to_table()
+
+    def _to_table(self) -> BlockTable:
+        self.table = BlockTable.from_ranges(self.ranges, self.view.block_size)
+        if self.scores is not None:
+            self.table_scores = np.asarray(self.scores, dtype=np.float64)
+        return self.table
+
+    def shrink(self, target: int, caps: Capabilities, diagnostics: list[str]) -> tuple[tuple[Range, ...], int]:
+        """Evict down to ``target`` tokens; returns the evicted block ranges and their tokens."""
+        view, policy = self.view, self.view.stream_policy
+        if self.table is None and policy.enabled and caps.remove_middle and caps.position_shift:
+            fast = plan_streaming(self.ranges, view.block_size, max(0, target), policy, self.scores)
+            diagnostics.extend(f"{view.session_id}: {d}" for d in fast.diagnostics)
+            self.ranges, self.scores = fast.kept_ranges, fast.kept_scores
+            return fast.evict_ranges, fast.total_tokens - fast.hot_tokens
+        table = self.table if self.table is not None else self._to_table()
+        plan = plan_hot_set(PlanInput(table, max(0, target), policy, caps, self.table_scores))
+        diagnostics.extend(f"{view.session_id}: {d}" for d in plan.diagnostics)
+        if plan.evict_index.size == 0:
+            return (), 0
+        idx, keep = plan.evict_index, plan.keep_index
+        evicted = tuple(map(trusted_range, table.starts[idx].tolist(), table.ends[idx].tolist()))
+        self.table = table.take(keep)
+        if self.table_scores is not None:
+            self.table_scores = self.table_scores[keep]
+        return evicted, plan.total_tokens - plan.hot_tokens
 
 
 def plan_backend(inp: BackendPlanInput) -> BackendPlan:
@@ -100,22 +143,23 @@ def plan_backend(inp: BackendPlanInput) -> BackendPlan:
     diagnostics: list[str] = []
     resident = {v.session_id: v.resident_tokens for v in inp.sessions}
     incoming = {v.session_id: v.incoming_tokens for v in inp.sessions}
-    shrunk: dict[str, SessionView] = {}
+    working: dict[str, _Shrinking] = {}
 
     def evict(view: SessionView, target: int, why: str) -> None:
-        plan = _shrink(view, target, inp.capabilities)
-        diagnostics.extend(f"{view.session_id}: {d}" for d in plan.diagnostics)
-        if plan.evict_index.size:
-            ranges = tuple(plan.evict_ranges)
-            actions.append(Action("evict", view.session_id, ranges, plan.rebase_positions))
-            resident[view.session_id] = plan.hot_tokens
-            kept = tuple(sorted(b.range for b in plan.keep_hot))
-            shrunk[view.session_id] = SessionView(
-                view.session_id, kept, view.last_used, view.active, view.incoming_tokens,
-                view.budget_tokens, view.stream_policy, view.evictable, view.block_size,
-                None,
-            )
-            diagnostics.append(f"{view.session_id}: evicted {len(ranges)} ranges ({why})")
+        work = working.get(view.session_id) or working.setdefault(view.session_id, _Shrinking(view))
+        before = resident[view.session_id]
+        new, freed = work.shrink(target, inp.capabilities, diagnostics)
+        if not new:
+            return
+        resident[view.session_id] = before - freed
+        ranges = new
+        previous = [a for a in actions if a.session_id == view.session_id and a.kind == "evict"]
+        if previous:  # one action per session: merged with what step (1) evicted
+            actions[:] = [a for a in actions if a not in previous]
+            ranges = tuple(sorted(new + previous[0].ranges))
+        rebase = view.stream_policy.enabled and view.stream_policy.rebase
+        actions.append(Action("evict", view.session_id, ranges, rebase))
+        diagnostics.append(f"{view.session_id}: evicted {len(new)} ranges ({why})")
 
     # (1) each session under its own budget, leaving room for what arrives next
     for view in inp.sessions:
@@ -133,7 +177,7 @@ def plan_backend(inp: BackendPlanInput) -> BackendPlan:
             break
         if view.active or resident[view.session_id] == 0:
             continue
-        actions = [a for a in actions if a.session_id != view.session_id]
+        actions[:] = [a for a in actions if a.session_id != view.session_id]
         actions.append(Action("suspend", view.session_id))
         diagnostics.append(f"{view.session_id}: suspended (idle, backend over budget)")
         resident[view.session_id] = 0
@@ -145,13 +189,7 @@ def plan_backend(inp: BackendPlanInput) -> BackendPlan:
             break
         if not view.active or not view.evictable:
             continue
-        current = shrunk.get(view.session_id, view)
-        evict(current, resident[view.session_id] - excess, "backend budget")
-        merged = [a for a in actions if a.session_id == view.session_id and a.kind == "evict"]
-        if len(merged) > 1:
-            ranges = tuple(sorted(r for a in merged for r in a.ranges))
-            actions = [a for a in actions if not (a.session_id == view.session_id and a.kind == "evict")]
-            actions.append(Action("evict", view.session_id, ranges, merged[0].rebase))
+        evict(view, resident[view.session_id] - excess, "backend budget")
 
     over = total() > inp.budget_tokens
     if over:

@@ -4,7 +4,8 @@ Primitives:
 - ``BlockFlag``: PINNED, SINK, RECENT, RETRIEVED (``PROTECTED`` = the ones never evicted).
 - ``Block(range, flags, last_used)``.
 - ``BlockTable``: the same blocks as numpy columns, for sessions with many thousands of blocks;
-  ``BlockTable.from_blocks(blocks)``, ``BlockTable.uniform(ranges, block_size)``, ``table[i]``.
+  ``BlockTable.from_blocks(blocks)``, ``BlockTable.uniform(span, block_size)``,
+  ``BlockTable.from_ranges(ranges, block_size)``, ``table[i]``.
 - ``split_into_blocks(ranges, block_size)``: cut resident ranges into block-aligned blocks.
 """
 
@@ -96,18 +97,44 @@ class BlockTable:
     @classmethod
     def uniform(cls, span: Range, block_size: int) -> BlockTable:
         """``span`` cut at multiples of ``block_size``; block i was last used at time i."""
+        return cls.from_ranges([span], block_size)
+
+    @classmethod
+    def from_ranges(cls, ranges: Sequence[Range], block_size: int) -> BlockTable:
+        """Every range of ``ranges`` (sorted, disjoint) cut at multiples of ``block_size``, in one
+        vectorised pass; block i was last used at time i."""
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
-        first = span.start // block_size * block_size
-        edges = np.arange(first, span.end + block_size, block_size, dtype=np.int64)
-        edges = np.unique(np.clip(edges, span.start, span.end))
-        starts, ends = edges[:-1], edges[1:]
+        live = [r for r in ranges if r.end > r.start]
+        if len(live) == 1:  # the common case, without the per-range bookkeeping
+            first = live[0].start // block_size
+            cell = np.arange(first, (live[0].end - 1) // block_size + 1, dtype=np.int64)
+            starts = cell * block_size
+            starts[0] = live[0].start
+            ends = starts + block_size - starts % block_size
+            ends[-1] = live[0].end
+        else:
+            lo = np.fromiter((r.start for r in live), dtype=np.int64, count=len(live))
+            hi = np.fromiter((r.end for r in live), dtype=np.int64, count=len(live))
+            counts = (hi - 1) // block_size - lo // block_size + 1
+            row = np.repeat(np.arange(len(live)), counts)
+            cell = (lo // block_size)[row] + np.arange(row.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+            starts = np.maximum(cell * block_size, lo[row])
+            ends = np.minimum((cell + 1) * block_size, hi[row])
         n = starts.shape[0]
-        return cls(
-            starts, ends, np.zeros(n, dtype=np.int64),
-            np.arange(n, dtype=np.int64),
-        )
+        return cls._trusted(starts, ends, np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64))
 
+    @classmethod
+    def _trusted(cls, starts: IntArray, ends: IntArray, flags: IntArray, last_used: IntArray) -> BlockTable:
+        """A table whose columns are valid by construction (cut from ranges, or rows of a valid
+        table): skips the checks, which cost as much as planning a small session."""
+        table = object.__new__(cls)
+        table.__dict__.update(starts=starts, ends=ends, flags=flags, last_used=last_used)
+        return table
+
+    def take(self, index: IntArray) -> BlockTable:
+        """The rows at ``index``, in that order."""
+        return BlockTable._trusted(self.starts[index], self.ends[index], self.flags[index], self.last_used[index])
 
 def split_into_blocks(
     ranges: Iterable[Range],

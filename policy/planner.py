@@ -7,6 +7,10 @@ Primitives:
 - ``PlanInput(blocks, budget_tokens, stream_policy, capabilities, scores=None)``.
 - ``Plan``: the partition ``keep_hot`` / ``evict_cold`` plus diagnostics.
 - ``plan_hot_set(PlanInput) -> Plan``: a pure, vectorised function.
+- ``plan_streaming(ranges, block_size, budget_tokens, policy) -> StreamingPlan``: the same plan for
+  a streaming session without scores or flags, straight from its resident ranges, in time
+  proportional to the ranges, the protected blocks and the evicted blocks (not to the session's
+  length): a session that grew by one block since its last plan costs one block's work.
 
 Eviction order, most evictable first: score (lowest first, only when scores are given), then recency (oldest ``last_used`` first;
 in streaming mode, lowest position first), then position. Blocks flagged PINNED, SINK or RECENT,
@@ -18,15 +22,17 @@ and the diagnostics say why.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .blocks import PROTECTED_FLAGS, Block, BlockTable
 from .capabilities import Capabilities
-from .ranges import Range
+from .ranges import IntArray, Range
 
 
 @dataclass(frozen=True)
@@ -86,14 +92,23 @@ class Plan:
         return sorted(b.range for b in self.evict_cold)
 
 
-def _validate(inp: PlanInput, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+def _position_order(starts: IntArray) -> IntArray | None:
+    """The permutation that sorts blocks by start; ``None`` when they already are (tables built
+    from ranges are), which spares two sorts per plan."""
+    if starts.shape[0] < 2 or bool(np.all(starts[1:] >= starts[:-1])):
+        return None
+    return np.argsort(starts, kind="stable")
+
+
+def _validate(
+    inp: PlanInput, starts: IntArray, ends: IntArray, order: IntArray | None
+) -> npt.NDArray[np.float64] | None:
     if isinstance(inp.budget_tokens, bool) or not isinstance(inp.budget_tokens, (int, np.integer)):
         raise ValueError(f"budget_tokens must be an int, got {inp.budget_tokens!r}")
     if inp.budget_tokens < 0:
         raise ValueError(f"budget_tokens must be >= 0, got {inp.budget_tokens}")
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    clash = np.nonzero(s[1:] < e[:-1])[0]
+    s, e = (starts, ends) if order is None else (starts[order], ends[order])
+    clash = (s[1:] < e[:-1]).nonzero()[0]
     if clash.size:
         i = int(clash[0])
         raise ValueError(
@@ -107,25 +122,85 @@ def _validate(inp: PlanInput, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
             f"scores has {scores.shape[0]} entries but there are {len(inp.blocks)} blocks"
         )
     if not np.all(np.isfinite(scores)):
-        bad = int(np.nonzero(~np.isfinite(scores))[0][0])
+        bad = int(np.flatnonzero(~np.isfinite(scores))[0])
         raise ValueError(f"scores must be finite, got {scores[bad]} for block {bad}")
     return scores
 
 
 def _stream_protected(
-    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], policy: StreamPolicy
+    lengths: IntArray, total: int, policy: StreamPolicy, order: IntArray | None
 ) -> npt.NDArray[np.bool_]:
     """Blocks overlapping the first ``sink_tokens`` or the last ``recent_tokens`` resident tokens."""
-    order = np.argsort(starts, kind="stable")
-    lengths = (ends - starts)[order]
+    if order is not None:
+        lengths = lengths[order]
     before = np.cumsum(lengths) - lengths  # resident tokens ahead of each block
-    after = lengths.sum() - before - lengths  # resident tokens behind each block
-    protected_sorted: npt.NDArray[np.bool_] = (before < policy.sink_tokens) | (
-        after < policy.recent_tokens
-    )
-    protected = np.empty_like(protected_sorted)
-    protected[order] = protected_sorted
-    return protected
+    after = total - before - lengths  # resident tokens behind each block
+    protected: npt.NDArray[np.bool_] = (before < policy.sink_tokens) | (after < policy.recent_tokens)
+    if order is None:
+        return protected
+    unsorted = np.empty_like(protected)
+    unsorted[order] = protected
+    return unsorted
+
+
+def _in_order(pool: IntArray, keys: Sequence[npt.NDArray[Any]]) -> bool:
+    """Whether ``pool`` (in position order) is already sorted by ``keys``, primary first; the
+    last key is the position, which ``pool`` follows by construction."""
+    if pool.shape[0] < 2 or len(keys) < 2:
+        return True
+    tied = np.ones(pool.shape[0] - 1, dtype=bool)
+    for key in keys[:-1]:
+        values = key[pool]
+        step = values[1:] - values[:-1]
+        if bool(np.any(tied & (step < 0))):
+            return False
+        tied &= step == 0
+    return True
+
+
+_SORT_BELOW = 256  # pools this small are simply sorted
+
+
+def _cheapest_prefix(
+    pool: IntArray, keys: Sequence[npt.NDArray[Any]], lengths: IntArray, need: int
+) -> IntArray:
+    """The shortest prefix, in the lexicographic order of ``keys`` (primary first, the last one the
+    position), of the blocks in ``pool`` (given in position order) whose tokens cover ``need``.
+    The caller has checked that the whole pool covers it; the blocks come back in no order.
+
+    Sorting every candidate is what a plan over many scored blocks spent most of its time on. This
+    is a weighted quickselect instead: partition around the key value the token count points at,
+    keep the side that holds the boundary, and sort only small leftovers. A pool already in key
+    order (any streaming plan without scores) costs one cumulative sum."""
+    chosen: list[IntArray] = []
+    while True:
+        small = pool.shape[0] <= _SORT_BELOW
+        in_order = len(keys) < 2 or (not small and _in_order(pool, keys))
+        if in_order or small:
+            if not in_order:
+                pool = pool[np.lexsort(tuple(key[pool] for key in reversed(keys)))]
+            freed = np.cumsum(lengths[pool])
+            chosen.append(pool[: int(np.searchsorted(freed, need, side="left")) + 1])
+            return np.concatenate(chosen) if len(chosen) > 1 else chosen[0]
+        key = keys[0][pool]
+        weights = lengths[pool]
+        k = min(pool.shape[0], max(1, -(-need * pool.shape[0] // int(weights.sum()))))
+        pivot = np.partition(key, k - 1)[k - 1]
+        below = key < pivot
+        below_tokens = int(weights[below].sum())
+        if below_tokens >= need:  # the boundary lies below the pivot
+            pool = pool[below]
+            continue
+        chosen.append(pool[below])
+        need -= below_tokens
+        tie = key == pivot
+        tie_tokens = int(weights[tie].sum())
+        if tie_tokens >= need:  # the boundary lies among the ties: the next key decides
+            pool, keys = pool[tie], keys[1:]
+            continue
+        chosen.append(pool[tie])
+        need -= tie_tokens
+        pool = pool[key > pivot]
 
 
 def plan_hot_set(inp: PlanInput) -> Plan:
@@ -133,21 +208,23 @@ def plan_hot_set(inp: PlanInput) -> Plan:
     table = source if isinstance(source, BlockTable) else BlockTable.from_blocks(source)
     n = len(table)
     starts, ends = table.starts, table.ends
-    scores = _validate(inp, starts, ends)
+    order = _position_order(starts)
+    scores = _validate(inp, starts, ends, order)
     budget = int(inp.budget_tokens)
     lengths = ends - starts
     total = int(lengths.sum())
     protected = (table.flags & int(PROTECTED_FLAGS)) != 0
-    everything = np.arange(n, dtype=np.int64)
-    nothing = np.zeros(0, dtype=np.int64)
     diagnostics: list[str] = []
     caps = inp.capabilities
     streaming = inp.stream_policy.enabled
 
+    def keep_all() -> tuple[IntArray, IntArray]:
+        return np.arange(n, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
     def noop(reason: str) -> Plan:
         diagnostics.append(reason)
         return Plan(
-            source, everything, nothing, budget_tokens=budget, total_tokens=total,
+            source, *keep_all(), budget_tokens=budget, total_tokens=total,
             hot_tokens=total, protected_tokens=int(lengths[protected].sum()),
             over_budget=total > budget, diagnostics=diagnostics,
         )
@@ -158,12 +235,12 @@ def plan_hot_set(inp: PlanInput) -> Plan:
             return noop(
                 f"streaming policy needs {' and '.join(missing)}; backend lacks it: no-op plan"
             )
-        protected |= _stream_protected(starts, ends, inp.stream_policy)
+        protected |= _stream_protected(lengths, total, inp.stream_policy, order)
     protected_tokens = int(lengths[protected].sum())
 
     if total <= budget:
         return Plan(
-            source, everything, nothing, budget_tokens=budget, total_tokens=total,
+            source, *keep_all(), budget_tokens=budget, total_tokens=total,
             hot_tokens=total, protected_tokens=protected_tokens, over_budget=False,
             diagnostics=diagnostics, rebase_positions=streaming and inp.stream_policy.rebase,
         )
@@ -173,36 +250,186 @@ def plan_hot_set(inp: PlanInput) -> Plan:
             "ranges (remove_middle is false): no-op plan"
         )
 
-    candidates = np.nonzero(~protected)[0]
-    recency = starts if streaming else table.last_used
-    keys: list[np.ndarray] = [starts[candidates], recency[candidates]]
-    if scores is not None:
-        keys.append(scores[candidates])
-    order = candidates[np.lexsort(tuple(keys))]
-
+    # candidates in position order; eviction order: score, then recency, then position
+    candidates = (~protected).nonzero()[0] if order is None else order[~protected[order]]
+    keys: list[npt.NDArray[Any]] = [] if scores is None else [scores]
+    keys += [starts] if streaming else [table.last_used, starts]
     need = total - budget
-    freed = np.cumsum(lengths[order])
-    n_evict = int(np.searchsorted(freed, need, side="left")) + 1
-    over_budget = False
-    if n_evict > order.size:
-        n_evict = order.size
-        over_budget = True
+    over_budget = protected_tokens > budget  # even every candidate cannot cover the excess
+    if over_budget:
+        evicted = candidates
         diagnostics.append(
-            f"protected blocks hold {protected_tokens} tokens, over the budget of {budget}: "
-            "they are kept and the plan is over budget"
-        )
+            _over_budget(protected_tokens, budget))
+    else:
+        evicted = _cheapest_prefix(candidates, keys, lengths, need)
     evict_mask = np.zeros(n, dtype=bool)
-    evict_mask[order[:n_evict]] = True
-    keep_idx = np.nonzero(~evict_mask)[0]
-    evict_idx = order[:n_evict]
-    evict_idx = evict_idx[np.argsort(starts[evict_idx], kind="stable")]
-    hot = int(lengths[keep_idx].sum())
+    evict_mask[evicted] = True
+    keep_idx = (~evict_mask).nonzero()[0]
+    evict_idx = evict_mask.nonzero()[0] if order is None else order[evict_mask[order]]
     if scores is not None:
-        diagnostics.append(f"scored eviction of {n_evict} blocks")
+        diagnostics.append(f"scored eviction of {evicted.shape[0]} blocks")
     return Plan(
-        source, keep_idx.astype(np.int64), evict_idx.astype(np.int64),
-        budget_tokens=budget, total_tokens=total, hot_tokens=hot,
+        source, keep_idx.astype(np.int64, copy=False), evict_idx.astype(np.int64, copy=False),
+        budget_tokens=budget, total_tokens=total, hot_tokens=total - int(lengths[evicted].sum()),
         protected_tokens=protected_tokens, over_budget=over_budget,
         diagnostics=diagnostics, rebase_positions=streaming and inp.stream_policy.rebase,
     )
 
+
+def trusted_range(start: int, end: int) -> Range:
+    """A ``Range`` cut from valid ranges (a block of one): its checks skipped, which is a third
+    of what planning a session that loses many blocks costs."""
+    rng = object.__new__(Range)
+    rng.__dict__.update(start=start, end=end)
+    return rng
+
+
+@dataclass(frozen=True)
+class StreamingPlan:
+    """``plan_streaming``'s answer: evicted blocks and what stays, both in position order."""
+
+    evict_ranges: tuple[Range, ...]
+    kept_ranges: tuple[Range, ...]
+    total_tokens: int
+    hot_tokens: int
+    protected_tokens: int
+    over_budget: bool
+    diagnostics: tuple[str, ...] = ()
+    kept_scores: tuple[float, ...] | None = None  # with scores: those of the kept blocks, in order
+
+
+def _over_budget(protected: int, budget: int) -> str:
+    return (f"protected blocks hold {protected} tokens, over the budget of {budget}: "
+            "they are kept and the plan is over budget")
+
+
+def plan_streaming(
+    ranges: Sequence[Range],
+    block_size: int,
+    budget_tokens: int,
+    policy: StreamPolicy,
+    scores: Sequence[float] | None = None,
+) -> StreamingPlan:
+    """What ``plan_hot_set`` decides for the blocks of ``ranges`` (each cut at multiples of
+    ``block_size``) in streaming mode, without flags, on a backend that can remove and re-base
+    ranges: the sinks and the recent window are protected and the middle goes lowest score first
+    (with ``scores``, one per block), else lowest position first. Without scores only the
+    protected ends and the evicted blocks are walked; with them every block is, in plain Python,
+    which beats numpy's per-call overhead up to a few hundred blocks."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be > 0, got {block_size}")
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, (int, np.integer)):
+        raise ValueError(f"budget_tokens must be an int, got {budget_tokens!r}")
+    if budget_tokens < 0:
+        raise ValueError(f"budget_tokens must be >= 0, got {budget_tokens}")
+    live = [r for r in ranges if r.end > r.start]
+    for a, b in zip(live, live[1:], strict=False):
+        if b.start < a.end:
+            raise ValueError(f"ranges must be sorted and disjoint: {a} then {b}")
+    if scores is not None:
+        return _plan_streaming_scored(live, block_size, int(budget_tokens), policy, scores)
+    total = sum(r.end - r.start for r in live)
+    bs = block_size
+
+    # the recent window, walked from the back: it starts at block ``back_start``
+    back_start, back_tokens, after = None, 0, 0
+    for r in reversed(live):
+        end = r.end
+        while end > r.start and after < policy.recent_tokens:
+            start = max(r.start, (end - 1) // bs * bs)
+            back_start, back_tokens, after, end = start, back_tokens + end - start, after + end - start, start
+        if after >= policy.recent_tokens:
+            break
+
+    # the sinks, then the middle from the front until the excess is covered
+    need = total - int(budget_tokens)
+    front_tokens, before, freed = 0, 0, 0
+    evicted: list[Range] = []
+    for r in live:
+        start = r.start
+        while start < r.end:
+            if back_start is not None and start >= back_start:
+                break
+            end = min(r.end, (start // bs + 1) * bs)
+            if before < policy.sink_tokens:
+                front_tokens += end - start
+            elif freed < need:
+                evicted.append(trusted_range(start, end))
+                freed += end - start
+            else:
+                break
+            before += end - start
+            start = end
+        else:
+            continue
+        break
+    protected = front_tokens + back_tokens
+    over = freed < need
+    diagnostics: tuple[str, ...] = ()
+    if over:
+        diagnostics = (_over_budget(protected, int(budget_tokens)),)
+    if not evicted:
+        return StreamingPlan((), tuple(live), total, total, protected, over, diagnostics)
+    first, last = evicted[0].start, evicted[-1].end
+    kept = [Range(r.start, min(r.end, first)) for r in live if r.start < first]
+    kept += [Range(max(r.start, last), r.end) for r in live if r.end > last]
+    return StreamingPlan(tuple(evicted), tuple(kept), total, total - freed, protected, over, diagnostics)
+
+
+def _plan_streaming_scored(
+    live: list[Range], bs: int, budget: int, policy: StreamPolicy, scores: Sequence[float]
+) -> StreamingPlan:
+    blocks: list[tuple[int, int, int]] = []  # start, end, index of the range it was cut from
+    for k, r in enumerate(live):
+        start = r.start
+        while start < r.end:
+            end = min(r.end, (start // bs + 1) * bs)
+            blocks.append((start, end, k))
+            start = end
+    values = [float(x) for x in scores]
+    if len(values) != len(blocks):
+        raise ValueError(f"scores has {len(values)} entries but there are {len(blocks)} blocks")
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise ValueError(f"scores must be finite, got {v} for block {i}")
+    total = sum(r.end - r.start for r in live)
+    candidates: list[tuple[float, int, int]] = []  # score, start, block
+    protected = before = 0
+    for i, (start, end, _) in enumerate(blocks):
+        if before < policy.sink_tokens or total - before - (end - start) < policy.recent_tokens:
+            protected += end - start
+        else:
+            candidates.append((values[i], start, i))
+        before += end - start
+    if total <= budget:
+        return StreamingPlan((), tuple(live), total, total, protected, False, (), tuple(values))
+    diagnostics = []
+    chosen: set[int] = set()
+    if protected > budget:
+        chosen.update(i for _, _, i in candidates)
+        diagnostics.append(_over_budget(protected, budget))
+    else:
+        freed = 0
+        for _, start, i in sorted(candidates):  # lowest score first, then lowest position
+            if freed >= total - budget:
+                break
+            chosen.add(i)
+            freed += blocks[i][1] - start
+    diagnostics.append(f"scored eviction of {len(chosen)} blocks")
+    evicted: list[Range] = []
+    kept: list[list[int]] = []  # start, end, range index: adjacent kept blocks of one range merged
+    kept_scores: list[float] = []
+    for i, (start, end, k) in enumerate(blocks):
+        if i in chosen:
+            evicted.append(trusted_range(start, end))
+        elif kept and kept[-1][2] == k and kept[-1][1] == start:
+            kept[-1][1] = end
+            kept_scores.append(values[i])
+        else:
+            kept.append([start, end, k])
+            kept_scores.append(values[i])
+    freed = sum(r.end - r.start for r in evicted)
+    return StreamingPlan(
+        tuple(evicted), tuple(trusted_range(s, e) for s, e, _ in kept), total, total - freed, protected,
+        protected > budget, tuple(diagnostics), tuple(kept_scores),
+    )

@@ -170,7 +170,7 @@ class PositionMap:
             first = preferred_first
         tail_from = int(self._pos[nxt]) if nxt is not None else self.next_pos
         tail_shift = max(0, first + span - tail_from) if nxt is not None else 0
-        return AdmitOp(first, tail_from, tail_shift, tuple(int(first + o) for o in offsets))
+        return AdmitOp(first, tail_from, tail_shift, tuple((np.asarray(offsets, dtype=np.int64) + first).tolist()))
 
     def admit(
         self, rng: Range, offsets: IntArray | None = None, preferred_first: int | None = None

@@ -5,9 +5,14 @@ Primitives:
   (f16, q8_0, q4_0 under a held K); ``tier_ladder(explicit_type_k)``;
   ``tier_supported(tier, head_dim_k, head_dim_v)``: a quantized type's block must divide the head
   dimension (llama.cpp refuses the context otherwise, e.g. q8_0 on stories260K's head_dim 8).
-- ``ProfileFactory``: ``(type_k, type_v) -> LayerKVProfile``; ``KVLayout.profile`` (global vs windowed
-  layers, per-layer bytes from ``kv_type_row_bytes(n_kv_heads * head_dim)`` for K and for V) and
-  ``metadata_profile_factory(meta)`` build one; ``tier_kv_bytes(factory, tier, n_ctx)``.
+- ``ProfileFactory``: ``(type_k, type_v) -> LayerKVProfile``; ``layout_profile_factory(layout, cells)``
+  (a ``kvres.policy.kv_layout.ModelKVLayout`` priced per tier) and ``metadata_profile_factory(meta)``
+  build one; ``tier_kv_bytes(factory, tier, n_ctx)``; ``head_dims_from_metadata(meta)``.
+- ``active_weight_bytes(tensor_bytes, n_expert, n_expert_used)``: ``W_active``, the weights one
+  decode step reads (token embeddings only as the output head when tied; MoE experts by the share
+  of experts a token uses).
+- ``fit_engage_cost(tail_bytes, extra_step_s) -> (c_engage_s, gbps)``: ``extra = c_engage +
+  bytes / bw`` over measured tails; no tail, no cost.
 - ``effective_bandwidth(host_ram_gbps, pcie_gbps) -> (bw_eff_gbps, binding_link)``: the slower of
   the RAM and PCIe legs, and which binds ("pcie", "host_ram", or "none" when there is no device link).
 - ``t_resident_s``, ``drop_fraction`` (the drop model), ``tstar_bytes``, ``fits``: the formulas of
@@ -32,13 +37,16 @@ Pure: numpy/stdlib only, no Ray, no engines, no environment, no logging.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .capacity import LayerKVProfile, profile_from_metadata, resolve_context_for_budget
+import numpy as np
+
+from .capacity import LayerKVProfile, resolve_context_for_budget
 from .errors import KvresError
-from .kv_types import KV_TYPES, kv_type_fits_head, kv_type_row_bytes
+from .kv_layout import CacheCells, ModelKVLayout, layout_from_metadata
+from .kv_types import KV_TYPES, kv_type_fits_head
 
 MIB = 1024 * 1024
 GB = 1e9
@@ -88,19 +96,8 @@ def tier_supported(tier: KVTier, head_dim_k: int, head_dim_v: int) -> bool:
 
 
 def head_dims_from_metadata(meta: Mapping[str, Any]) -> tuple[int, int]:
-    """(head_dim_k, head_dim_v) from GGUF-style metadata (key/value_length, else n_embd / n_head)."""
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
-        raise TieringError("metadata lacks general.architecture")
-    try:
-        n_embd = int(meta[f"{arch}.embedding_length"])
-        n_head_raw = meta[f"{arch}.attention.head_count"]
-    except KeyError as exc:
-        raise TieringError(f"metadata lacks {exc.args[0]}") from None
-    n_head = int(max(n_head_raw) if isinstance(n_head_raw, list) else n_head_raw)
-    hk = int(meta.get(f"{arch}.attention.key_length") or n_embd // n_head)
-    hv = int(meta.get(f"{arch}.attention.value_length") or n_embd // n_head)
-    return hk, hv
+    """(head_dim_k, head_dim_v) every layer's heads share (see ``ModelKVLayout.head_dims``)."""
+    return layout_from_metadata(meta).head_dims
 
 
 def tier_ladder(explicit_type_k: str | None = None) -> tuple[KVTier, ...]:
@@ -118,40 +115,18 @@ def tier_ladder(explicit_type_k: str | None = None) -> tuple[KVTier, ...]:
 ProfileFactory = Callable[[str, str], LayerKVProfile]
 
 
-@dataclass(frozen=True)
-class KVLayout:
-    """Per-layer KV-head structure, independent of the KV types; ``profile(k, v)`` prices it."""
-
-    global_layers: int
-    windowed_layers: int
-    window: int
-    n_kv_heads: int
-    head_dim_k: int
-    head_dim_v: int
-
-    def __post_init__(self) -> None:
-        for name in ("global_layers", "windowed_layers", "window"):
-            if getattr(self, name) < 0:
-                raise TieringError(f"KVLayout.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("n_kv_heads", "head_dim_k", "head_dim_v"):
-            if getattr(self, name) <= 0:
-                raise TieringError(f"KVLayout.{name} must be > 0, got {getattr(self, name)}")
-
-    def profile(self, type_k: str, type_v: str) -> LayerKVProfile:
-        per_layer = kv_type_row_bytes(type_k, self.n_kv_heads * self.head_dim_k) + kv_type_row_bytes(
-            type_v, self.n_kv_heads * self.head_dim_v
-        )
-        return LayerKVProfile(self.global_layers, self.windowed_layers, self.window, per_layer)
-
-
-def metadata_profile_factory(meta: Mapping[str, Any]) -> ProfileFactory:
-    """A factory reading the layout from GGUF-style metadata (see ``capacity.profile_from_metadata``)."""
-    frozen = dict(meta)
+def layout_profile_factory(layout: ModelKVLayout, cells: CacheCells | None = None) -> ProfileFactory:
+    """Price ``layout`` at any tier (``ModelKVLayout.profile``; ``cells`` as llama.cpp allocates)."""
 
     def factory(type_k: str, type_v: str) -> LayerKVProfile:
-        return profile_from_metadata(frozen, type_k, type_v)
+        return layout.profile(type_k, type_v, cells)
 
     return factory
+
+
+def metadata_profile_factory(meta: Mapping[str, Any], cells: CacheCells | None = None) -> ProfileFactory:
+    """A factory over the layout GGUF-style metadata describes (``kv_layout.layout_from_metadata``)."""
+    return layout_profile_factory(layout_from_metadata(meta), cells)
 
 
 def tier_kv_bytes(profile_for: ProfileFactory, tier: KVTier, n_ctx: int) -> float:
@@ -222,6 +197,54 @@ def tstar_bytes(
 def fits(kv_bytes: float, budget_bytes: float, tstar: float) -> bool:
     """The fit rule ``kv_bytes <= budget + T*``; a T* <= 0 allows no spill (it never shrinks the budget)."""
     return kv_bytes <= budget_bytes + max(tstar, 0.0)
+
+
+_EMBEDDINGS = ("token_embd.", "per_layer_token_embd.")
+
+
+def active_weight_bytes(tensor_bytes: Mapping[str, int], n_expert: int = 0, n_expert_used: int = 0) -> float:
+    """Weights a decode step reads: every tensor except the embedding tables (one row is looked up,
+    unless the output head is tied to ``token_embd``, which the head then reads whole) and, of the
+    routed expert tensors (``*_exps``), only the share ``n_expert_used / n_expert``."""
+    if n_expert < 0 or n_expert_used < 0 or n_expert_used > max(n_expert, 0):
+        raise TieringError(f"n_expert_used={n_expert_used} must be within 0..n_expert={n_expert}")
+    share = n_expert_used / n_expert if n_expert else 1.0
+    tied = "output.weight" not in tensor_bytes
+    total = 0.0
+    for name, size in tensor_bytes.items():
+        if size < 0:
+            raise TieringError(f"tensor {name!r} has a negative size {size}")
+        if name.startswith(_EMBEDDINGS):
+            total += size if tied and name == "token_embd.weight" else 0
+        elif "_exps." in name:
+            total += size * share
+        else:
+            total += size
+    return total
+
+
+def fit_engage_cost(tail_bytes: Sequence[float], extra_step_s: Sequence[float]) -> tuple[float, float | None]:
+    """(c_engage seconds, GB/s) of ``extra = c_engage + tail_bytes / bw`` over tails > 0.
+
+    A zero tail never engages the spill path, so it costs nothing and is left out of the fit. The
+    intercept is floored at 0; without a positive slope (noise swamped the size dependence) the
+    smallest tail's extra time is all c_engage and no bandwidth is returned."""
+    if len(tail_bytes) != len(extra_step_s):
+        raise TieringError(f"{len(tail_bytes)} tail sizes but {len(extra_step_s)} step times")
+    points = [(float(b), float(e)) for b, e in zip(tail_bytes, extra_step_s, strict=True) if b > 0]
+    if not points:
+        return 0.0, None
+    if any(not math.isfinite(e) for _, e in points):
+        raise TieringError(f"step times must be finite, got {list(extra_step_s)}")
+    smallest = min(points)[1]
+    if len({b for b, _ in points}) < 2:
+        return max(0.0, smallest), None
+    xs = np.array([b for b, _ in points])
+    ys = np.array([e for _, e in points])
+    slope, intercept = (float(v) for v in np.polyfit(xs, ys, 1))
+    if slope <= 0:
+        return max(0.0, smallest), None
+    return max(0.0, intercept), 1.0 / slope / GB
 
 
 # ---------------------------------------------------------------------------------------------

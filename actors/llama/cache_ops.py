@@ -168,10 +168,14 @@ class CacheOps:
         self.live -= n_cells
 
     # -- serialising ----------------------------------------------------------------------
-    def export(self, seq: int, p0: int, p1: int) -> bytes:
+    def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes:
+        """The serialised cells of ``seq`` at positions ``[p0, p1)``; ``whole`` says they are all
+        of its cells, so the sequence is read as it is (no copy through the scratch sequence)."""
         # the serialised K rows must carry their rotation, so pending shifts go first
         self.flush_shifts()
         ctx, scratch = self.ctx, self.scratch
+        if whole:
+            return ctx.state_get(seq)
         ctx.seq_rm(scratch, -1, -1)
         ctx.seq_cp(seq, scratch, p0, p1)
         try:
@@ -188,6 +192,11 @@ class CacheOps:
             self.require_shift(f"restoring cells exported at {positions[0]}.. {delta:+d} positions away")
         self.unpark(seq, int(positions[0]), int(positions[-1]) + 1)
         self.reserve(n_cells)
+        if not delta and ctx.pos_max(seq) < 0:  # an empty sequence takes the blob as it is
+            if not ctx.state_set(seq, payload):
+                return False
+            self.live += n_cells
+            return True
         ctx.seq_rm(scratch, -1, -1)
         try:
             if not ctx.state_set(scratch, payload):

@@ -1,16 +1,20 @@
 """The one binding of llama-cpp-python's low-level API in kvres: a loaded model and a context.
 
 Primitives:
-- ``LlamaModel(path, n_gpu_layers=None)``: loads a GGUF file (``ModelLoadError`` when it is missing
-  or not GGUF; ``n_gpu_layers=None`` keeps llama.cpp's default); ``path``, ``n_vocab``,
+- ``LlamaModel(path, n_gpu_layers=None, main_gpu=None)``: loads a GGUF file (``ModelLoadError`` when
+  it is missing or not GGUF; ``None`` keeps llama.cpp's default layer offload / main device);
+  ``path``, ``n_gpu_layers``, ``main_gpu``, ``n_vocab``,
   ``n_layer``, ``n_head``, ``n_head_kv``, ``n_embd``, ``n_swa``, ``bos``, ``can_tokenize_text``,
   ``tokenize(text, add_bos=True)``, ``detokenize(tokens)``, ``is_eog(token)``, ``close()``.
 - ``LlamaContext(model, n_ctx, n_seq_max=1, type_k="f16", type_v="f16", flash_attn=None,
-  n_batch=512, n_threads=1, cb_eval=None)``: one llama context with unified KV across
-  ``n_seq_max`` sequences (``flash_attn=None`` lets llama.cpp choose; KV types are
-  ``kvres.policy.kv_types`` names).
+  n_batch=512, n_threads=1, cb_eval=None, swa_full=True, kv_unified=True, n_ubatch=None)``: one
+  llama context with unified KV across ``n_seq_max`` sequences (``flash_attn=None`` lets llama.cpp
+  choose; KV types are ``kvres.policy.kv_types`` names; ``swa_full`` keeps llama.cpp's full-size
+  sliding-window cache, ``n_ubatch=None`` means ``n_batch``).
   ``decode(tokens, first_pos, seq, logits=True)``: prefill in ``n_batch`` chunks through one
   reused batch; the last token's logits (a copy) when ``logits``, else None.
+  ``decode_many(items)``: several sequences in the same ``llama_decode`` calls (continuous
+  batching): each item ``(tokens, first_pos, seq)`` gets the logits of its last token.
   Memory: ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``. State:
   ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``. ``n_cells``, ``n_batch``,
   ``can_shift``, ``close()``.
@@ -81,12 +85,17 @@ def _kv_type_id(name: str, what: str) -> int:
 
 
 class LlamaModel:
-    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], n_gpu_layers: int | None = None, main_gpu: int | None = None
+    ) -> None:
         self.path = check_gguf_file(path)
         ll = _llama()
         params = ll.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
+        if main_gpu is not None:
+            params.main_gpu = main_gpu
+        self.n_gpu_layers, self.main_gpu = int(params.n_gpu_layers), int(params.main_gpu)
         self._ptr = ll.llama_model_load_from_file(os.fsencode(self.path), params)
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load the GGUF model {os.fspath(path)!r}")
@@ -180,6 +189,15 @@ class _Batch:
         self.struct.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
+    def fill_many(self, tokens: npt.NDArray[np.int32], pos: npt.NDArray[np.int32], seq: npt.NDArray[np.int32],
+                  want: npt.NDArray[np.int8]) -> None:
+        n = tokens.shape[0]
+        self.token[:n] = tokens
+        self.pos[:n] = pos
+        self.seq[:n] = seq
+        self.logits[:n] = want
+        self.struct.n_tokens = n
+
     def fill(self, tokens: npt.NDArray[np.int32], first_pos: int, seq: int, want_last: bool) -> None:
         n = tokens.shape[0]
         self.token[:n] = tokens
@@ -212,15 +230,19 @@ class LlamaContext:
         n_batch: int = 512,
         n_threads: int = 1,
         cb_eval: Any = None,
+        swa_full: bool = True,
+        kv_unified: bool = True,
+        n_ubatch: int | None = None,
     ) -> None:
         ll = _llama()
         self.model = model
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = n_batch
+        params.n_ubatch = n_batch if n_ubatch is None else n_ubatch
         params.n_seq_max = n_seq_max
-        params.kv_unified = True
+        params.kv_unified = kv_unified
+        params.swa_full = swa_full
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.flash_attn_type = FLASH_ATTN_TYPE[flash_attn]
@@ -293,6 +315,43 @@ class LlamaContext:
             return None
         ptr = ll.llama_get_logits_ith(self.ptr, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).astype(np.float32, copy=True)
+
+    def decode_many(
+        self, items: Sequence[tuple[Sequence[int], int, int]]
+    ) -> list[npt.NDArray[np.float32]]:
+        """Decode every item's tokens (``(tokens, first_pos, seq)``, one sequence per item) in
+        shared batches of up to ``n_batch`` tokens; return each item's last-token logits.
+
+        On failure every token this call placed is removed again, so each sequence is as it was.
+        """
+        ll = _llama()
+        tokens = np.concatenate([np.asarray(t, dtype=np.int32) for t, _, _ in items])
+        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for t, p, _ in items])
+        seqs = np.concatenate([np.full(len(t), s, dtype=np.int32) for t, _, s in items])
+        ends = np.cumsum([len(t) for t, _, _ in items]) - 1  # flat index of each item's last token
+        want = np.zeros(tokens.shape[0], dtype=np.int8)
+        want[ends] = 1
+        out: list[npt.NDArray[np.float32]] = [np.zeros(0, dtype=np.float32)] * len(items)
+        n_vocab = self.model.n_vocab
+        item = 0
+        for start in range(0, tokens.shape[0], self.n_batch):
+            stop = min(start + self.n_batch, tokens.shape[0])
+            self._batch.fill_many(tokens[start:stop], pos[start:stop], seqs[start:stop], want[start:stop])
+            rc = int(ll.llama_decode(self.ptr, self._batch.struct))
+            if rc != 0:
+                for t, p, s in items:
+                    ll.llama_memory_seq_rm(self._mem, s, p, p + len(t))
+                if rc == 1:
+                    raise ContextFullError(
+                        f"no free KV cells for a batch of {stop - start} tokens over {len(items)} sequences "
+                        f"(context of {self.n_cells} cells)", needed=stop - start,
+                    )
+                raise EngineError(f"llama_decode returned {rc} for a batch of {len(items)} sequences")
+            while item < len(items) and ends[item] < stop:
+                ptr = ll.llama_get_logits_ith(self.ptr, int(ends[item] - start))
+                out[item] = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32, copy=True)
+                item += 1
+        return out
 
     # -- memory ---------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:

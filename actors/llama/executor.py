@@ -2,7 +2,8 @@
 
 Primitives:
 - ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
-  n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7)``, an
+  n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7,
+  n_gpu_layers=None, main_gpu=None)`` (layers offloaded and main device; None: llama.cpp's default), an
   ``kvres.actors.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``block_attention_scores``, ``attention`` (raw capture),
@@ -140,6 +141,8 @@ class LlamaExecutor(SessionTable, Executor):
         flash_attn: bool | None = None,
         score_window: int = 32,
         score_kernel: int = 7,
+        n_gpu_layers: int | None = None,
+        main_gpu: int | None = None,
     ) -> None:
         self.n_ctx = _check_n_ctx(n_ctx)
         max_sessions = (MAX_SEQUENCES - _RESERVED_SEQS) // 2
@@ -166,7 +169,7 @@ class LlamaExecutor(SessionTable, Executor):
         self.score_window, self.score_kernel = int(score_window), int(score_kernel)
         self.model_path = Path(model_path)
 
-        self._model = LlamaModel(model_path)
+        self._model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         self._scoring: ScoringContext | None = None
         try:
             self.geometry = self._geometry()
@@ -331,6 +334,42 @@ class LlamaExecutor(SessionTable, Executor):
             s.logits = logits
             return logits.copy()
 
+    def append_many(self, items: Sequence[tuple[str, Sequence[int]]]) -> list[npt.NDArray[np.float32]]:
+        """Continuous batching: every session whose tokens continue its sequence is decoded in the
+        same ``llama_decode`` batches (up to ``n_batch`` tokens each); the others (after a
+        position gap) go through ``append`` one by one. All or nothing for the batched ones."""
+        with self._lock:
+            checked = [(self._get(sid), sid, self._check_tokens(toks)) for sid, toks in items]
+            if len({sid for _, sid, _ in checked}) != len(checked):
+                raise ValueError("append_many takes each session at most once")
+            self._ensure_room(sum(len(t) for _, _, t in checked))
+            out: list[npt.NDArray[np.float32] | None] = [None] * len(items)
+            batch: list[int] = []
+            for i, (s, sid, toks) in enumerate(checked):
+                self._materialize(s)
+                last = self._ctx.pos_max(s.seq)
+                if last < 0 or last + 1 == s.positions.next_pos:
+                    batch.append(i)
+                else:
+                    out[i] = self.append(sid, toks)
+            if batch:
+                for i in batch:
+                    s, _, toks = checked[i]
+                    self._ops.unpark(s.seq, s.positions.next_pos, s.positions.next_pos + len(toks))
+                n = sum(len(checked[i][2]) for i in batch)
+                self._ops.reserve(n)
+                logits = self._ctx.decode_many(
+                    [(checked[i][2], checked[i][0].positions.next_pos, checked[i][0].seq) for i in batch])
+                self._ops.shift_pending = False
+                self._ops.live += n
+                for i, lg in zip(batch, logits, strict=True):
+                    s, _, toks = checked[i]
+                    s.positions.append(len(toks))
+                    s.tokens.extend(toks)
+                    s.logits = lg
+                    out[i] = lg.copy()
+            return [lg for lg in out if lg is not None]
+
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
         with self._lock:
             s = self._get(session_id)
@@ -367,16 +406,17 @@ class LlamaExecutor(SessionTable, Executor):
             positions = s.positions.positions(rng)
             self._require_export()
             self._materialize(s)
-            payload = self._ops.export(s.seq, int(positions[0]), int(positions[-1]) + 1)
+            whole = not s.pending and len(rng) == s.positions.resident_count
+            payload = self._ops.export(s.seq, int(positions[0]), int(positions[-1]) + 1, whole)
             cells = read_cell_positions(payload)
-            if sorted(cells.tolist()) != positions.tolist():
+            if not np.array_equal(np.sort(cells), positions):
                 raise EngineError(f"exported cells {cells[:8].tolist()}... do not match the positions of {rng}")
             return KVBlock(
                 fingerprint=self.fingerprint, model_id=self.model_id, engine=ENGINE,
                 type_k=self.type_k, type_v=self.type_v, geometry=self.geometry,
                 session_id=session_id, token_range=rng,
                 token_ids=tuple(s.tokens[rng.start : rng.end]), payload=payload,
-                positions=tuple(int(p) for p in positions),
+                positions=tuple(positions.tolist()),
                 meta={"payload_format": self.payload_format},
             )
 
@@ -399,7 +439,7 @@ class LlamaExecutor(SessionTable, Executor):
                 f"this model and KV types take {size} bytes"
             )
         cells = read_cell_positions(block.payload)
-        if not block.positions or sorted(cells.tolist()) != list(block.positions):
+        if not block.positions or not np.array_equal(np.sort(cells), np.asarray(block.positions)):
             raise BlockMismatchError(
                 f"block for {rng}: its payload's cell positions do not match its header positions"
             )

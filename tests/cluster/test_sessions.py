@@ -263,3 +263,24 @@ def test_a_closed_session_leaves_no_block_in_any_cold_store(manager, backend) ->
     assert held > 0  # spilled and suspended blocks are parked
     session.close()
     assert sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores) == 0
+
+
+def test_control_calls_answer_while_a_long_generation_runs(manager) -> None:
+    """The backend actor serves stats / suspend / close between engine steps of a running
+    generate(4096) (a separate concurrency group), not after it."""
+    long = manager.open_session(policy=SessionPolicy.streaming(256, recent_tokens=64), backend="b0")
+    other = manager.open_session(backend="b0")
+    long.append(PROMPT)
+    other.append(PROMPT[:50])
+    running = manager.backend_handle("b0").generate.remote(long.session_id, 4096)
+    while long.stats()["token_count"] == len(PROMPT):  # wait until it is producing tokens
+        pass
+    status = manager.status()
+    other.suspend()
+    during = long.stats()["token_count"]
+    still_running = not ray.wait([running], timeout=0)[0]
+    other.close()
+    assert len(ray.get(running)) == 4096
+    assert still_running and during < len(PROMPT) + 4096
+    assert any(b["backend"] == "b0" for b in status["backends"])
+    long.close()

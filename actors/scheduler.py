@@ -1,0 +1,124 @@
+"""The engine loop of a backend: calls of many sessions become jobs, run together step by step.
+
+Primitives:
+- ``Job``: one ``append`` (tokens still to feed) or ``generate`` (tokens still to produce, with its
+  own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
+  ``wait()`` returns the job's result or raises its error.
+- ``StepLoop(lock, step, name)``: a daemon thread that, while jobs are pending, calls
+  ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
+  callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
+  ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
+
+A step is short (one decode of at most ``n_batch`` tokens), so a control call that takes the same
+lock waits at most one step, and planning happens between steps, never inside one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .sampling import TokenSampler
+
+_END = object()
+
+
+@dataclass(eq=False)
+class Job:
+    session_id: str
+    kind: Literal["append", "generate"]
+    feed: list[int] = field(default_factory=list)  # append: tokens not yet fed
+    remaining: int = 0  # generate: tokens not yet produced
+    sampler: TokenSampler | None = None
+    result: int = 0  # append: the session's log length when done
+    error: BaseException | None = None
+    _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def emit(self, token: int) -> None:
+        self.remaining -= 1
+        self._out.put(token)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self.error = error
+        self._done.set()
+        self._out.put(_END)
+
+    def tokens(self) -> Iterator[int]:
+        while True:
+            item = self._out.get()
+            if item is _END:
+                break
+            assert isinstance(item, int)
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    def wait(self) -> int:
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class StepLoop:
+    def __init__(self, lock: threading.RLock, step: Callable[[list[Job]], bool], name: str) -> None:
+        self._lock = lock
+        self._wake = threading.Condition(lock)
+        self._step = step
+        self._jobs: list[Job] = []
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if any(j.session_id == job.session_id for j in self._jobs):
+                raise RuntimeError(f"session {job.session_id!r} already has a running call")
+            self._jobs.append(job)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=f"kvres-steps-{self._name}", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return job
+
+    def pending(self, session_id: str | None = None) -> list[Job]:
+        with self._lock:
+            return [j for j in self._jobs if session_id is None or j.session_id == session_id]
+
+    def poke(self) -> None:
+        with self._lock:
+            self._wake.notify()
+
+    def cancel(self, session_id: str, error: BaseException) -> None:
+        with self._lock:
+            for job in [j for j in self._jobs if j.session_id == session_id]:
+                self._jobs.remove(job)
+                job.finish(error)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._wake.wait()
+                jobs = list(self._jobs)
+                try:
+                    progressed = self._step(jobs)
+                except BaseException as exc:  # a bug in a step must not hang its callers
+                    progressed = True
+                    for job in jobs:
+                        job.finish(exc)
+                for job in jobs:
+                    if job.done and job in self._jobs:
+                        self._jobs.remove(job)
+                if not progressed:  # every job waits for room: sleep until something changes
+                    self._wake.wait(timeout=0.05)
+            # the lock is free here: control calls and new submissions get their turn

@@ -1,0 +1,334 @@
+"""Where a new session goes, decided from the load backends push, never by asking every backend.
+
+Primitives:
+- ``LoadReport``: what a backend pushes to the planner: name, node and its labels, model (path and
+  id), engine, budget, resident and free tokens, live and suspended sessions, ``n_seq_max``, and
+  ``at``, the backend's wall clock when it measured all that.
+- ``ReportLimiter(min_interval_s, change_fraction, heartbeat_s)``: when a backend pushes:
+  ``offer(report, now) -> bool`` (push now?), ``held(now) -> LoadReport | None`` (a report held
+  back earlier that may go now).
+- ``PlacementPolicy(kind, labels)``: the placement policy a user chooses: ``"least_loaded"`` (most free
+  tokens, then fewest sessions), ``"pack"`` (the fullest backend that still fits the session, so
+  the others stay free for large sessions), ``"label"`` (only backends whose node carries
+  ``labels``, least loaded among them); ``labels`` narrow the other two kinds as well.
+- ``BackendLoad``: a report plus the sessions placed on the backend since it was measured.
+- ``LoadView``: the planner's picture: ``seed`` (what the configuration says of a backend that has
+  not reported yet: empty), ``report``, ``place(session_id, model, placement, ...)``,
+  ``forget_session``, ``loads()``, ``totals()``.
+- ``choose_backend(loads, model, placement, session_kind, demand_tokens) -> str`` and
+  ``serves(report, model)``: the pure choice.
+- ``PlacementError``, ``LoadReportError``.
+
+Sessions of a model go only to backends of that model (``model`` matches a backend's model path,
+its file name, or its model id), and only to backends whose engine can run the session's policy
+kind (``"engine"`` needs openvino-genai; ``"streaming"`` and ``"scored"`` need any other engine).
+A session placed since a backend's last report counts against it (its budget as demand, one
+sequence slot) until a report measured after the placement arrives, so a burst of openings
+spreads out even when reports lag. A placement costs O(backends) of pure Python and no remote call.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Literal, cast
+
+from .errors import KvresError
+
+PlacementKind = Literal["least_loaded", "pack", "label"]
+PLACEMENT_KINDS: tuple[str, ...] = ("least_loaded", "pack", "label")
+ENGINE_MANAGED = "openvino-genai"  # the engine that evicts by itself
+
+
+class LoadReportError(KvresError, ValueError):
+    """A load report with a value out of range."""
+
+
+class PlacementError(KvresError, ValueError):
+    """No backend can take the session (wrong model, engine, labels or size), or a bad policy."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    backend: str
+    budget_tokens: int
+    resident_tokens: int = 0
+    live_sessions: int = 0
+    suspended_sessions: int = 0
+    n_seq_max: int = 1
+    model: str = ""  # the model file's path, as the backend was configured
+    model_id: str | None = None  # SHA-256 of the model file, when the backend knows it
+    engine: str = "llama"
+    node: str = ""  # the Ray node id ("" unknown)
+    labels: Mapping[str, str] = field(default_factory=dict)  # the node's labels
+    at: float = 0.0  # the backend's wall clock when measured; 0: never measured (a seed)
+
+    def __post_init__(self) -> None:
+        if not self.backend:
+            raise LoadReportError("LoadReport.backend must be a non-empty name")
+        for name in ("budget_tokens", "resident_tokens", "live_sessions", "suspended_sessions", "n_seq_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LoadReportError(f"LoadReport.{name} must be an int >= 0, got {value!r} ({self.backend})")
+        if self.n_seq_max < 1:
+            raise LoadReportError(f"LoadReport.n_seq_max must be >= 1, got {self.n_seq_max} ({self.backend})")
+        if not self.at >= 0:
+            raise LoadReportError(f"LoadReport.at must be a time >= 0, got {self.at!r} ({self.backend})")
+
+    @property
+    def free_tokens(self) -> int:
+        return self.budget_tokens - self.resident_tokens
+
+    @property
+    def measured(self) -> bool:
+        return self.at > 0
+
+    def as_dict(self) -> dict[str, object]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["labels"] = dict(self.labels)
+        out["free_tokens"] = self.free_tokens
+        return out
+
+
+@dataclass
+class ReportLimiter:
+    """Pushes at most one report per ``min_interval_s``; between those, only when the load moved:
+    a session opened, closed, suspended or resumed, or resident tokens changed by more than
+    ``change_fraction`` of the budget; and at least every ``heartbeat_s`` while offered reports,
+    so small drifts reach the planner too. ``now`` is any monotonic clock, in seconds."""
+
+    min_interval_s: float = 0.1
+    change_fraction: float = 0.05
+    heartbeat_s: float = 2.0
+    _pushed: LoadReport | None = field(default=None, init=False, repr=False)
+    _pushed_at: float = field(default=0.0, init=False, repr=False)
+    _held: LoadReport | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("min_interval_s", "change_fraction", "heartbeat_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise LoadReportError(f"ReportLimiter.{name} must be >= 0, got {value!r}")
+
+    def changed(self, report: LoadReport) -> bool:
+        last = self._pushed
+        if last is None:
+            return True
+        shape = ("live_sessions", "suspended_sessions", "budget_tokens", "n_seq_max", "model", "engine", "node")
+        if any(getattr(report, k) != getattr(last, k) for k in shape):
+            return True
+        moved = abs(report.resident_tokens - last.resident_tokens)
+        return moved > self.change_fraction * max(1, last.budget_tokens)
+
+    def offer(self, report: LoadReport, now: float) -> bool:
+        """Whether to push ``report`` now (it then counts as pushed); otherwise it is held."""
+        elapsed = now - self._pushed_at
+        due = self._pushed is None or (
+            elapsed >= self.min_interval_s and (elapsed >= self.heartbeat_s or self.changed(report))
+        )
+        if due:
+            self._pushed, self._pushed_at, self._held = report, now, None
+        elif self._pushed is not None and self.changed(report):
+            self._held = report
+        return due
+
+    def held(self, now: float) -> LoadReport | None:
+        """The last report held back for a change, once ``min_interval_s`` has passed (it then
+        counts as pushed): for a backend that goes quiet right after a change."""
+        if self._held is None or now - self._pushed_at < self.min_interval_s:
+            return None
+        report, self._held = self._held, None
+        self._pushed, self._pushed_at = report, now
+        return report
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    kind: PlacementKind = "least_loaded"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLACEMENT_KINDS:
+            raise PlacementError(f"placement kind must be one of {list(PLACEMENT_KINDS)}, got {self.kind!r}")
+        if self.kind == "label" and not self.labels:
+            raise PlacementError("placement kind 'label' needs labels, e.g. {'zone': 'a'}")
+
+    @classmethod
+    def of(cls, value: PlacementPolicy | str | None, default: PlacementPolicy | None = None) -> PlacementPolicy:
+        """``value`` as a PlacementPolicy: a kind name, a PlacementPolicy, or ``None`` for ``default``."""
+        if value is None:
+            return default or cls()
+        if isinstance(value, PlacementPolicy):
+            return value
+        if value not in PLACEMENT_KINDS:
+            raise PlacementError(f"placement kind must be one of {list(PLACEMENT_KINDS)}, got {value!r}")
+        return cls(kind=cast(PlacementKind, value))
+
+
+@dataclass(frozen=True)
+class BackendLoad:
+    report: LoadReport
+    pending_sessions: int = 0  # placed here since the report was measured
+    pending_tokens: int = 0  # their budgets
+
+    @property
+    def name(self) -> str:
+        return self.report.backend
+
+    @property
+    def sessions(self) -> int:
+        return self.report.live_sessions + self.pending_sessions
+
+    @property
+    def free_tokens(self) -> int:
+        return self.report.free_tokens - self.pending_tokens
+
+    @property
+    def has_slot(self) -> bool:
+        return self.sessions < self.report.n_seq_max
+
+    def as_dict(self) -> dict[str, object]:
+        return {**self.report.as_dict(), "pending_sessions": self.pending_sessions,
+                "pending_tokens": self.pending_tokens}
+
+
+def serves(report: LoadReport, model: str | None) -> bool:
+    """Whether the backend runs ``model``: its path, its file name, or its model id."""
+    if model is None:
+        return True
+    want = posixpath.normpath(model) if model else model
+    have = posixpath.normpath(report.model) if report.model else ""
+    return want in (have, posixpath.basename(have)) or want == report.model_id
+
+
+def runs_kind(report: LoadReport, session_kind: str) -> bool:
+    """Whether the backend's engine can run a session of this policy kind."""
+    if session_kind == "engine":
+        return report.engine == ENGINE_MANAGED
+    if session_kind in ("streaming", "scored"):
+        return report.engine != ENGINE_MANAGED
+    return True
+
+
+def _labelled(report: LoadReport, labels: Mapping[str, str]) -> bool:
+    return all(report.labels.get(k) == v for k, v in labels.items())
+
+
+def choose_backend(
+    loads: Sequence[BackendLoad],
+    model: str | None = None,
+    placement: PlacementPolicy | None = None,
+    session_kind: str = "none",
+    demand_tokens: int = 0,
+) -> str:
+    """The backend for a new session; ties go to the earliest in ``loads``."""
+    placement = placement or PlacementPolicy()
+    if demand_tokens < 0:
+        raise PlacementError(f"demand_tokens must be >= 0, got {demand_tokens}")
+    pool = [b for b in loads if serves(b.report, model)]
+    if not pool:
+        served = sorted({b.report.model for b in loads})
+        raise PlacementError(f"no backend serves model {model!r}; backends serve {served}")
+    pool = [b for b in pool if runs_kind(b.report, session_kind)]
+    if not pool:
+        raise PlacementError(f"no backend of model {model!r} runs a {session_kind!r} session "
+                             f"({'only' if session_kind == 'engine' else 'not'} {ENGINE_MANAGED} can)")
+    if placement.labels:
+        labelled = [b for b in pool if _labelled(b.report, placement.labels)]
+        if not labelled:
+            seen = {b.name: dict(b.report.labels) for b in pool}
+            raise PlacementError(f"no backend of model {model!r} is on a node labelled "
+                                 f"{dict(placement.labels)}; their nodes' labels: {seen}")
+        pool = labelled
+    fits = [b for b in pool if demand_tokens <= b.report.budget_tokens]
+    if not fits:
+        largest = max(b.report.budget_tokens for b in pool)
+        raise PlacementError(f"a session of budget_tokens={demand_tokens} fits no backend: the largest "
+                             f"kv_budget_tokens of those that could take it is {largest}")
+    if placement.kind == "pack":
+        roomy = [b for b in fits if b.has_slot and b.free_tokens >= demand_tokens]
+        if roomy:  # the fullest that still fits; more sessions first among equals
+            return min(roomy, key=lambda b: (b.free_tokens, -b.sessions)).name
+    return max(fits, key=lambda b: (b.has_slot, b.free_tokens, -b.sessions)).name
+
+
+@dataclass
+class _Entry:
+    report: LoadReport
+    pending: dict[str, tuple[int, float]] = field(default_factory=dict)  # session -> (tokens, placed at)
+
+
+class LoadView:
+    """Backends' last reports and the sessions placed since. Pure: the caller passes the clock."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._pending_at: dict[str, str] = {}  # session -> backend it is pending on
+
+    def seed(self, reports: Iterable[LoadReport]) -> None:
+        """Backends known from the configuration: empty until they report. A backend that has
+        reported keeps its report."""
+        for r in reports:
+            entry = self._entries.get(r.backend)
+            if entry is None:
+                self._entries[r.backend] = _Entry(r)
+            elif not entry.report.measured:
+                entry.report = r
+
+    def report(self, report: LoadReport) -> None:
+        """A backend's measured load; placements made before it was measured are in it."""
+        entry = self._entries.setdefault(report.backend, _Entry(report))
+        if report.at < entry.report.at:
+            return  # an older measurement overtaken on the way
+        entry.report = report
+        for sid in [s for s, (_, at) in entry.pending.items() if at <= report.at]:
+            del entry.pending[sid]
+            self._pending_at.pop(sid, None)
+
+    def forget_backend(self, backend: str) -> None:
+        entry = self._entries.pop(backend, None)
+        for sid in entry.pending if entry else ():
+            self._pending_at.pop(sid, None)
+
+    def place(
+        self,
+        session_id: str,
+        now: float,
+        model: str | None = None,
+        placement: PlacementPolicy | None = None,
+        session_kind: str = "none",
+        demand_tokens: int = 0,
+    ) -> str:
+        backend = choose_backend(self.loads(), model, placement, session_kind, demand_tokens)
+        self.forget_session(session_id)
+        self._entries[backend].pending[session_id] = (demand_tokens, now)
+        self._pending_at[session_id] = backend
+        return backend
+
+    def forget_session(self, session_id: str) -> None:
+        """The session closed, moved or never opened: it no longer counts as pending."""
+        backend = self._pending_at.pop(session_id, None)
+        if backend is not None and backend in self._entries:
+            self._entries[backend].pending.pop(session_id, None)
+
+    def loads(self) -> list[BackendLoad]:
+        return [
+            BackendLoad(e.report, len(e.pending), sum(t for t, _ in e.pending.values()))
+            for e in self._entries.values()
+        ]
+
+    def totals(self) -> dict[str, int]:
+        """The cluster at a glance: backends (and how many never reported), budget, resident and
+        free tokens, live, suspended and pending sessions."""
+        loads = self.loads()
+        return {
+            "backends": len(loads),
+            "unreported": sum(not b.report.measured for b in loads),
+            "budget_tokens": sum(b.report.budget_tokens for b in loads),
+            "resident_tokens": sum(b.report.resident_tokens for b in loads),
+            "free_tokens": sum(b.free_tokens for b in loads),
+            "live_sessions": sum(b.report.live_sessions for b in loads),
+            "suspended_sessions": sum(b.report.suspended_sessions for b in loads),
+            "pending_sessions": sum(b.pending_sessions for b in loads),
+        }
