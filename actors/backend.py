@@ -54,7 +54,8 @@ from kvres.policy import (
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, plan_backend
 from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
-from kvres.policy.scoring import block_scores, key_mass
+from kvres.policy.scorers import scorer_for
+from kvres.policy.scoring import H2OAccumulator, block_scores
 from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, SessionPolicy
@@ -64,7 +65,6 @@ from .sampling import TokenSampler
 from .scheduler import Job, StepLoop
 from .store_ports import ColdRef, StorePort
 
-H2O_QUERY_WINDOW = 256
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 
 
@@ -122,6 +122,9 @@ class _Session:
     last_logits: npt.NDArray[np.float32] | None = None
     suspended: SuspendRecord | None = None
     resident: int = 0  # resident tokens, kept in step with the executor (cheap budget checks)
+    peak: int = 0  # the most this session held after any step
+    h2o: H2OAccumulator | None = None  # scored by H2O: attention every processed row gave each key
+    scored_upto: int = 0  # token-log length whose rows the H2O accumulator has seen
 
 
 class BackendHost:
@@ -253,7 +256,7 @@ class BackendHost:
 
     # -- tokens in and out (jobs of the step loop) -----------------------------------------
     def _chunk(self, policy: SessionPolicy, remaining: int) -> int:
-        if not policy.kvres_evicts or policy.budget_tokens is None:
+        if not policy.kvres_evicts or policy.budget_tokens is None or policy.kind == "scored":
             return remaining
         room = policy.budget_tokens - policy.sink_tokens - policy.recent_tokens
         return min(remaining, max(1, room // 2))
@@ -317,12 +320,14 @@ class BackendHost:
                 progressed = True
                 continue
             want = 1 if job.kind == "generate" else self._chunk(s.policy, len(job.feed))
+            if s.policy.kind == "scored" and job.kind == "append":
+                want = min(want, max(1, self._free_tokens(incoming)))  # compress after each chunk
             n = min(want, capacity)
             if n <= 0:
                 break
             try:
                 # room for the whole chunk ahead (a generate plans ahead like an append would)
-                ahead = self._chunk(s.policy, job.remaining) if job.kind == "generate" else n
+                ahead = n if job.kind == "append" or s.policy.kind == "scored" else self._chunk(s.policy, job.remaining)
                 self._make_room({**incoming, job.session_id: n}, ahead={job.session_id: ahead}, busy=busy)
             except BackendFullError as exc:
                 if not batch:
@@ -354,15 +359,21 @@ class BackendHost:
             s = self._sessions[job.session_id]
             s.last_logits = lg
             s.resident += len(toks)
+            s.peak = max(s.peak, s.resident)
             if job.kind == "generate":
                 job.emit(toks[0])
-                if job.remaining == 0:
-                    job.finish()
+                done = job.remaining == 0
             else:
                 del job.feed[: len(toks)]
-                if not job.feed:
-                    job.result = len(self.executor.token_log(job.session_id))
-                    job.finish()
+                done = not job.feed
+            try:
+                if s.policy.kind == "scored" and (done or job.kind == "append"):
+                    self._compress(job.session_id)
+            except Exception as exc:
+                job.finish(exc)
+            if done:
+                job.result = len(self.executor.token_log(job.session_id))
+                job.finish()
             finished |= job.done
         if finished:
             self._publish()
@@ -419,30 +430,50 @@ class BackendHost:
 
     def _with_scores(self, view: SessionView) -> SessionView:
         s = self._sessions[view.session_id]
-        executor = self.executor
-        if s.policy.kind != "scored" or not isinstance(executor, Executor) or not view.resident_ranges:
-            return view
-        caps = executor.capabilities()
-        if not (caps.attention_scores if s.policy.scorer == "snapkv" else caps.attention_capture):
+        if s.policy.kind != "scored" or not view.resident_ranges:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
-        scores = tuple(self._scores(executor, view.session_id, s.policy, ranges, view.resident_tokens))
-        return SessionView(**{**view.__dict__, "scores": scores})
+        return SessionView(**{**view.__dict__, "scores": tuple(self._block_scores(view.session_id, ranges))})
 
-    @staticmethod
-    def _scores(
-        executor: Executor, session_id: str, policy: SessionPolicy, ranges: list[Range], resident: int
-    ) -> list[float]:
-        """SnapKV: attention of the last ``observation_window`` tokens, max-pooled (the engine's
-        block scores). H2O: attention accumulated by every key over the last
-        ``H2O_QUERY_WINDOW`` queries (a bounded stand-in for accumulating over every decode step,
-        which would need a capture on each one)."""
-        if policy.scorer == "snapkv":
-            return executor.block_attention_scores(session_id, ranges, window=policy.observation_window)
-        capture = executor.attention(session_id, window=max(1, min(H2O_QUERY_WINDOW, resident)))
-        keys = key_mass(capture.probs)
-        return [float(x) for x in block_scores(keys, capture.key_positions, ranges)]
+    def _block_scores(self, session_id: str, ranges: list[Range]) -> list[float]:
+        """One score per range by the session's scorer (``kvres.policy.scorers``): SnapKV over the
+        last ``observation_window`` resident rows, H2O from the rows the session processed,
+        KeyNorm from the resident keys."""
+        s = self._sessions[session_id]
+        executor = self._kv_executor("score")
+        scorer = scorer_for(s.policy.scorer, s.policy.observation_window)
+        if scorer.needs == "keys":
+            return scorer.block_scores(executor.keys(session_id), ranges)
+        if s.policy.scorer == "snapkv":
+            return scorer.block_scores(executor.attention(session_id, s.policy.observation_window), ranges)
+        # H2O: add the rows processed since the last capture (each row counted once), then score
+        # every resident key by all the attention it has received
+        log_len = len(executor.token_log(session_id))
+        new_rows = min(log_len - s.scored_upto, s.resident)
+        if s.h2o is None:
+            s.h2o = H2OAccumulator()
+        if new_rows > 0:
+            capture = executor.attention(session_id, new_rows)
+            s.h2o.add(capture.probs, capture.key_positions)
+        s.scored_upto = log_len
+        totals = s.h2o.scores
+        return [float(x) for x in block_scores(totals, np.arange(totals.size), ranges)]
+
+    def _compress(self, session_id: str) -> None:
+        """Cut a scored session to its budget once, by its scorer (compress after prefill)."""
+        s = self._sessions[session_id]
+        budget = s.policy.budget_tokens
+        if s.policy.scorer == "h2o" or (budget is not None and s.resident > budget):
+            view = self._view(session_id, 0, True)
+            if budget is None or s.resident <= budget:
+                self._with_scores(view)  # H2O still sees the rows of this call
+                return
+            plan = self._plan(BackendPlanInput([self._with_scores(view)], self.config.kv_budget_tokens,
+                                               self.executor.capabilities()))
+            for action in plan.actions:
+                if action.kind == "evict":
+                    self._evict(session_id, action.ranges, action.rebase)
 
     def _needs_plan(self, incoming: Mapping[str, int], newcomer_tokens: int) -> bool:
         live = [(sid, s) for sid, s in self._sessions.items() if s.suspended is None]
@@ -450,10 +481,16 @@ class BackendHost:
         if total > self.config.kv_budget_tokens:
             return True
         for sid, s in live:
+            if s.policy.kind == "scored" and sid in incoming:
+                continue  # compressed after its chunk, not before: only the backend budget binds
             budget = s.policy.budget_tokens if s.policy.kvres_evicts else None
             if budget is not None and s.resident + incoming.get(sid, 0) > budget:
                 return True
         return False
+
+    def _free_tokens(self, incoming: Mapping[str, int]) -> int:
+        used = sum(s.resident for s in self._sessions.values() if s.suspended is None)
+        return self.config.kv_budget_tokens - used - sum(incoming.values())
 
     def _make_room(
         self,
@@ -524,6 +561,8 @@ class BackendHost:
         for rng in ordered:
             executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")
+        if s.h2o is not None:
+            s.h2o.drop(ordered)  # an evicted key's accumulated attention goes with it
         self._refresh_resident(session_id)
 
     # -- suspend / resume ------------------------------------------------------------------

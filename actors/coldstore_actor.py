@@ -56,7 +56,10 @@ class ColdStoreServer(ColdStore):
     def __repr__(self) -> str:
         """Bytes and blocks per tier, for Ray's dashboard (its Repr column)."""
         def size(n: int) -> str:
-            return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+            for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+                if n >= scale:
+                    return f"{n / scale:.1f} {unit}"
+            return f"{n} B"
 
         st = self._store.stats()
         return (f"{type(self).__name__}(ram {size(st.ram_bytes)} in {st.ram_blocks} blocks "

@@ -31,7 +31,7 @@ class SessionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["none", "streaming", "scored", "engine"] = "none"
-    scorer: Literal["snapkv", "h2o"] = "snapkv"
+    scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv"  # kind="scored": kvres.policy.scorers
     aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM"  # kind="engine" only
     block_size: int = Field(16, ge=1, le=4096)
     budget_tokens: int | None = Field(None, ge=1)
@@ -76,12 +76,16 @@ class SessionPolicy(BaseModel):
                    recent_tokens=recent_tokens, aggregation=aggregation)
 
     @classmethod
-    def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o"] = "snapkv",
+    def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv",
                sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
-               spill: bool = True) -> SessionPolicy:
+               spill: bool = True, observation_window: int = 16) -> SessionPolicy:
+        """Compress after prefill: an append is prefilled (in chunks as large as the backend's
+        free room) and the session then cut to ``budget_tokens`` by the scorer (SnapKV: the
+        attention of the append's last ``observation_window`` tokens; H2O: the attention every
+        processed row gave; keynorm: the keys' L2 norms); a generate likewise at its end."""
         return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
                    sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
-                   spill=spill)
+                   spill=spill, observation_window=observation_window)
 
 
 class BackendConfig(BaseModel):

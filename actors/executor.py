@@ -7,8 +7,9 @@ Primitives:
   ``engine`` (a name) and ``fingerprint`` (binds KV blocks to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
-  ``block_attention_scores`` (SnapKV), and ``attention`` (a raw capture, where
-  ``Capabilities.attention_capture`` says the engine has one).
+  ``block_attention_scores`` (SnapKV), ``attention`` (a raw capture, where
+  ``Capabilities.attention_capture`` says the engine has one) and ``keys`` (the resident keys,
+  where ``Capabilities.key_access`` says so).
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
@@ -41,6 +42,7 @@ from kvres.policy.capabilities import Capabilities
 from kvres.policy.errors import CapabilityError
 from kvres.policy.planner import Plan, StreamPolicy
 from kvres.policy.ranges import Range
+from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 
 Logits = npt.NDArray[np.float32]
@@ -109,6 +111,10 @@ class Executor(EngineSessions):
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
         """Attention of the last ``window`` resident tokens over every resident token."""
         raise CapabilityError(f"the {self.engine} executor has no raw attention capture")
+
+    def keys(self, session_id: str) -> KeyCapture:
+        """Every resident key (after RoPE), labelled by token-log index."""
+        raise CapabilityError(f"the {self.engine} executor cannot read its keys")
 
 
 class EngineManagedExecutor(EngineSessions):

@@ -14,16 +14,18 @@ Primitives:
     ``directory()``.
   - ``plan(backend, BackendPlanInput) -> BackendPlan``: ``plan_backend`` for a caller without
     its own (backends plan in their own process, at every step, without a remote call).
-  - ``stats()``: calls served, by kind.
+  - ``stats()``: calls served and seconds spent serving them (inside the handlers), by kind, and
+    the CPU seconds of the whole process (Ray's per-call work included).
 - ``PlannerActor``: ``ray.remote(PlannerServer)``.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import ray
 
@@ -33,27 +35,53 @@ from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
 
 PLANNER_NAME = "kvres-planner"
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _counted(method: F) -> F:
+    """Counts the calls of ``method`` and the time spent in it."""
+
+    @functools.wraps(method)
+    def counted(self: PlannerServer, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._calls[method.__name__] += 1
+            self._seconds[method.__name__] += time.perf_counter() - t0
+
+    return cast(F, counted)
+
 
 class PlannerServer:
     def __init__(self) -> None:
         self._directory: dict[str, str] = {}
         self._view = LoadView()
         self._calls: Counter[str] = Counter()
+        self._seconds: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        """Sessions per backend and calls served, for Ray's dashboard (its Repr column)."""
+        per_backend = Counter(self._directory.values())
+        spread = "".join(f", {b} {n}" for b, n in sorted(per_backend.items()))
+        return (f"PlannerServer({len(self._directory)} sessions{spread}; "
+                f"{self._calls['place']} placed, {self._calls['plan']} plans)")
 
     # -- load ------------------------------------------------------------------------------
+    @_counted
     def report_load(self, report: LoadReport) -> None:
-        self._calls["report_load"] += 1
         self._view.report(report)
 
+    @_counted
     def seed(self, reports: Sequence[LoadReport]) -> None:
-        self._calls["seed"] += 1
         self._view.seed(reports)
 
+    @_counted
     def load(self) -> dict[str, Any]:
-        self._calls["load"] += 1
         return {"backends": [b.as_dict() for b in self._view.loads()], "totals": self._view.totals()}
 
     # -- placement -------------------------------------------------------------------------
+    @_counted
     def place(
         self,
         session_id: str,
@@ -65,7 +93,6 @@ class PlannerServer:
     ) -> str:
         """The backend the session goes to, registered in the directory at once; ``seeds`` are
         the configuration's backends, for a planner that may not know them yet."""
-        self._calls["place"] += 1
         if session_id in self._directory:
             raise SessionExistsError(session_id)
         if seeds:
@@ -76,32 +103,32 @@ class PlannerServer:
         return backend
 
     # -- directory -------------------------------------------------------------------------
+    @_counted
     def register(self, session_id: str, backend: str) -> None:
-        self._calls["register"] += 1
         if self._directory.get(session_id) != backend:
             self._view.forget_session(session_id)  # placed elsewhere, now moved: not pending there
         self._directory[session_id] = backend
 
+    @_counted
     def forget(self, session_id: str) -> None:
-        self._calls["forget"] += 1
         self._directory.pop(session_id, None)
         self._view.forget_session(session_id)
 
+    @_counted
     def where(self, session_id: str) -> str | None:
-        self._calls["where"] += 1
         return self._directory.get(session_id)
 
+    @_counted
     def directory(self) -> dict[str, str]:
-        self._calls["directory"] += 1
         return dict(self._directory)
 
     # -- plans -----------------------------------------------------------------------------
+    @_counted
     def plan(self, backend: str, inp: BackendPlanInput) -> BackendPlan:
-        self._calls["plan"] += 1
         return plan_backend(inp)
 
-    def stats(self) -> dict[str, int]:
-        return dict(self._calls)
+    def stats(self) -> dict[str, Any]:
+        return {"calls": dict(self._calls), "seconds": dict(self._seconds), "cpu_s": time.process_time()}
 
 
 PlannerActor = ray.remote(PlannerServer)

@@ -4,11 +4,18 @@ Primitives:
 - ``measure_host_ram_gbps(buffer_bytes=None, repeats=5)``: memcpy bandwidth (``np.copyto`` between
   buffers four times the last-level cache, best of ``repeats``); the destination is checksummed
   against the source after every copy, so the copy cannot be elided and a wrong copy is an error.
-- ``measure_gpu_gbps()``: (device memory GB/s, host -> device PCIe GB/s) where a CUDA GPU exists
-  (through torch, pinned host memory), else None: the machine has no device link.
-- ``measure_c_engage(model_path)``: the fixed cost of engaging the spill path, from a llama.cpp
-  micro-benchmark (see its docstring); ``measure_prefill_cost(model_path)``: prefill (tokens/s,
-  fixed s per call);
+- ``gpu_device()``: llama.cpp's first GPU-like device (its own device list, no torch), else None;
+  ``gpu_present()``, ``gpu_name()``.
+- ``measure_gpu_gbps(model_path=None)``: (device memory GB/s, host -> device GB/s) where a GPU
+  exists: through torch when it is installed with CUDA (device copies, pinned host memory), else
+  through llama.cpp (``measure_llama_gpu_gbps``: a fully offloaded decode step reads every active
+  weight once, so weights / step time is the device bandwidth decode sees; a KV block written into
+  the offloaded cache crosses the link). None without a GPU (no device link) or, on a GPU, without
+  torch and without a model: ``load_probes`` then takes the documented fallback figures
+  (``FALLBACK_VRAM_GBPS``, ``FALLBACK_PCIE_GBPS``) and logs a warning.
+- ``measure_c_engage(model_path)``: the extra cost per decode step of attending over a spilled
+  tail instead of a resident one, and its fixed part c_engage (see its docstring);
+  ``measure_prefill_cost(model_path)``: prefill (tokens/s, fixed s per call);
   ``measure_import_cost(model_path)``: (GB/s, fixed latency) of re-admitting an exported KV block;
   ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks. All four run
   on ``kvres.actors.llama.engine`` (one context of two sequences, one thread).
@@ -28,11 +35,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
 import re
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,19 +51,22 @@ import numpy as np
 import numpy.typing as npt
 
 from kvres.policy.errors import KvresError, ModelLoadError
-from kvres.policy.tiering import Link, effective_bandwidth
+from kvres.policy.tiering import Link, effective_bandwidth, fit_engage_cost
 
+from .device_memory import DeviceMemory, llama_gpu_memory
 from .llama.engine import LlamaContext, LlamaModel
 from .model_files import model_id
 from .tier_env import env_float
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: c_engage is the extra step cost of a spilled tail (fitted with a zero tail)
 ENV_CACHE_DIR = "KVRES_CACHE_DIR"
 ENV_HOST_RAM = "KVRES_HOST_RAM_GBPS"
 ENV_PCIE = "KVRES_PCIE_GBPS"
 ENV_VRAM = "KVRES_VRAM_GBPS"
 ENV_C_ENGAGE = "KVRES_C_ENGAGE_MS"
 DEFAULT_C_ENGAGE_MS = 0.8  # docs/policies.md, T*: reference figure, used only when no model is measured
+
+logger = logging.getLogger("kvres.tiering")
 
 MIN_PLAUSIBLE_GBPS = 0.05
 MAX_PLAUSIBLE_GBPS = 20_000.0  # above any real memory system: a figure past it means an elided copy
@@ -117,35 +127,44 @@ def _check_plausible(what: str, gbps: float) -> None:
 # ---------------------------------------------------------------------------------------------
 # GPU (only where one exists)
 
+FALLBACK_VRAM_GBPS = 300.0  # a GPU that cannot be measured: a conservative current-generation figure
+FALLBACK_PCIE_GBPS = 12.0  # PCIe 3.0 x16 in practice; KVRES_VRAM_GBPS / KVRES_PCIE_GBPS replace both
+
+
+def gpu_device() -> DeviceMemory | None:
+    """The first GPU-like device llama.cpp's ggml backends see (a CPU-only build sees none)."""
+    try:
+        return llama_gpu_memory(0)
+    except (OSError, AttributeError):  # llama_cpp without its ggml library: no device list
+        return None
+
+
+def _torch_cuda() -> Any:
+    try:
+        import torch
+    except Exception:  # not installed, or broken
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
 
 def gpu_present() -> bool:
-    """Cheap check (no torch import): an NVIDIA device node or nvidia-smi on PATH."""
-    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return gpu_device() is not None or Path("/dev/nvidia0").exists()
 
 
 def gpu_name() -> str | None:
-    if not gpu_present():
+    device = gpu_device()
+    if device is not None:
+        return device.description or device.name
+    if not Path("/dev/nvidia0").exists():
         return None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return str(torch.cuda.get_device_name(0))
-    except Exception:  # torch missing or broken CUDA: no usable device
-        return None
-    return None
+    torch = _torch_cuda()
+    return None if torch is None else str(torch.cuda.get_device_name(0))
 
 
-def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[float, float] | None:
-    """(device memory GB/s, host -> device GB/s over pinned memory), or None without a CUDA GPU.
-
-    Device memory: a device-to-device copy of ``n_bytes`` counts 2 * n bytes of traffic (read and
-    write; what decode does with weights and KV). PCIe: a pinned host buffer copied to the device.
-    """
-    if gpu_name() is None:
-        return None
-    import torch
-
+def _measure_torch_gbps(torch: Any, n_bytes: int, repeats: int) -> tuple[float, float]:
     src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
@@ -156,8 +175,8 @@ def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[fl
         torch.cuda.synchronize()
         best = math.inf
         for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call, unused-ignore]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call, unused-ignore]
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
@@ -169,6 +188,60 @@ def measure_gpu_gbps(n_bytes: int = 512 * 1024**2, repeats: int = 5) -> tuple[fl
     pcie = n_bytes / best_time(lambda: src.copy_(host, non_blocking=True)) / 1e9
     if int(src[:4096].sum().item()) != int(host[:4096].sum().item()):
         raise ProbeError("PCIe probe: device copy differs from the host buffer")
+    return vram, pcie
+
+
+def measure_llama_gpu_gbps(
+    model_path: str | os.PathLike[str], n_gpu_layers: int = 999, steps: int = 20, block_tokens: int = 256
+) -> tuple[float, float]:
+    """(device GB/s, host -> device GB/s) through llama.cpp, no torch needed.
+
+    Device: one-token decode steps of the model with ``n_gpu_layers`` offloaded read every active
+    weight (``kvres.actors.model_files.active_weight_bytes_of``) once: bytes / median step time.
+    Link: a ``block_tokens`` KV block exported to host memory and written back into the offloaded
+    cache (``llama_state_seq_set_data``): bytes / median time. On a CPU-only build both are host
+    figures (everything stays in host memory)."""
+    from .model_files import active_weight_bytes_of
+
+    weights = active_weight_bytes_of(model_path)
+    with _engine(model_path, n_ctx=block_tokens + 16, n_batch=block_tokens, n_gpu_layers=n_gpu_layers) as eng:
+        eng.decode(eng.tokens(block_tokens), 0)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            eng.decode([5], block_tokens)
+            times.append(time.perf_counter() - t0)
+            eng.rm(0, block_tokens, -1)
+        blob = eng.export(0, block_tokens)
+        writes = []
+        for _ in range(max(3, steps // 4)):
+            t0 = time.perf_counter()
+            if not eng.ctx.state_set(1, blob):
+                raise ProbeError("llama_state_seq_set_data refused the probe block")
+            writes.append(time.perf_counter() - t0)
+            eng.rm(1, -1, -1)
+    vram = weights / max(float(np.median(times)), 1e-9) / 1e9
+    link = len(blob) / max(float(np.median(writes)), 1e-9) / 1e9
+    _check_plausible("device memory bandwidth (llama.cpp decode)", vram)
+    _check_plausible("host -> device bandwidth (llama.cpp KV write)", link)
+    return vram, link
+
+
+def measure_gpu_gbps(
+    model_path: str | os.PathLike[str] | None = None, n_bytes: int = 512 * 1024**2, repeats: int = 5
+) -> tuple[float, float] | None:
+    """(device memory GB/s, host -> device GB/s) where a GPU exists, else None (see the module
+    docstring for the torch and llama.cpp paths). A device-to-device copy of ``n_bytes`` counts
+    2 * n bytes of traffic (read and write; what decode does with weights and KV)."""
+    if not gpu_present():
+        return None
+    torch = _torch_cuda()
+    if torch is not None:
+        vram, pcie = _measure_torch_gbps(torch, n_bytes, repeats)
+    elif model_path is not None and gpu_device() is not None:
+        vram, pcie = measure_llama_gpu_gbps(model_path)
+    else:
+        return None
     _check_plausible("device memory bandwidth", vram)
     _check_plausible("PCIe bandwidth", pcie)
     return vram, pcie
@@ -182,9 +255,9 @@ class _Engine:
     """One model + context (2 sequences, unified KV, one thread): sequence 0 is the probe's,
     sequence 1 the scratch for export / re-admission."""
 
-    def __init__(self, model_path: str | os.PathLike[str], n_ctx: int, n_batch: int) -> None:
+    def __init__(self, model_path: str | os.PathLike[str], n_ctx: int, n_batch: int, n_gpu_layers: int = 0) -> None:
         try:
-            self.model = LlamaModel(model_path)
+            self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers)
         except ModelLoadError as exc:
             raise ProbeError(f"probe model unusable: {exc}") from exc
         try:
@@ -224,8 +297,10 @@ class _Engine:
 
 
 @contextlib.contextmanager
-def _engine(model_path: str | os.PathLike[str], n_ctx: int, n_batch: int = 512) -> Iterator[_Engine]:
-    eng = _Engine(model_path, n_ctx, n_batch)
+def _engine(
+    model_path: str | os.PathLike[str], n_ctx: int, n_batch: int = 512, n_gpu_layers: int = 0
+) -> Iterator[_Engine]:
+    eng = _Engine(model_path, n_ctx, n_batch, n_gpu_layers)
     try:
         yield eng
     finally:
@@ -241,41 +316,45 @@ def _fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class CEngageMeasurement:
-    c_engage_s: float
+    c_engage_s: float  # the fixed part of the extra step time, the fit's intercept
     tail_tokens: tuple[int, ...]
-    tail_bytes: tuple[int, ...]
+    tail_bytes: tuple[int, ...]  # KV bytes of each tail (0 for the zero tail)
     resident_step_s: float  # median decode step, whole cache resident
-    spill_step_s: tuple[float, ...]  # median step with the tail evicted and re-admitted, per tail
+    spill_step_s: tuple[float, ...]  # median step with the tail spilled, per tail
+    extra_step_s: tuple[float, ...]  # spill - resident, per tail
+    tail_gbps: float | None  # the fit's slope: bytes of tail per extra second
     n_prompt: int
 
 
 def measure_c_engage(
     model_path: str | os.PathLike[str],
     n_prompt: int = 256,
-    tails: Sequence[int] = (16, 64, 128),
+    tails: Sequence[int] = (0, 16, 64, 128),
     steps: int = 40,
 ) -> CEngageMeasurement:
-    """The fixed per-token cost of engaging the spill path, from a llama.cpp micro-benchmark.
+    """The extra cost per decode step of a windowed cache whose tail is spilled, against the same
+    attention fully resident, from a llama.cpp micro-benchmark; c_engage is its fixed part.
 
-    Both variants attend over the same keys (``n_prompt`` cached tokens + the new one) with the
-    same shapes. Resident: the whole cache stays in the context; a decode step, then the new
-    token is removed. Windowed + tail: the last ``tail`` tokens live outside the context as an
-    exported ``llama_state_seq`` blob; each step re-admits them (``llama_state_seq_set_data`` into
-    a scratch sequence + ``llama_memory_seq_cp``), decodes, and evicts them again
-    (``llama_memory_seq_rm``), which is the per-token work of a spilled tail. The extra time per
-    step is fitted as ``c_engage + tail_bytes / bw`` over several tails; c_engage is the intercept
-    (floored at 0, the smallest tail's extra time if the fit has no positive slope). Steps of the
-    two variants are interleaved so drift hits both alike; medians resist scheduler noise.
+    Both variants attend the new token over the same keys (``n_prompt`` cached tokens + itself)
+    with the same shapes. Resident: every key stays in the cache; a decode step, then the new
+    token is removed. Windowed + spilled tail: the cache holds the first ``n_prompt - tail`` keys
+    (the window); the last ``tail`` keys live in host memory as an exported ``llama_state_seq``
+    blob that each step has to attend over, so the step engages the spill path: the tail is
+    written into the cache (``llama_state_seq_set_data`` into a scratch sequence, shared with
+    ``llama_memory_seq_cp``), the token decoded, and the tail evicted again
+    (``llama_memory_seq_rm``). A zero tail engages nothing: that step is the resident one. Steps of
+    the two variants alternate so drift hits both alike; medians resist scheduler noise. The extra
+    time per tail is fitted as ``c_engage + tail_bytes / bw`` (``kvres.policy.tiering.fit_engage_cost``).
     """
-    if n_prompt < 2 or not tails or min(tails) < 1 or max(tails) >= n_prompt or steps < 1:
-        raise ProbeError(f"c_engage probe needs 1 <= tails < n_prompt, steps >= 1; got {n_prompt}, {tails}, {steps}")
+    if n_prompt < 2 or not tails or min(tails) < 0 or max(tails) >= n_prompt or steps < 1:
+        raise ProbeError(f"c_engage probe needs 0 <= tails < n_prompt, steps >= 1; got {n_prompt}, {tails}, {steps}")
     with _engine(model_path, n_ctx=n_prompt + 8) as eng:
         eng.decode(eng.tokens(n_prompt), 0)
         resident: list[float] = []
         spill_medians: list[float] = []
         tail_bytes: list[int] = []
         for tail in tails:
-            blob = eng.export(n_prompt - tail, n_prompt)
+            blob = eng.export(n_prompt - tail, n_prompt) if tail else b""
             tail_bytes.append(len(blob))
             spill: list[float] = []
             for _ in range(steps):
@@ -283,27 +362,28 @@ def measure_c_engage(
                 eng.decode([5], n_prompt)
                 eng.rm(0, n_prompt, -1)
                 resident.append(time.perf_counter() - t0)
-                eng.rm(0, n_prompt - tail, -1)  # the tail is out: windowed cache
+                if tail:
+                    eng.rm(0, n_prompt - tail, -1)  # the tail is out: a windowed cache
                 t0 = time.perf_counter()
-                eng.admit(blob)
+                if tail:
+                    eng.admit(blob)
                 eng.decode([5], n_prompt)
-                eng.rm(0, n_prompt - tail, -1)
+                eng.rm(0, n_prompt - tail if tail else n_prompt, -1)
                 spill.append(time.perf_counter() - t0)
-                eng.admit(blob)  # back to fully resident for the next resident step
+                if tail:
+                    eng.admit(blob)  # back to fully resident for the next resident step
             spill_medians.append(float(np.median(spill)))
     res = float(np.median(resident))
     extra = [s - res for s in spill_medians]
-    if len(tails) >= 2 and len(set(tail_bytes)) >= 2:
-        intercept, slope = _fit_line(tail_bytes, extra)
-        c = intercept if slope > 0 else min(extra)
-    else:
-        c = extra[0]
+    c_engage, gbps = fit_engage_cost(tail_bytes, extra)
     return CEngageMeasurement(
-        c_engage_s=max(0.0, c),
+        c_engage_s=c_engage,
         tail_tokens=tuple(tails),
         tail_bytes=tuple(tail_bytes),
         resident_step_s=res,
         spill_step_s=tuple(spill_medians),
+        extra_step_s=tuple(extra),
+        tail_gbps=gbps,
         n_prompt=n_prompt,
     )
 
@@ -510,12 +590,25 @@ def load_probes(
 
     host = figure("host_ram_gbps", measure_host_ram_gbps)
     gpu: tuple[float, float] | None = None
+    fallback = False
     need_pcie = overrides["pcie_gbps"] is None and "pcie_gbps" not in cached
     need_vram = overrides["vram_gbps"] is None and "vram_gbps" not in cached
     if need_pcie or need_vram:
-        gpu = measure_gpu_gbps()
+        gpu = measure_gpu_gbps(model_path if engine_probes else None)
+        if gpu is None and gpu_present():  # a GPU neither torch nor llama.cpp could measure
+            gpu, fallback = (FALLBACK_VRAM_GBPS, FALLBACK_PCIE_GBPS), True
+            logger.warning(
+                "GPU %s: no torch with CUDA and no model to run llama.cpp's probe on; using the fallback "
+                "figures vram %.0f GB/s, pcie %.0f GB/s (set %s / %s to the real ones)",
+                gpu_name() or "?", FALLBACK_VRAM_GBPS, FALLBACK_PCIE_GBPS, ENV_VRAM, ENV_PCIE,
+            )
     pcie = figure("pcie_gbps", lambda: None if gpu is None else gpu[1])
     vram = figure("vram_gbps", lambda: host if gpu is None else gpu[0])  # CPU: the "device" is host RAM
+    if fallback:
+        for name in ("pcie_gbps", "vram_gbps"):
+            if sources.get(name) == "measured":
+                sources[name] = "default"
+                data.pop(name, None)  # not cached: measured next time a model or torch is there
 
     model_figs: dict[str, Any] = {}
     if model_path is not None and engine_probes:

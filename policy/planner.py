@@ -298,6 +298,12 @@ class StreamingPlan:
     kept_scores: tuple[float, ...] | None = None  # with scores: those of the kept blocks, in order
 
 
+def _cut(start: int, end: int, bs: int) -> list[Range]:
+    """``[start, end)`` cut at multiples of ``bs``."""
+    edges = [start, *range((start // bs + 1) * bs, end, bs), end]
+    return [trusted_range(a, b) for a, b in zip(edges, edges[1:], strict=False)]
+
+
 def _over_budget(protected: int, budget: int) -> str:
     return (f"protected blocks hold {protected} tokens, over the budget of {budget}: "
             "they are kept and the plan is over budget")
@@ -341,28 +347,26 @@ def plan_streaming(
         if after >= policy.recent_tokens:
             break
 
-    # the sinks, then the middle from the front until the excess is covered
+    # the sinks (whole blocks), then the middle from the front until the excess is covered
     need = total - int(budget_tokens)
-    front_tokens, before, freed = 0, 0, 0
+    front_tokens = freed = 0
     evicted: list[Range] = []
     for r in live:
-        start = r.start
-        while start < r.end:
-            if back_start is not None and start >= back_start:
-                break
+        start, stop = r.start, r.end if back_start is None else min(r.end, back_start)
+        while start < stop and front_tokens < policy.sink_tokens:
             end = min(r.end, (start // bs + 1) * bs)
-            if before < policy.sink_tokens:
-                front_tokens += end - start
-            elif freed < need:
-                evicted.append(trusted_range(start, end))
-                freed += end - start
-            else:
-                break
-            before += end - start
-            start = end
-        else:
-            continue
-        break
+            front_tokens, start = front_tokens + end - start, end
+        if start >= stop:
+            if stop < r.end:
+                break  # reached the recent window
+            continue  # this range was all sinks
+        if freed >= need:
+            break
+        end = min(stop, -(-(start + need - freed) // bs) * bs)  # the first block edge covering the rest
+        evicted += _cut(start, end, bs)
+        freed += end - start
+        if freed >= need or stop < r.end:
+            break
     protected = front_tokens + back_tokens
     over = freed < need
     diagnostics: tuple[str, ...] = ()
@@ -379,57 +383,60 @@ def plan_streaming(
 def _plan_streaming_scored(
     live: list[Range], bs: int, budget: int, policy: StreamPolicy, scores: Sequence[float]
 ) -> StreamingPlan:
-    blocks: list[tuple[int, int, int]] = []  # start, end, index of the range it was cut from
+    starts: list[int] = []
+    ends: list[int] = []
+    owner: list[int] = []  # which range each block was cut from
     for k, r in enumerate(live):
-        start = r.start
-        while start < r.end:
-            end = min(r.end, (start // bs + 1) * bs)
-            blocks.append((start, end, k))
-            start = end
+        cut = [c * bs for c in range(r.start // bs + 1, (r.end - 1) // bs + 1)]
+        starts += [r.start, *cut]
+        ends += [*cut, r.end]
+        owner += [k] * (len(cut) + 1)
     values = [float(x) for x in scores]
-    if len(values) != len(blocks):
-        raise ValueError(f"scores has {len(values)} entries but there are {len(blocks)} blocks")
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            raise ValueError(f"scores must be finite, got {v} for block {i}")
+    if len(values) != len(starts):
+        raise ValueError(f"scores has {len(values)} entries but there are {len(starts)} blocks")
+    if not all(map(math.isfinite, values)):
+        bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
+        raise ValueError(f"scores must be finite, got {values[bad]} for block {bad}")
     total = sum(r.end - r.start for r in live)
-    candidates: list[tuple[float, int, int]] = []  # score, start, block
-    protected = before = 0
-    for i, (start, end, _) in enumerate(blocks):
-        if before < policy.sink_tokens or total - before - (end - start) < policy.recent_tokens:
-            protected += end - start
-        else:
-            candidates.append((values[i], start, i))
-        before += end - start
+    # protected: a prefix holding the sinks and a suffix holding the recent window
+    lo = before = 0
+    while lo < len(starts) and before < policy.sink_tokens:
+        before += ends[lo] - starts[lo]
+        lo += 1
+    hi, after = len(starts), 0
+    while hi > lo and after < policy.recent_tokens:
+        hi -= 1
+        after += ends[hi] - starts[hi]
+    protected = before + after
     if total <= budget:
         return StreamingPlan((), tuple(live), total, total, protected, False, (), tuple(values))
-    diagnostics = []
-    chosen: set[int] = set()
     if protected > budget:
-        chosen.update(i for _, _, i in candidates)
-        diagnostics.append(_over_budget(protected, budget))
+        chosen = list(range(lo, hi))
+        diagnostics = [_over_budget(protected, budget)]
     else:
-        freed = 0
-        for _, start, i in sorted(candidates):  # lowest score first, then lowest position
-            if freed >= total - budget:
+        chosen, freed, need, diagnostics = [], 0, total - budget, []
+        for i in sorted(range(lo, hi), key=values.__getitem__):  # stable: ties by position
+            chosen.append(i)
+            freed += ends[i] - starts[i]
+            if freed >= need:
                 break
-            chosen.add(i)
-            freed += blocks[i][1] - start
+        chosen.sort()
     diagnostics.append(f"scored eviction of {len(chosen)} blocks")
-    evicted: list[Range] = []
-    kept: list[list[int]] = []  # start, end, range index: adjacent kept blocks of one range merged
-    kept_scores: list[float] = []
-    for i, (start, end, k) in enumerate(blocks):
-        if i in chosen:
-            evicted.append(trusted_range(start, end))
-        elif kept and kept[-1][2] == k and kept[-1][1] == start:
-            kept[-1][1] = end
-            kept_scores.append(values[i])
-        else:
-            kept.append([start, end, k])
-            kept_scores.append(values[i])
-    freed = sum(r.end - r.start for r in evicted)
+    kept: list[Range] = []  # each range minus its evicted blocks
+    nxt = 0
+    for k, r in enumerate(live):
+        cursor = r.start
+        while nxt < len(chosen) and owner[chosen[nxt]] == k:
+            i = chosen[nxt]
+            if starts[i] > cursor:
+                kept.append(trusted_range(cursor, starts[i]))
+            cursor, nxt = ends[i], nxt + 1
+        if cursor < r.end:
+            kept.append(trusted_range(cursor, r.end))
+    gone = set(chosen)
+    freed = sum(ends[i] - starts[i] for i in chosen)
     return StreamingPlan(
-        tuple(evicted), tuple(trusted_range(s, e) for s, e, _ in kept), total, total - freed, protected,
-        protected > budget, tuple(diagnostics), tuple(kept_scores),
+        tuple(trusted_range(starts[i], ends[i]) for i in chosen), tuple(kept), total, total - freed,
+        protected, protected > budget, tuple(diagnostics),
+        tuple(v for i, v in enumerate(values) if i not in gone),
     )

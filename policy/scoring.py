@@ -3,7 +3,8 @@
 Primitives:
 - ``key_mass(attn)``: attention each key received, summed over every leading axis
   (layers, heads, query rows). ``attn`` is ``(..., n_query, n_key)``.
-- ``H2OAccumulator``: H2O heavy-hitter scores, accumulated over decode steps per key position.
+- ``H2OAccumulator``: H2O heavy-hitter scores, accumulated over query rows per key position;
+  ``add(attn, key_positions)``, ``drop(ranges)`` (evicted keys), ``scores``.
 - ``snapkv_key_scores(attn, window, kernel, pool)``: SnapKV scores from the last ``window`` query
   rows (the observation window), summed over heads and layers, pooled so neighbours of a hit
   survive together.
@@ -62,6 +63,11 @@ class H2OAccumulator:
         if top > self._scores.shape[0]:
             self._scores = np.concatenate([self._scores, np.zeros(top - self._scores.shape[0])])
         np.add.at(self._scores, positions[valid], mass[valid])
+
+    def drop(self, ranges: Sequence[Range]) -> None:
+        """Forget what the keys in ``ranges`` accumulated (they were evicted)."""
+        for rng in ranges:
+            self._scores[rng.start : min(rng.end, self._scores.shape[0])] = 0.0
 
 
 def pool_1d(scores: npt.ArrayLike, kernel: int = 7, mode: str = "max") -> FloatArray:

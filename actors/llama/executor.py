@@ -79,6 +79,7 @@ from kvres.policy.kv_types import (
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
+from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
 from kvres.policy.tokens import token_ids
 
@@ -90,7 +91,7 @@ from .attention import ScoringContext
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel
 from .errors import ContextFullError, EngineError, SessionLimitError
-from .state_blob import expected_payload_size, read_cell_positions
+from .state_blob import expected_payload_size, read_cell_positions, read_keys
 
 MIN_N_CTX = 32
 MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ, including the reserved sequences
@@ -205,6 +206,7 @@ class LlamaExecutor(SessionTable, Executor):
             position_shift=self._ops.can_shift,
             attention_scores=True,
             attention_capture=True,
+            key_access=type_k in ("f32", "f16") and self._model.n_swa == 0,
             # a sliding-window model keeps two caches, whose state blob this backend does not parse
             kv_export=self._model.n_swa == 0,
         )
@@ -476,6 +478,22 @@ class LlamaExecutor(SessionTable, Executor):
             for s in sessions:
                 self._materialize(s)
             self._ops.flush_shifts()
+
+    def keys(self, session_id: str) -> KeyCapture:
+        """The resident keys, read from a state export of the session's own sequence."""
+        with self._lock:
+            s = self._get(session_id)
+            if not self._caps.key_access:
+                raise CapabilityError(f"keys of a {self.type_k} K cache cannot be read as floats")
+            self._materialize(s)
+            self._ops.flush_shifts()
+            payload = self._ctx.state_get(s.seq)
+            cells = read_cell_positions(payload)
+            keys = read_keys(payload, self.geometry.n_layers, self.geometry.n_kv_heads,
+                             self.geometry.head_dim, self.type_k)
+            log_index = np.nonzero(s.positions.resident_mask())[0].astype(np.int64)
+            by_position = dict(zip(s.positions.all_positions()[log_index].tolist(), log_index.tolist(), strict=True))
+            return KeyCapture(keys, np.asarray([by_position[int(p)] for p in cells], dtype=np.int64))
 
     # -- attention ------------------------------------------------------------------------
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:

@@ -4,6 +4,7 @@ Primitives:
 - ``read_cell_positions(payload) -> np.ndarray``: the cache position of every KV cell in the
   blob, in the blob's cell order; raises ``BlockMismatchError`` when the bytes are not a
   single-stream, single-sequence state in the layout this module knows.
+- ``read_keys(payload, n_layer, n_kv_heads, head_dim, type_k)``: the K rows as floats (f32 / f16).
 - ``expected_payload_size(n_cells, n_layer, k_row_bytes, v_row_bytes) -> int``: the exact size
   of such a blob, so a truncated or padded payload is refused before llama.cpp reads it.
 
@@ -50,3 +51,27 @@ def expected_payload_size(n_cells: int, n_layer: int, k_row_bytes: int, v_row_by
     meta = 16 + 12 * n_cells
     data = 8 + n_layer * (12 + n_cells * k_row_bytes) + n_layer * (12 + n_cells * v_row_bytes)
     return meta + data
+
+
+def read_keys(
+    payload: bytes | bytearray | memoryview, n_layer: int, n_kv_heads: int, head_dim: int, type_k: str
+) -> npt.NDArray[np.float32]:
+    """The K rows of a state blob as ``(n_layer, n_kv_heads, n_cells, head_dim)`` float32, in the
+    blob's cell order (f32 / f16 K caches only: a quantized row is not a float vector)."""
+    dtypes: dict[str, np.dtype[np.floating]] = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+    if type_k not in dtypes:
+        raise BlockMismatchError(f"K rows of type {type_k!r} cannot be read as floats (f32 / f16 only)")
+    buf = memoryview(payload).cast("B")
+    n_cells = read_cell_positions(buf).shape[0]
+    offset = 16 + 12 * n_cells + 8  # cell metadata, then u32 v_trans and u32 n_layer
+    row = n_kv_heads * head_dim
+    out = np.empty((n_layer, n_kv_heads, n_cells, head_dim), dtype=np.float32)
+    for layer in range(n_layer):
+        _k_type, row_bytes = struct.unpack_from("<iQ", buf, offset)
+        if row_bytes != row * dtypes[type_k].itemsize:
+            raise BlockMismatchError(f"layer {layer} K rows are {row_bytes} bytes; expected {row} {type_k} values")
+        offset += 12
+        rows = np.frombuffer(buf, dtype=dtypes[type_k], count=n_cells * row, offset=offset)
+        out[layer] = rows.reshape(n_cells, n_kv_heads, head_dim).transpose(1, 0, 2)
+        offset += n_cells * row_bytes
+    return out

@@ -53,6 +53,7 @@ from kvres.policy.errors import (
 )
 from kvres.policy.positions import AdmitOp, PositionMap
 from kvres.policy.ranges import Range
+from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
 from kvres.policy.tokens import token_ids
 
@@ -129,7 +130,7 @@ class OpenVINOExecutor(SessionTable, Executor):
         scores = self.loaded.has_attention_probs
         self._caps = Capabilities(
             remove_middle=True, position_shift=self._can_rebase(), attention_scores=scores,
-            attention_capture=scores, kv_export=True,
+            attention_capture=scores, key_access=True, kv_export=True,
         )
 
     # -- the mechanism ---------------------------------------------------------------------------
@@ -329,6 +330,12 @@ class OpenVINOExecutor(SessionTable, Executor):
             window or self.score_window,
         )
         return AttentionCapture(probs, log_index, log_index[log_index.size - probs.shape[2]:])
+
+    def keys(self, session_id: str) -> KeyCapture:
+        s = self._get(session_id)
+        self.sync(session_id)
+        keys = np.stack([k[0] for k, _ in self._kv(s)]).astype(np.float32)  # (layer, head, n, dim)
+        return KeyCapture(keys, np.nonzero(s.positions.resident_mask())[0].astype(np.int64))
 
     def block_attention_scores(
         self, session_id: str, ranges: Sequence[Range], window: int | None = None

@@ -11,7 +11,7 @@ import pytest
 from kvres.actors.backend import BackendFullError, BackendHost
 from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy import UnknownSessionError
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort, ReferenceExecutor
 

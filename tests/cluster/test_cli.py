@@ -1,0 +1,150 @@
+"""What operators see of a running cluster: ``kvres status`` / ``kvres inspect`` (run in-process
+against the package's cluster), the kvres actors' live reprs, and the Grafana dashboard's metrics on
+the cluster's metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+from kvres.cluster import SessionPolicy
+from kvres.cluster.cli import main
+from kvres.cluster.cluster_view import ClusterView
+from kvres.cluster.grafana_dashboard import dashboard_json, dashboard_metrics, dashboard_queries
+
+PROMPT = list(range(3, 203))
+
+
+def _run(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def _plain(report: dict) -> dict:
+    """JSON-shaped, backends in name order; the load view (pushed by the backends whenever they
+    like) by its rows' backends and its totals' keys."""
+    report = json.loads(json.dumps(report, default=str))
+    report["backends"].sort(key=lambda b: b["backend"])
+    load = report.pop("load")
+    report["load"] = (sorted(b["backend"] for b in load["backends"]), sorted(load["totals"]))
+    return report
+
+
+def test_status_json_matches_the_session_manager_and_the_table_names_everything(manager, capsys) -> None:
+    session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    session.append(PROMPT)
+    printed = json.loads(_run(capsys, "status", "--json", "--namespace", manager.namespace))
+    assert _plain(printed) == _plain(manager.status())
+    table = _run(capsys, "status", "--namespace", manager.namespace)
+    for heading in ("BACKENDS", "SESSIONS", "COLD STORES", "ACTORS"):
+        assert heading in table
+    assert re.search(r"^kvres-backend-b0\s+BackendServer\(b0: llama stories260K.gguf, 1 live", table, re.M)
+    for backend in manager.backends():
+        assert re.search(rf"^{re.escape(backend)}\s", table, re.M), backend
+    row = next(line for line in table.splitlines() if line.startswith(session.session_id))
+    assert row.split()[1:] == ["b0", "live", str(session.stats()["resident_tokens"])]
+    session.close()
+
+
+def test_inspect_draws_the_resident_ranges_over_the_token_log(manager, capsys) -> None:
+    session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    session.append(PROMPT)
+    session.generate(64)
+    stats = session.stats()
+    assert json.loads(_run(capsys, "inspect", session.session_id, "--json", "--namespace", manager.namespace)) \
+        == json.loads(json.dumps(stats))
+    text = _run(capsys, "inspect", session.session_id, "--namespace", manager.namespace)
+    assert f"session {session.session_id!r} on backend 'b0': live" in text
+    assert "streaming, budget 128 tokens" in text
+    bar = re.search(r"\|([#+.]+)\|", text).group(1)
+    assert bar[0] == "#" and bar[-1] == "#" and "." in bar  # sinks and recent resident, the middle not
+    assert text.count("#") < len(bar)
+    assert f"{stats['token_count']} in the log, {stats['resident_tokens']} resident" in text
+    for tier, v in stats["cold"].items():
+        assert re.search(rf"^\s+{tier}\s+{v['blocks']}\s", text, re.M)
+    assert f"evictions {stats['counters']['evictions']}" in text
+    session.close()
+    assert main(["inspect", "no-such-session", "--namespace", manager.namespace]) == 1
+    assert "no-such-session" in capsys.readouterr().err
+
+
+def test_every_kvres_actor_shows_its_live_state_in_its_repr(manager) -> None:
+    view = ClusterView(manager.namespace)
+    before = view.reprs()
+    assert set(before) == set(view.actors) and all(before.values())
+    backend = before["kvres-backend-b0"]
+    assert backend.startswith("BackendServer(b0: llama stories260K.gguf") and "0/2000 tokens resident" in backend
+    assert all(r.startswith("MeteredColdStoreServer(ram ") for n, r in before.items() if "coldstore" in n)
+    session = manager.open_session(backend="b0")
+    session.append(PROMPT[:50])
+    session.suspend()
+    after = view.reprs()
+    assert after["kvres-backend-b0"] != backend and "1 suspended" in after["kvres-backend-b0"]
+    assert after["kvres-planner"] != before["kvres-planner"]
+    assert any(after[n] != before[n] for n in before if "coldstore" in n)  # the suspended KV is parked
+    session.resume()
+    assert "1 live" in view.reprs()["kvres-backend-b0"] and "50/2000" in view.reprs()["kvres-backend-b0"]
+    session.close()
+
+
+def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
+    dashboard = dashboard_json()
+    assert dashboard["uid"] == "kvres-residency" and len(dashboard["panels"]) >= 7
+    assert all(panel.get("targets") for panel in dashboard["panels"])
+    assert dashboard_metrics() == {
+        "ray_kvres_backend_resident_tokens", "ray_kvres_resident_tokens", "ray_kvres_cold_bytes",
+        "ray_kvres_cold_blocks", "ray_kvres_evictions_total", "ray_kvres_spills_total",
+        "ray_kvres_admissions_total", "ray_kvres_suspends_total", "ray_kvres_plan_latency_ms_bucket",
+        "ray_kvres_tokens_total",
+    }
+    assert all("$" not in q.replace("$backend", "").replace("$__rate_interval", "") for q in dashboard_queries())
+
+
+def test_grafana_install_copies_the_dashboard(tmp_path, capsys) -> None:
+    assert main(["grafana", "--install", "--dir", str(tmp_path)]) == 0
+    installed = tmp_path / "kvres_grafana_dashboard.json"
+    assert str(installed) in capsys.readouterr().out
+    assert json.loads(installed.read_text()) == dashboard_json()
+    assert main(["grafana", "--install", "--dir", str(tmp_path / "missing")]) == 1
+    assert "missing" in capsys.readouterr().err
+
+
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def test_every_metric_of_the_dashboard_is_on_the_metrics_endpoint(manager, metrics_port) -> None:
+    """Drive what each panel shows (eviction and spills, a resume that recalls blocks, a session
+    suspended to make room, generated tokens), then find every metric the dashboard reads."""
+    streaming = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
+    streaming.append(PROMPT)
+    streaming.generate(32)
+    streaming.suspend()
+    streaming.resume()
+    idle = manager.open_session(backend="small")
+    idle.append(PROMPT[:180])
+    busy = manager.open_session(backend="small", policy=SessionPolicy.streaming(200, recent_tokens=32))
+    busy.append(PROMPT[:150])
+    assert idle.stats()["state"] == "suspended"
+    assert streaming.stats()["counters"]["admissions"] > 0
+    wanted = dashboard_metrics()
+    deadline = time.time() + 30
+    while True:
+        body = _scrape(metrics_port)
+        missing = {m for m in wanted if not re.search(rf"^{m}\{{", body, re.M)}
+        if not missing or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert not missing, f"metrics the Grafana dashboard reads but the cluster does not publish: {sorted(missing)}"
+    time.sleep(3)  # at rest: Ray forgets a gauge two report intervals (here 2 s) after it was last set
+    body = _scrape(metrics_port)
+    for gauge in ("ray_kvres_backend_resident_tokens", "ray_kvres_cold_bytes", "ray_kvres_resident_tokens"):
+        assert re.search(rf"^{gauge}\{{", body, re.M), f"{gauge} vanished from the endpoint at rest"
+    resident = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                if line.startswith("ray_kvres_resident_tokens{") and f'session="{busy.session_id}"' in line]
+    assert resident == [busy.stats()["resident_tokens"]]
+    for s in (streaming, idle, busy):
+        s.close()
+
