@@ -228,11 +228,19 @@ class BackendHost:
                 f"session budget_tokens={policy.budget_tokens} exceeds backend {self.name!r} "
                 f"kv_budget_tokens={self.config.kv_budget_tokens}"
             )
-        if policy.kind == "scored" and policy.scorer == "h2o" and not self.executor.capabilities().attention_capture:
-            raise ValueError(
-                f"scorer 'h2o' needs the attention of every query, which backend {self.name!r} "
-                f"({self.config.engine}) cannot capture; use scorer='snapkv'"
-            )
+        if policy.kind == "scored":
+            caps = self.executor.capabilities()
+            needs = scorer_for(policy.scorer, policy.observation_window).needs
+            if needs == "attention" and not caps.attention_capture:
+                raise ValueError(
+                    f"scorer {policy.scorer!r} needs attention probabilities, which backend {self.name!r} "
+                    f"({self.config.engine}) cannot capture; use scorer='keynorm'"
+                )
+            if needs == "keys" and not caps.key_access:
+                raise ValueError(
+                    f"scorer 'keynorm' needs the resident keys, which backend {self.name!r} "
+                    f"({self.config.engine}, type_k={self.config.type_k}) cannot read as floats"
+                )
 
     def _open_on_engine(self, session_id: str, policy: SessionPolicy, tokens: Sequence[int] = ()) -> None:
         self.executor.open_session(session_id, tokens)

@@ -120,7 +120,8 @@ class BackendConfig(BaseModel):
     def _check(self) -> BackendConfig:
         if self.n_ctx % 2:
             raise ValueError(f"n_ctx must be even, got {self.n_ctx}")
-        if self.kv_budget_tokens > self.n_ctx:
+        resolved_later = self.memory_budgeted and "n_ctx" not in self.model_fields_set  # n_ctx from the memory
+        if self.kv_budget_tokens > self.n_ctx and not resolved_later:
             raise ValueError(
                 f"kv_budget_tokens={self.kv_budget_tokens} exceeds n_ctx={self.n_ctx}"
             )

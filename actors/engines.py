@@ -12,7 +12,7 @@ Primitives:
   and main GPU from the placement), an OpenVINO executor of the configured mechanism on the
   placement's device (state slicing or re-prefill) or a ``GenAIExecutor`` (openvino-genai: the
   engine evicts). Without a placement it is taken from the GPUs Ray assigned this process
-  (``kvres.actors.placement``).
+  (``kvres.actors.device_placement``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from kvres.policy.tiering import TierDecision
 
 from .config import BackendConfig
+from .device_placement import Placement, assigned_gpu_ids, placement_for
 from .executor import EngineManagedExecutor, Executor
-from .placement import Placement, assigned_gpu_ids, placement_for
 
 logger = logging.getLogger("kvres.capacity")
 

@@ -7,9 +7,9 @@ Primitives:
   ``engine`` (a name) and ``fingerprint`` (binds KV blocks to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
-  ``block_attention_scores`` (SnapKV), ``attention`` (a raw capture, where
-  ``Capabilities.attention_capture`` says the engine has one) and ``keys`` (the resident keys,
-  where ``Capabilities.key_access`` says so).
+  ``attention`` (a raw capture, where ``Capabilities.attention_capture`` says the engine has one)
+  and ``keys`` (the resident keys, where ``Capabilities.key_access`` says so): the inputs of the
+  scorer objects in ``kvres.policy.scorers``, the one scoring path.
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
@@ -100,13 +100,6 @@ class Executor(EngineSessions):
     @abstractmethod
     def import_range(self, session_id: str, block: KVBlock) -> None:
         """Make an exported block's range resident again, exactly as it was exported."""
-
-    @abstractmethod
-    def block_attention_scores(
-        self, session_id: str, ranges: Sequence[Range], window: int | None = None
-    ) -> list[float]:
-        """SnapKV: one score per range, the attention its keys receive from the last ``window``
-        resident tokens (the engine's default observation window when None), max-pooled."""
 
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
         """Attention of the last ``window`` resident tokens over every resident token."""

@@ -31,7 +31,7 @@ from kvres.policy.kv_layout import LLAMA_CELL_PAD, CacheCells
 
 from .config import BackendConfig
 from .device_memory import DeviceMemory, host_memory, llama_gpu_memory, openvino_device_memory
-from .placement import Placement
+from .device_placement import Placement
 
 MIN_N_CTX, MAX_N_CTX, MIN_BUDGET_TOKENS = 64, 1 << 20, 16
 LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.llama.executor

@@ -4,8 +4,7 @@ Primitives:
 - ``Capabilities``: what a backend advertises; everything defaults to "cannot", so a backend only
   states what it really supports. ``remove_middle`` / ``position_shift`` gate the planner's
   eviction and re-basing, ``kv_export`` gates spill and suspend (export / import of blocks),
-  ``attention_scores`` SnapKV block scores, ``attention_capture`` a raw attention capture (SnapKV,
-  H2O scorers), ``key_access`` the resident keys (the attention-free KeyNorm scorer).
+  ``attention_capture`` a raw attention capture (the SnapKV and H2O scorers), ``key_access`` the resident keys (the attention-free KeyNorm scorer).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from dataclasses import dataclass, fields, replace
 class Capabilities:
     remove_middle: bool = False
     position_shift: bool = False
-    attention_scores: bool = False
     attention_capture: bool = False
     key_access: bool = False
     kv_export: bool = False

@@ -21,18 +21,16 @@ from kvres.actors.executor import Executor
 from kvres.actors.session_table import SessionTable
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
-from kvres.policy.errors import (
-    CapabilityError,
-    SessionExistsError,
-)
+from kvres.policy.errors import CapabilityError, RangeError, SessionExistsError
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
+from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
 REFERENCE_CAPABILITIES = Capabilities(
     remove_middle=True,
     position_shift=True,
-    attention_scores=True,
+    attention_capture=True,
     kv_export=True,
 )
 _GEOMETRY = KVGeometry(n_layers=1, n_kv_heads=1, head_dim=1)
@@ -129,15 +127,18 @@ class ReferenceExecutor(SessionTable, Executor):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return "".join(chr(int(t)) for t in tokens)
 
-    def block_attention_scores(
-        self, session_id: str, ranges: Sequence[Range], window: int | None = None
-    ) -> list[float]:
+    def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
+        """The fake model's attention: each of the last ``window`` resident rows spreads over the
+        resident keys before it by salience / (1 + distance), normalised."""
         s = self._get(session_id)
-        for rng in ranges:
-            s.positions.check_resident(rng)
         pos = s.positions.all_positions()
-        mask = pos >= 0
-        _, weights = self._weights(s)
-        full = np.zeros(len(s.tokens))
-        full[mask] = weights
-        return [float(full[r.start : r.end].sum()) for r in ranges]
+        keys = np.nonzero(pos >= 0)[0].astype(np.int64)
+        if not keys.size:
+            raise RangeError(f"session {session_id!r} has no resident tokens to score")
+        rows = keys[-(window or 1):]
+        tokens = np.asarray(s.tokens, dtype=np.int64)[keys]
+        salient = 1.0 + 4.0 * (tokens % 7 == 0)
+        dist = pos[rows][:, None] - pos[keys][None, :]
+        weights = np.where(dist >= 0, salient[None, :] / (1.0 + np.maximum(dist, 0)), 0.0)
+        probs = (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)[None, None]
+        return AttentionCapture(probs, keys, rows)

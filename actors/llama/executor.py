@@ -6,7 +6,7 @@ Primitives:
   n_gpu_layers=None, main_gpu=None)`` (layers offloaded and main device; None: llama.cpp's default), an
   ``kvres.actors.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
-  ``export_range``, ``import_range``, ``block_attention_scores``, ``attention`` (raw capture),
+  ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``,
   ``tokenize``, ``detokenize``, ``close_session``.
   Beyond it: ``generate``, ``stream``, ``kv_profile``, ``cache_positions``, ``sessions``,
   ``free_cells``, ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
@@ -80,7 +80,7 @@ from kvres.policy.kv_types import (
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
-from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
+from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
 from ..executor import Executor
@@ -204,7 +204,6 @@ class LlamaExecutor(SessionTable, Executor):
         self._caps = Capabilities(
             remove_middle=True,
             position_shift=self._ops.can_shift,
-            attention_scores=True,
             attention_capture=True,
             key_access=type_k in ("f32", "f16") and self._model.n_swa == 0,
             # a sliding-window model keeps two caches, whose state blob this backend does not parse
@@ -511,22 +510,6 @@ class LlamaExecutor(SessionTable, Executor):
             log_index = np.nonzero(mask)[0].astype(np.int64)
             tokens = np.asarray(s.tokens, dtype=np.int32)[mask]
             return self._scoring.capture(tokens.tolist(), log_index, window or self.score_window)
-
-    def block_attention_scores(
-        self, session_id: str, ranges: Sequence[Range], window: int | None = None
-    ) -> list[float]:
-        """SnapKV scores: attention from the last ``window`` (default ``score_window``) resident
-        tokens, summed over layers, heads and query rows, max-pooled over ``score_kernel`` keys,
-        summed per range."""
-        with self._lock:
-            s = self._get(session_id)
-            for rng in ranges:
-                s.positions.check_resident(rng)
-            if not ranges:
-                return []
-            cap = self.attention(session_id, window)
-            keys = snapkv_key_scores(cap.probs, window=cap.n_query, kernel=self.score_kernel)
-            return [float(x) for x in block_scores(keys, cap.key_positions, ranges)]
 
     # -- generation -----------------------------------------------------------------------
     def _next_logits(self, s: _Session, session_id: str) -> npt.NDArray[np.float32]:

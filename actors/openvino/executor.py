@@ -7,7 +7,7 @@ Primitives:
   two mechanisms, ``openvino_executor(model_path, mode, **options)`` (``modes.py``) builds one by
   name. Shared here: ``capabilities``, ``open_session``, ``append``, ``token_log``,
   ``resident_ranges``, ``cache_positions``, ``evict_range``, ``export_range``, ``import_range``
-  (the block is checked here, placed by the mechanism), ``attention``, ``block_attention_scores``,
+  (the block is checked here, placed by the mechanism), ``attention``, ``keys``,
   ``sync``, ``close_session``, ``sessions``, ``tokenize``, ``detokenize``, ``kv_profile``;
   attributes ``mode``, ``fingerprint``, ``kv_type``, ``loaded``.
 - ``Session``: a session's infer request, token log, ``PositionMap`` and, while a change waits for
@@ -54,7 +54,7 @@ from kvres.policy.errors import (
 from kvres.policy.positions import AdmitOp, PositionMap
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
-from kvres.policy.scoring import AttentionCapture, block_scores, snapkv_key_scores
+from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
 from .compiled import SHARED_CACHE, CompiledModelCache, compile_config
@@ -129,7 +129,7 @@ class OpenVINOExecutor(SessionTable, Executor):
         self._codec: TextCodec | None = None
         scores = self.loaded.has_attention_probs
         self._caps = Capabilities(
-            remove_middle=True, position_shift=self._can_rebase(), attention_scores=scores,
+            remove_middle=True, position_shift=self._can_rebase(),
             attention_capture=scores, key_access=True, kv_export=True,
         )
 
@@ -336,20 +336,3 @@ class OpenVINOExecutor(SessionTable, Executor):
         self.sync(session_id)
         keys = np.stack([k[0] for k, _ in self._kv(s)]).astype(np.float32)  # (layer, head, n, dim)
         return KeyCapture(keys, np.nonzero(s.positions.resident_mask())[0].astype(np.int64))
-
-    def block_attention_scores(
-        self, session_id: str, ranges: Sequence[Range], window: int | None = None
-    ) -> list[float]:
-        """SnapKV scores, computed as llama's are: attention from the last ``window`` (default
-        ``score_window``) resident tokens, summed over layers, heads and query rows, max-pooled
-        over ``score_kernel`` keys, summed per range."""
-        s = self._get(session_id)
-        for rng in ranges:
-            s.positions.check_resident(rng)
-        if not self._caps.attention_scores:
-            raise CapabilityError(f"model {self.loaded.source!r} exposes no attention probabilities")
-        if not ranges:
-            return []
-        cap = self.attention(session_id, window)
-        keys = snapkv_key_scores(cap.probs, window=cap.n_query, kernel=self.score_kernel)
-        return [float(x) for x in block_scores(keys, cap.key_positions, list(ranges))]

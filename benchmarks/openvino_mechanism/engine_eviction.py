@@ -9,7 +9,7 @@ Primitives:
   - ``kvres_state``: ``openvino_executor(mode="state")``, the planner's StreamingLLM plan applied
     after the prefill and again whenever the cache outgrows the budget by a block,
   - ``kvres_state_scored``: the same with per-block attention scores from the executor's scoring
-    pass (``block_attention_scores``), so the middle keeps its most-attended blocks (like genai),
+    pass (``attention`` through the ``SnapKV`` scorer object), so the middle keeps its most-attended blocks (like genai),
   - ``kvres_state_scored_gap``: the same plan with positions left as they were (no re-base), which
     is what genai does with ``apply_rotation=False`` (its default),
   each with its wall time per generated token and how many leading tokens agree with the reference.
@@ -28,6 +28,7 @@ import numpy as np
 
 from kvres.actors.executor import apply_plan
 from kvres.policy import Block, PlanInput, StreamPolicy, plan_hot_set, split_into_blocks
+from kvres.policy.scorers import SnapKV
 
 BLOCK = 16
 
@@ -53,7 +54,7 @@ def _kvres_generate(model: Path, prompt: list[int], new_tokens: int, policy: Str
     def shrink() -> None:
         blocks = [Block(b.range, last_used=i)
                   for i, b in enumerate(split_into_blocks(ex.resident_ranges("s"), BLOCK))]
-        scores = ex.block_attention_scores("s", [b.range for b in blocks]) if scored else None
+        scores = SnapKV(16).block_scores(ex.attention("s", 16), [b.range for b in blocks]) if scored else None
         plan = plan_hot_set(PlanInput(blocks, budget, policy, ex.capabilities(), scores))
         if rebase:
             apply_plan(ex, "s", plan)

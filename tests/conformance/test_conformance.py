@@ -19,6 +19,7 @@ from kvres.policy import (
     plan_hot_set,
     split_into_blocks,
 )
+from kvres.policy.scorers import SnapKV
 
 from .scenarios import BLOCK, PROMPT_LEN, SCENARIOS, Scenario, prompt_tokens
 
@@ -127,11 +128,11 @@ def test_sessions_are_isolated(make_executor: Callable[[], Any]) -> None:
 
 def test_attention_scores_one_per_range(make_executor: Callable[[], Any]) -> None:
     executor = make_executor()
-    if not executor.capabilities().attention_scores:
-        pytest.fail("every executor in the table is expected to score attention")
+    if not executor.capabilities().attention_capture:
+        pytest.fail("every executor in the table is expected to capture attention")
     _open(executor)
     ranges = [Range(0, 16), Range(16, 100), Range(100, 200)]
-    scores = executor.block_attention_scores("s", ranges)
+    scores = SnapKV(16).block_scores(executor.attention("s", 16), ranges)
     assert len(scores) == 3
     assert all(np.isfinite(s) and s >= 0 for s in scores)
 
@@ -148,7 +149,7 @@ def _state(executor: Any) -> tuple[list[Range], list[int]]:
         lambda e: e.admit_range("s", Range(100, 120)),  # resident
         lambda e: e.admit_range("s", Range(190, 240)),  # outside the log
         lambda e: e.export_range("s", Range(12, 30)),  # partly evicted
-        lambda e: e.block_attention_scores("s", [Range(0, 500)]),
+        lambda e: e.evict_range("s", Range(0, 500)),
     ],
     ids=["evict-outside", "evict-evicted", "admit-resident", "admit-outside", "export-evicted",
          "scores-outside"],

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from kvres.actors.llama import LlamaExecutor
-from kvres.policy import Range, RangeError
+from kvres.policy import Range
+from kvres.policy.scorers import SnapKV
 
 from .conftest import story_tokens
 
@@ -45,7 +45,7 @@ def test_an_attended_block_ranks_above_an_ignored_one(make_llama: Callable[..., 
         n, h = len(tokens), len(head)
         opening, filler_a, filler_b = Range(h - 8, h), Range(h + 8, h + 16), Range(h + 24, h + 32)
         recent = Range(n - len(tail) - 8, n - len(tail))
-        scores = executor.block_attention_scores(name, [opening, filler_a, filler_b, recent])
+        scores = SnapKV(32).block_scores(executor.attention(name, 32), [opening, filler_a, filler_b, recent])
         assert scores[0] > 1.5 * max(scores[1], scores[2]), scores
         assert scores[3] > scores[0], scores
         raw = executor.attention(name, window=len(tail)).probs.sum(axis=(0, 1, 2))
@@ -63,7 +63,7 @@ def test_scores_follow_token_log_positions_across_sessions_and_evictions(
     alone.open_session("s")
     alone.append("s", tokens)
     alone.evict_range("s", Range(16, 100), rebase=True)
-    expected = alone.block_attention_scores("s", ranges)
+    expected = SnapKV(32).block_scores(alone.attention("s", 32), ranges)
     shared = make_llama()
     shared.open_session("other")
     shared.open_session("s")
@@ -72,9 +72,7 @@ def test_scores_follow_token_log_positions_across_sessions_and_evictions(
         shared.append("other", other[a : a + 50])
         shared.append("s", tokens[a : a + 50])
     shared.evict_range("s", Range(16, 100), rebase=True)
-    np.testing.assert_allclose(shared.block_attention_scores("s", ranges), expected, rtol=1e-5)
-    with pytest.raises(RangeError):
-        shared.block_attention_scores("s", [Range(10, 30)])  # partly evicted
+    np.testing.assert_allclose(SnapKV(32).block_scores(shared.attention("s", 32), ranges), expected, rtol=1e-5)
 
 
 def test_scoring_leaves_serving_untouched(make_llama: Callable[..., LlamaExecutor]) -> None:
@@ -85,7 +83,7 @@ def test_scoring_leaves_serving_untouched(make_llama: Callable[..., LlamaExecuto
         executor.open_session("s")
         executor.append("s", story_tokens(executor, 100))
         if score:
-            executor.block_attention_scores("s", [Range(0, 50), Range(50, 100)])
+            SnapKV(32).block_scores(executor.attention("s", 32), [Range(0, 50), Range(50, 100)])
         results.append(executor.append("s", [13]))
         assert executor.flash_attn
     assert np.max(np.abs(results[0] - results[1])) == 0.0

@@ -67,10 +67,9 @@ def test_bad_kv_types(stories_model: Path) -> None:
         lambda e: e.evict_range("s", Range(90, 130)),
         lambda e: e.admit_range("s", Range(50, 60)),
         lambda e: e.export_range("s", Range(15, 25)),
-        lambda e: e.block_attention_scores("s", [Range(0, 500)]),
         lambda e: e.admit_range("s", Range(100, 101)),
     ],
-    ids=["evict-outside", "admit-resident", "export-partly-evicted", "scores-outside", "admit-beyond-log"],
+    ids=["evict-outside", "admit-resident", "export-partly-evicted", "admit-beyond-log"],
 )
 def test_ranges_outside_the_session(llama: LlamaExecutor, operation: Callable[[LlamaExecutor], object]) -> None:
     llama.open_session("s")

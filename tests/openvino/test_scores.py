@@ -11,6 +11,7 @@ from kvres.actors.openvino import StateExecutor, load_model, openvino_executor
 from kvres.actors.openvino.scoring_pass import with_attention_outputs
 from kvres.policy import CapabilityError, Range, RangeError
 from kvres.policy.capabilities import Capabilities
+from kvres.policy.scorers import SnapKV
 
 PROMPT = [1] + [3 + (i * 13) % 300 for i in range(119)]
 
@@ -20,7 +21,7 @@ def test_scores_cover_the_observation_window_mass(stories_gguf: Path) -> None:
     ex.open_session("s")
     ex.append("s", PROMPT)
     ranges = [Range(0, 40), Range(40, 80), Range(80, 120)]
-    scores = ex.block_attention_scores("s", ranges)
+    scores = SnapKV(8, kernel=1).block_scores(ex.attention("s", 8), ranges)
     # every query row of every head of every layer sums to 1 over the keys it sees
     assert sum(scores) == pytest.approx(5 * 8 * 8, rel=1e-5)
     assert all(s > 0 for s in scores)
@@ -38,7 +39,7 @@ def test_scores_only_count_resident_keys(stories_gguf: Path, mode: str) -> None:
     ex.open_session("s")
     ex.append("s", PROMPT)
     ex.evict_range("s", Range(20, 100), rebase=True)
-    scores = ex.block_attention_scores("s", [Range(0, 20), Range(100, 120)])
+    scores = SnapKV(4, kernel=1).block_scores(ex.attention("s", 4), [Range(0, 20), Range(100, 120)])
     assert sum(scores) == pytest.approx(5 * 8 * 4, rel=1e-5)
 
 
@@ -59,7 +60,7 @@ def test_attention_capture_is_labelled_by_token_log_index(stories_gguf: Path, mo
     np.testing.assert_allclose(cap.probs.sum(axis=-1), 1.0, atol=1e-5)
     later = cap.key_positions[None, :] > cap.query_positions[:, None]
     assert np.all(cap.probs[:, :, later] == 0)  # causal
-    scores = ex.block_attention_scores("s", [Range(0, 20), Range(100, 120)], window=6)
+    scores = SnapKV(6, kernel=1).block_scores(cap, [Range(0, 20), Range(100, 120)])
     np.testing.assert_allclose(scores, [cap.probs[..., :20].sum(), cap.probs[..., 20:].sum()], rtol=1e-6)
 
 
@@ -80,13 +81,11 @@ def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Pat
 
     xml = convert_gguf_to_ir(stories_gguf, tmp_path / "sdpa", attention="sdpa")
     sdpa, explicit = StateExecutor(xml), StateExecutor(stories_gguf)
-    assert not sdpa.capabilities().attention_scores and explicit.capabilities().attention_scores
+    assert not sdpa.capabilities().attention_capture and explicit.capabilities().attention_capture
     for e in (sdpa, explicit):
         e.open_session("s")
     np.testing.assert_allclose(sdpa.append("s", PROMPT), explicit.append("s", PROMPT), atol=1e-4)
     assert not sdpa.capabilities().attention_capture
-    with pytest.raises(CapabilityError, match="exposes no attention"):
-        sdpa.block_attention_scores("s", [Range(0, 10)])
     with pytest.raises(CapabilityError, match="exposes no attention"):
         sdpa.attention("s")
 
@@ -103,8 +102,27 @@ def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> N
                           flash_attn=False)
     ll_ex.open_session("s")
     ll_ex.append("s", PROMPT)
-    ov_scores = np.array(ov_ex.block_attention_scores("s", ranges))
-    ll_scores = np.array(ll_ex.block_attention_scores("s", ranges, window=8))
+    ov_scores = np.array(SnapKV(8).block_scores(ov_ex.attention("s", 8), ranges))
+    ll_scores = np.array(SnapKV(8).block_scores(ll_ex.attention("s", 8), ranges))
     # llama.cpp scores in its f16 scoring context: ~0.2% apart from OpenVINO f32
     np.testing.assert_allclose(ov_scores, ll_scores, rtol=5e-3)
     assert list(np.argsort(ov_scores)) == list(np.argsort(ll_scores))
+
+
+def test_keys_agree_between_engines(stories_gguf: Path) -> None:
+    """The attention-free scorer reads the same post-RoPE keys from either engine."""
+    from kvres.actors.llama import LlamaExecutor
+
+    ov_ex = StateExecutor(stories_gguf)
+    ll_ex = LlamaExecutor(stories_gguf, n_ctx=256, n_seq_max=1, n_threads=1, type_k="f32", type_v="f32",
+                          flash_attn=False)
+    for ex in (ov_ex, ll_ex):
+        ex.open_session("s")
+        ex.append("s", PROMPT)
+        ex.evict_range("s", Range(20, 100), rebase=False)
+    ov_keys, ll_keys = ov_ex.keys("s"), ll_ex.keys("s")
+    order = np.argsort(ll_keys.key_positions)
+    np.testing.assert_array_equal(ov_keys.key_positions, np.r_[0:20, 100:120])
+    np.testing.assert_array_equal(ll_keys.key_positions[order], ov_keys.key_positions)
+    np.testing.assert_allclose(ll_keys.keys[:, :, order], ov_keys.keys, atol=1e-4)
+    assert ov_ex.capabilities().key_access and ll_ex.capabilities().key_access
