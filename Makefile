@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvres-installed
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit bench clean prometheus-check dashboard-shot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.plan_scaling
 	$(BIN)/python -m benchmarks.coldstore
+
+# Operator checks against a live local cluster (not part of `make test`): they install Debian's
+# prometheus / chromium with apt-get when missing and write their results into docs/.
+prometheus-check: $(STAMP)
+	$(BIN)/python scripts/prometheus_check.py
+
+dashboard-shot: $(STAMP)
+	$(BIN)/python scripts/dashboard_screenshot.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info benchmarks/results

@@ -136,6 +136,7 @@ class BackendHost:
         store: StorePort | None = None,
         metrics: Metrics | None = None,
         recall_costs: Callable[[], RecallCosts | None] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -144,6 +145,7 @@ class BackendHost:
         self._store = store
         self._metrics = metrics or NullMetrics()
         self._recall_costs = recall_costs
+        self._on_change = on_change
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
@@ -171,11 +173,20 @@ class BackendHost:
         return s.resident
 
     def _publish(self) -> None:
+        """Metrics and the load report (``on_change``) after a change of sessions or residency."""
         total = 0
         for sid, s in self._sessions.items():
             total += s.resident
             self._metrics.set_resident(self.name, sid, s.resident)
         self._metrics.set_backend_resident(self.name, total)
+        if self._on_change is not None:
+            self._on_change()
+
+    def load(self) -> tuple[int, int, int]:
+        """(resident tokens, live sessions, suspended sessions), read under the lock."""
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.suspended is None]
+            return sum(s.resident for s in live), len(live), len(self._sessions) - len(live)
 
     def _busy(self) -> set[str]:
         return {job.session_id for job in self._loop.pending()}
@@ -700,6 +711,7 @@ class BackendHost:
             "token_count": len(s.suspended.token_log if s.suspended else self.executor.token_log(session_id)),
             "resident_ranges": [(r.start, r.end) for r in resident],
             "resident_tokens": sum(len(r) for r in resident),
+            "peak_resident_tokens": s.peak,
             "cold": cold,
             "counters": dict(s.counters),
         }

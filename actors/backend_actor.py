@@ -22,6 +22,7 @@ from .backend import BackendHost, ProbedRecallCosts, SuspendRecord
 from .config import BackendConfig, SessionPolicy
 from .default_model import default_model_path
 from .engines import make_executor, resolve_kv_tier
+from .load_reports import LoadReporter
 from .metrics import RayMetrics
 from .store_ports import RayStorePort, cold_store_name
 
@@ -39,13 +40,16 @@ class BackendServer:
         model = config.model_path or default_model_path()
         config, self.tier_decision = resolve_kv_tier(config, model)
         store = RayStorePort(cold_store_name(self.node_id), namespace)
+        self._reports = LoadReporter(config, str(model), self.node_id, namespace)
         self.host = BackendHost(
             config,
             make_executor(config, model),
             store=store,
             metrics=RayMetrics(),
             recall_costs=ProbedRecallCosts(str(model)) if config.engine == "llama" else None,
+            on_change=lambda: self._reports.changed(self.host),
         )
+        self._reports.changed(self.host)
 
     def __repr__(self) -> str:
         """Live state for Ray's dashboard (its Repr column): the host's counters, never the engine."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -58,7 +58,7 @@ class PlannerServer:
         self._directory: dict[str, str] = {}
         self._view = LoadView()
         self._calls: Counter[str] = Counter()
-        self._seconds: Counter[str] = Counter()
+        self._seconds: defaultdict[str, float] = defaultdict(float)
 
     def __repr__(self) -> str:
         """Sessions per backend and calls served, for Ray's dashboard (its Repr column)."""

@@ -5,12 +5,13 @@ Primitives: ``connect``, ``SessionManager``, ``Session``; configuration ``KvresC
 Ray; ``connect`` does.
 """
 
-from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
+from .config import BackendConfig, ColdStoreConfig, KvresConfig, PlacementConfig, SessionPolicy
 
 __all__ = [
     "BackendConfig",
     "ColdStoreConfig",
     "KvresConfig",
+    "PlacementConfig",
     "Session",
     "SessionManager",
     "SessionPolicy",

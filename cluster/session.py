@@ -4,8 +4,10 @@ Primitives:
 - ``connect(address=None, namespace="kvres", config=None) -> SessionManager``: attach to a running
   Ray cluster (``address`` or RAY_ADDRESS) or start a local one, then find or create the named
   actors: the planner, one cold store per node, the configured backends.
-- ``SessionManager``: ``open_session(model=None, policy=None, session_id=None, backend=None)``,
-  ``session(session_id)``, ``backends()``, ``status()``, ``shutdown()``.
+- ``SessionManager``: ``open_session(model=None, policy=None, session_id=None, backend=None,
+  placement=None)`` (placed by the planner from the load backends push: one Ray call whatever the
+  number of backends), ``session(session_id)``, ``backends()``, ``status(detail=True)``,
+  ``shutdown()``.
 - ``Session``: ``append(tokens or text)``, ``generate``, ``stream``, ``suspend``, ``resume``,
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``.
 
@@ -32,6 +34,7 @@ from kvres.actors.default_model import default_model_path
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
 from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy.placement import LoadReport, PlacementPolicy
 from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, KvresConfig, SessionPolicy
@@ -142,18 +145,31 @@ class SessionManager:
         return list(self._backends)
 
     # -- sessions --------------------------------------------------------------------------
-    def _place(self, model: str | os.PathLike[str] | None) -> str:
-        stats = ray.get([h.stats.remote() for h in self._backends.values()])
-        candidates = [
-            s for s in stats
-            if model is None or Path(s["model"]) == Path(model) or Path(s["model"]).name == str(model)
-        ]
-        if not candidates:
-            raise KvresError(
-                f"no backend serves model {str(model)!r}; backends serve "
-                f"{sorted({s['model'] for s in stats})}"
-            )
-        return str(max(candidates, key=lambda s: s["free_tokens"])["backend"])
+    def _place(
+        self,
+        model: str | os.PathLike[str] | None,
+        policy: SessionPolicy,
+        session_id: str,
+        placement: PlacementPolicy | str | None = None,
+    ) -> str:
+        """One call to the planner, however many backends there are: it chooses from the load
+        the backends push (``kvres.policy.placement``) and registers the session there. The
+        first call also hands it this configuration's backends, so a backend that has not
+        reported yet counts as empty."""
+        seeds: list[LoadReport] = []
+        if not getattr(self, "_placement_seeded", False):
+            seeds = [
+                LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
+                           model=str(b.model_path or default_model_path()), node=b.node_id or "")
+                for b in self.config.backends
+            ]
+        demand = (policy.budget_tokens or 0) if policy.kind != "none" else 0
+        backend = str(ray.get(self.planner.place.remote(
+            session_id, None if model is None else os.fspath(model),
+            PlacementPolicy.of(placement, self.config.placement.policy()), policy.kind, demand, seeds,
+        )))
+        self._placement_seeded = True
+        return backend
 
     def open_session(
         self,
@@ -161,12 +177,25 @@ class SessionManager:
         policy: SessionPolicy | None = None,
         session_id: str | None = None,
         backend: str | None = None,
+        placement: PlacementPolicy | str | None = None,
     ) -> Session:
-        backend = backend or self._place(model)
-        handle = self.backend_handle(backend)
+        """Open a session on ``backend``, or where ``placement`` (default: the configuration's)
+        puts it among the backends of ``model``. A constant number of Ray calls: the planner's
+        answer (or registration) and the backend's opening."""
+        policy = policy or self.config.default_policy
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
-        ray.get(handle.open_session.remote(session_id, policy or self.config.default_policy))
-        ray.get(self.planner.register.remote(session_id, backend))
+        placed = backend is None
+        if backend is None:
+            backend = self._place(model, policy, session_id, placement)
+        handle = self.backend_handle(backend)
+        try:
+            ray.get(handle.open_session.remote(session_id, policy))
+        except BaseException:
+            if placed:
+                ray.get(self.planner.forget.remote(session_id))  # never opened: not pending there
+            raise
+        if not placed:
+            ray.get(self.planner.register.remote(session_id, backend))
         return Session(self, session_id, backend)
 
     def session(self, session_id: str) -> Session:
@@ -189,11 +218,19 @@ class SessionManager:
         ray.get(self.planner.register.remote(session.session_id, backend))
         session.backend = backend
 
-    def status(self) -> dict[str, Any]:
+    def status(self, detail: bool = True) -> dict[str, Any]:
+        """The cluster: ``load`` is the planner's load view (one call, whatever the size);
+        ``backends`` each backend's own stats (one call per backend, sent together), or with
+        ``detail=False`` the load view's rows."""
+        load = self.planner.load.remote()
+        stats = [h.stats.remote() for h in self._backends.values()] if detail else []
+        stores = [s.stats.remote() for s in self.cold_stores.values()]
+        view = ray.get(load)
         return {
             "namespace": self.namespace,
-            "backends": ray.get([h.stats.remote() for h in self._backends.values()]),
-            "cold_stores": dict(zip(self.cold_stores, ray.get([s.stats.remote() for s in self.cold_stores.values()]), strict=True)),
+            "backends": ray.get(stats) if detail else view["backends"],
+            "load": view,
+            "cold_stores": dict(zip(self.cold_stores, ray.get(stores), strict=True)),
             "sessions": ray.get(self.planner.directory.remote()),
         }
 

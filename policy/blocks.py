@@ -5,7 +5,8 @@ Primitives:
 - ``Block(range, flags, last_used)``.
 - ``BlockTable``: the same blocks as numpy columns, for sessions with many thousands of blocks;
   ``BlockTable.from_blocks(blocks)``, ``BlockTable.uniform(span, block_size)``,
-  ``BlockTable.from_ranges(ranges, block_size)``, ``table[i]``.
+  ``BlockTable.from_ranges(ranges, block_size)`` (one vectorised pass), ``table[i]``,
+  ``table.take(index)``.
 - ``split_into_blocks(ranges, block_size)``: cut resident ranges into block-aligned blocks.
 """
 

@@ -7,10 +7,15 @@ Primitives:
 - ``PlanInput(blocks, budget_tokens, stream_policy, capabilities, scores=None)``.
 - ``Plan``: the partition ``keep_hot`` / ``evict_cold`` plus diagnostics.
 - ``plan_hot_set(PlanInput) -> Plan``: a pure, vectorised function.
-- ``plan_streaming(ranges, block_size, budget_tokens, policy) -> StreamingPlan``: the same plan for
-  a streaming session without scores or flags, straight from its resident ranges, in time
-  proportional to the ranges, the protected blocks and the evicted blocks (not to the session's
-  length): a session that grew by one block since its last plan costs one block's work.
+- ``plan_streaming(ranges, block_size, budget_tokens, policy, scores=None) -> StreamingPlan``: the
+  same plan for a streaming session without flags, straight from its resident ranges. Without
+  scores it takes time proportional to the ranges, the protected blocks and the evicted blocks,
+  not to the session's length: a session that grew by one block since its last plan costs one
+  block's work. With scores it walks every block in plain Python (for small sessions).
+- ``trusted_range(start, end)``: a ``Range`` built without its checks, for blocks cut from ranges.
+
+``plan_hot_set`` finds the evicted prefix by partial selection (a weighted quickselect), not by
+sorting every candidate; the property tests hold both fast paths to a plain sort.
 
 Eviction order, most evictable first: score (lowest first, only when scores are given), then recency (oldest ``last_used`` first;
 in streaming mode, lowest position first), then position. Blocks flagged PINNED, SINK or RECENT,

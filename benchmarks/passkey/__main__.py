@@ -1,51 +1,24 @@
-"""Passkey retrieval under a resident-KV budget: what each eviction policy keeps.
+"""Passkey retrieval under a resident-KV budget, through kvres.cluster sessions: what each policy keeps.
 
 Run: ``.venv/bin/python -m benchmarks.passkey [--quick] [--out DIR]`` (default DIR
-benchmarks/results). Writes ``passkey.json`` (every answer, the summaries, the settings),
-``passkey.md`` (tables) and ``passkey.png`` (accuracy vs budget and vs needle depth).
+benchmarks/results). Writes ``passkey.json`` (every answer, the summaries, the scoring cost, the
+settings), ``passkey.md`` (tables) and ``passkey.png`` (accuracy vs budget and vs needle depth,
+scoring cost).
 
-What it measures: exact-match passkey accuracy (all 5 digits, greedy) of the project's own model
-(models/passkey.gguf) at resident budgets of 10%..100% of a 384-token prompt and needle depths
-0%..100% (10 prompts per family and depth, seeds 1000 + depth%), both task families, for
-- ``full`` cache, ``streaming`` (4 sinks + most recent tokens), ``h2o`` (attention each key got from
-  the prompt rows before the question, summed), ``h2o_norm`` (the same per observing row),
-  ``snapkv`` (attention from the question rows, max-pooled, kernel 7), each on llama.cpp
-  (``LlamaExecutor``) and OpenVINO (``openvino_executor``, state mode), scores computed by each
-  engine, eviction through ``plan_hot_set`` + ``apply_plan`` in blocks of 4 tokens, question + 2
-  tokens protected as the recent window; STRICT protocol (``harness.answer_strict``);
-- OpenVINO's native eviction (openvino-genai ``CacheEvictionConfig``, SUM and NORM_SUM, SnapKV
-  window = the question) where its 32-token blocks allow (>= 96 tokens = 25%); not strict, see
-  ``native.py``.
+What it measures, on a local Ray cluster the benchmark starts (``kvres.cluster.connect``) with a
+llama.cpp backend, an OpenVINO backend (state mode) and an openvino-genai backend, all on the
+project's own model (models/passkey.gguf): exact-match passkey accuracy (all 5 digits, greedy) at
+resident budgets of 10, 25 and 50% of a 384-token prompt and needle depths 0..100% (10 prompts per
+family and depth, seeds 1000 + depth%), both task families. For each prompt and policy a session is
+opened, the prompt ids appended, ``len(answer)`` tokens generated and compared, the session closed.
+Policies (``sessions.py``): ``full`` (``SessionPolicy()``), ``streaming`` (4 sinks + recent window,
+re-based), ``snapkv`` / ``h2o`` / ``keynorm`` (``kind="scored"``: compress after prefill, position
+gaps kept), blocks of 4, recent window = the question + 2, SnapKV window = the question; on genai
+``full`` and ``genai`` (``SessionPolicy.engine``: its own NORM_SUM eviction, where its 32-token
+blocks and 96-token floor fit in the budget). And the scoring cost (``cost.py``): a 350-token
+prompt at a 25% budget, then ``generate(512)``, medians of 5, as ratios to streaming's.
 
-Results (default run, 1 thread, 174 s on a shared 2-core host, 2026-11-29) for passkey.gguf
-sha256 9c8cb684... (the train_passkey.py run that learned family 2). llama.cpp and OpenVINO gave
-the same answer on every prompt, so one column stands for both. Accuracy (%) over all depths:
-
-| budget | family 1: full | streaming | h2o | h2o_norm | snapkv | genai SUM / NORM_SUM | family 2: full | streaming | h2o | h2o_norm | snapkv | genai SUM / NORM_SUM |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| 10% | 100 | 17 | 17 | 17 | 100 | - | 87 | 17 | 17 | 17 | 63 | - |
-| 15% | 100 | 17 | 17 | 30 | 100 | - | 87 | 17 | 17 | 18 | 87 | - |
-| 20% | 100 | 17 | 18 | 33 | 100 | - | 87 | 17 | 23 | 30 | 90 | - |
-| 25% | 100 | 25 | 33 | 33 | 100 | 83 | 87 | 22 | 30 | 33 | 90 | 70 |
-| 33% | 100 | 33 | 33 | 38 | 100 | 87 | 87 | 33 | 32 | 38 | 88 | 77 |
-| 50% | 100 | 50 | 50 | 68 | 100 | 87 | 87 | 50 | 45 | 55 | 87 | 83 |
-| 75% | 100 | 67 | 67 | 85 | 100 | 88 | 87 | 62 | 60 | 78 | 87 | 87 |
-
-At a 25% budget vs needle depth 0/20/40/60/80/100%:
-- family 1: streaming 0/0/0/0/50/100, h2o 100/100/0/0/0/0, h2o_norm 100/0/0/0/0/100, snapkv
-  100 everywhere, genai 100/100/100/10/90/100;
-- family 2: full 70/90/80/90/100/90, streaming 0/0/0/0/30/100, h2o 100/80/0/0/0/0, h2o_norm
-  90/0/0/0/20/90, snapkv 80/90/80/100/100/90, genai 80/70/70/70/40/90.
-
-Reading: streaming keeps a needle only when it lies in the recent tail; H2O summed over the prompt
-keeps early keys (its accumulation bias) and loses every needle past 20% depth; normalised H2O
-fixes the bias but, blind to the question, picks the wrong blocks; the question window (SnapKV)
-keeps the needle at every depth down to a 10% budget on family 1 and matches the full cache from
-15-20% on family 2 (where it must find the one needle asked for among four). genai's native
-eviction (SUM and NORM_SUM gave identical answers here) is floored at 96 tokens, evicts in
-32-token blocks and loses mid-depth needles at 25% even though its first digit comes from the full
-cache. The earlier model (sha256 b0db4077...) never learned family 2 (0-2% with a full cache); on
-family 1 it gave the same picture (SnapKV 98% at every budget, streaming 17% at 10%).
+Results: filled in from the default run below.
 """
 
 from __future__ import annotations
@@ -56,131 +29,114 @@ import os
 import platform
 import tempfile
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from models import passkey_tasks as pt
 
-from . import harness as h
-from .native import NativeSetting, genai_cache_size, native_answers
+from .cost import measure_cost
+from .harness import EvalConfig, Record, make_tasks
 from .report import markdown, plot, summarize
+from .sessions import ENGINES, GENAI, METHODS, backend_configs, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / "models" / "passkey.gguf"
-BUDGETS = (0.10, 0.15, 0.20, 0.25, 1 / 3, 0.50, 0.75, 1.0)
+BUDGETS = (0.10, 0.25, 0.50)
 DEPTHS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-QUICK_BUDGETS = (0.10, 0.25, 0.50)
 QUICK_DEPTHS = (0.0, 0.5, 1.0)
 DEPTH_BUDGET = 0.25
-AGGREGATIONS = {"native_sum": "SUM", "native_norm_sum": "NORM_SUM"}
+COST_PROMPT_TOKENS = 350
 
 
-def make_tasks(family: int, depths: tuple[float, ...], per_cell: int, n_tokens: int) -> list[pt.PasskeyTask]:
-    """``per_cell`` prompts per depth; seeds 1000 + depth in percent (disjoint from the tests' seed 0)."""
-    tasks = []
-    for d in depths:
-        tasks += pt.fixed_task_set(family, per_cell, seed=1000 + round(100 * d), n_tokens=n_tokens, depth=d)
-    return tasks
-
-
-def run_kvres(engine: str, executor: Any, scorer: h.Scorer, tasks: list[pt.PasskeyTask],
-              budgets: tuple[float, ...], cfg: h.EvalConfig) -> list[h.Record]:
-    t0 = time.perf_counter()
-    records = h.evaluate(executor, engine, tasks, h.METHODS, budgets, scorer, cfg)
-    print(f"  {engine}: {len(records)} answers in {time.perf_counter() - t0:.1f} s", flush=True)
-    return records
-
-
-def run_native(genai_dir: Path, tasks: list[pt.PasskeyTask], budgets: tuple[float, ...],
-               threads: int) -> list[h.Record]:
-    t0 = time.perf_counter()
-    records: list[h.Record] = []
-    n = tasks[0].n_tokens
-    window = tasks[0].question_span[1] - tasks[0].question_span[0]
-
-    def add(method: str, frac: float, cache: int, answers: list[list[int]]) -> None:
-        for i, (t, got) in enumerate(zip(tasks, answers, strict=True)):
-            records.append(h.Record(
-                engine="openvino-genai", family=t.family, method=method, budget=frac, budget_tokens=cache,
-                resident_tokens=min(cache, n), depth=float(t.depth), n_tokens=t.n_tokens, seed_index=i,
-                correct=got == t.answer_ids, answer=h.decode_answer(got), expected=t.answer,
-            ))
-
-    add("full", 1.0, n, native_answers(genai_dir, tasks, None, threads))
-    for frac in budgets:
-        budget = h.budget_tokens(tasks[0], frac)
-        if budget >= n or genai_cache_size(budget) > budget + h.EvalConfig().block_size:
-            continue  # genai cannot go that low (96-token floor) or would not evict at all
-        for method, agg in AGGREGATIONS.items():
-            setting = NativeSetting(agg, budget, snapkv_window=window)
-            add(method, frac, setting.cache_size, native_answers(genai_dir, tasks, setting, threads))
-    print(f"  openvino-genai: {len(records)} answers in {time.perf_counter() - t0:.1f} s", flush=True)
+def run_engine(manager: Any, engine: str, tasks_by_family: dict[int, list[pt.PasskeyTask]],
+               budgets: tuple[float, ...], cfg: EvalConfig) -> list[Record]:
+    records: list[Record] = []
+    for family, tasks in tasks_by_family.items():
+        t0 = time.perf_counter()
+        records += evaluate(manager, engine, tasks, METHODS[engine], budgets, cfg)
+        print(f"  {engine} family {family}: {len(tasks)} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
     return records
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 budgets x 3 depths x 3 prompts")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 depths x 2 prompts, family 1, generate(64) once for the cost")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--per-cell", type=int, default=None, help="prompts per (family, depth)")
     parser.add_argument("--n-tokens", type=int, default=384, help="prompt length (the model trained to 400)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--block-size", type=int, default=h.EvalConfig().block_size)
-    parser.add_argument("--rebase", nargs="*", default=list(h.EvalConfig().rebase), metavar="METHOD",
+    parser.add_argument("--threads", type=int, default=1, help="threads per backend")
+    parser.add_argument("--block-size", type=int, default=EvalConfig().block_size)
+    parser.add_argument("--rebase", nargs="*", default=list(EvalConfig().rebase), metavar="METHOD",
                         help="methods whose evictions re-base positions (default: streaming)")
-    parser.add_argument("--families", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--no-openvino", action="store_true", help="llama.cpp only")
+    parser.add_argument("--families", type=int, nargs="+", default=None, help="default 1 2 (quick: 1)")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--cost-repeats", type=int, default=None, help="default 5 (quick: 1)")
+    parser.add_argument("--cost-tokens", type=int, default=None, help="default 512 (quick: 64)")
     args = parser.parse_args(argv)
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (train it: python models/train_passkey.py)")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    budgets = QUICK_BUDGETS if args.quick else BUDGETS
     depths = QUICK_DEPTHS if args.quick else DEPTHS
-    per_cell = args.per_cell or (3 if args.quick else 10)
-    cfg = h.EvalConfig(block_size=args.block_size, rebase=tuple(args.rebase))
+    per_cell = args.per_cell or (2 if args.quick else 10)
+    families = args.families or ([1] if args.quick else [1, 2])
+    cost_repeats = args.cost_repeats or (1 if args.quick else 5)
+    cost_tokens = args.cost_tokens or (64 if args.quick else 512)
+    cfg = EvalConfig(block_size=args.block_size, rebase=tuple(args.rebase))
+    model = args.model.resolve()
+    tasks = {f: make_tasks(f, depths, per_cell, args.n_tokens) for f in families}
+    for f, ts in tasks.items():
+        print(f"family {f}: {len(ts)} prompts of {args.n_tokens} tokens", flush=True)
 
-    from kvres.actors.llama import LlamaExecutor
+    from kvres.actors.model_files import model_id
+    from kvres.cluster import ColdStoreConfig, KvresConfig, connect
 
     t_start = time.perf_counter()
-    records: list[h.Record] = []
-    llama = LlamaExecutor(args.model, n_ctx=1024, n_seq_max=2, n_threads=args.threads)
-    ov = genai_dir = None
-    tmp = tempfile.TemporaryDirectory()
-    if not args.no_openvino:
-        from kvres.actors.openvino import openvino_executor
-        from kvres.actors.openvino.genai import export_genai_model
-
-        ov = openvino_executor(args.model, mode="state", num_threads=args.threads)
-        genai_dir = export_genai_model(args.model, Path(tmp.name) / "genai")
-    try:
-        for family in args.families:
-            tasks = make_tasks(family, depths, per_cell, args.n_tokens)
-            print(f"family {family}: {len(tasks)} prompts of {args.n_tokens} tokens", flush=True)
-            records += run_kvres("llama.cpp", llama, h.key_scores_llama, tasks, budgets, cfg)
-            if ov is not None and genai_dir is not None:
-                records += run_kvres("openvino", ov, h.key_scores_openvino, tasks, budgets, cfg)
-                records += run_native(genai_dir, tasks, budgets, args.threads)
-    finally:
-        llama.close()
-        tmp.cleanup()
+    records: list[Record] = []
+    cost: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = KvresConfig(
+            backends=backend_configs(model, args.engines, args.threads),
+            cold_store=ColdStoreConfig(ram_budget_bytes=16 << 20, disk_budget_bytes=64 << 20, disk_dir=Path(tmp)),
+        )
+        manager = connect(namespace=f"kvres-passkey-{uuid.uuid4().hex[:8]}", config=config,
+                          num_cpus=2, include_dashboard=False)
+        try:
+            print(f"cluster up in {time.perf_counter() - t_start:.1f} s", flush=True)
+            # one thread per backend: each runs its sessions one at a time, the engines side by side
+            with ThreadPoolExecutor(len(args.engines)) as pool:
+                futures = [pool.submit(run_engine, manager, e, tasks, BUDGETS, cfg) for e in args.engines]
+                for fut in futures:
+                    records += fut.result()
+            cost_task = pt.make_task(1, 0, n_tokens=COST_PROMPT_TOKENS, depth=0.5)
+            for engine in args.engines:
+                if engine == GENAI:
+                    continue  # kvres does not score there
+                t0 = time.perf_counter()
+                cost[engine] = measure_cost(manager, engine, cost_task, DEPTH_BUDGET, cost_tokens, cost_repeats, cfg)
+                print(f"  {engine} scoring cost in {time.perf_counter() - t0:.1f} s", flush=True)
+        finally:
+            manager.shutdown()  # kvres's actors, and Ray itself if connect started it
     summary = summarize(records, DEPTH_BUDGET)
     meta = {
-        "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO) else args.model),
-        "n_tokens": args.n_tokens, "per_cell": per_cell, "depths": list(depths),
-        "budgets": [round(b, 4) for b in budgets], "families": args.families,
+        "model": str(args.model.relative_to(REPO) if args.model.resolve().is_relative_to(REPO) else args.model),
+        "model_id": model_id(model), "n_tokens": args.n_tokens, "per_cell": per_cell, "depths": list(depths),
+        "budgets": list(BUDGETS), "families": families, "engines": args.engines,
         "block_size": cfg.block_size, "sink_tokens": cfg.sink_tokens, "recent_extra": cfg.recent_extra,
-        "snapkv_kernel": cfg.kernel, "rebase": list(cfg.rebase), "threads": args.threads,
+        "rebase": list(cfg.rebase), "threads": args.threads,
         "seconds": round(time.perf_counter() - t_start, 1),
-        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
     }
-    result = {"benchmark": "passkey", "meta": meta, "summary": summary,
+    result = {"benchmark": "passkey", "meta": meta, "summary": summary, "cost": cost,
               "records": [r.to_dict() for r in records]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "passkey.json").write_text(json.dumps(result, indent=1))
-    table = markdown(summary, meta)
+    table = markdown(summary, cost, meta)
     (args.out / "passkey.md").write_text(table)
-    plot(summary, args.families, args.out / "passkey.png")
+    plot(summary, cost, families, args.out / "passkey.png")
     print(table)
     print(f"wrote {args.out}/passkey.json, passkey.md, passkey.png in {meta['seconds']} s")
     return result

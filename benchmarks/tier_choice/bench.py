@@ -8,12 +8,13 @@ Primitives: ``probe_machine(model, refresh)``, ``sweep(name, profile_for, head_d
 
 What is reported:
 - this machine's probes (``kvres.actors.probes``: host RAM memcpy GB/s, PCIe / device memory where
-  a GPU exists, c_engage from the llama.cpp micro-benchmark with its per-tail step times, prefill
+  a GPU exists, c_engage from the llama.cpp micro-benchmark with its per-tail step times and extra
+  cost over the resident step (the zero tail costs nothing extra), prefill
   rate and block import cost on stories260K); the figures are (re)measured and cached as usual,
   env overrides (KVRES_*_GBPS, KVRES_C_ENGAGE_MS) still win;
 - for stories260K and the project's default model (models/passkey.gguf when present, else the
   generated tiny default) with this machine's probes, and for a Qwen2.5-14B-shaped KV layout
-  (48 layers, 8 KV heads of 128, W_active 15.7 GB) on this machine and on the two reference hosts
+  (48 layers, 8 KV heads of 128, W_active 14.87 GB: the Q8_0 weights a decode step reads) on this machine and on the two reference hosts
   of docs/policies.md, T* (PCIe 6.7 / RAM 11.5 GB/s and PCIe 51.2 / RAM 9.3 GB/s; their device
   memory bandwidths, 936 and 960 GB/s, are assumed): the decision and all its terms for contexts 256 ..
   131,072 and budgets of 100/98/90/60/30/20% of the f16 KV;
@@ -35,26 +36,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvres.actors.model_files import read_gguf_metadata
+from kvres.actors.model_files import active_weight_bytes_of, layout_from_gguf
 from kvres.actors.probes import ProbeResults, load_probes, measure_block_bytes, measure_c_engage
 from kvres.actors.tier_env import tier_config_from_env
+from kvres.policy.kv_layout import ModelKVLayout
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute
-from kvres.policy.tiering import (
-    MIB,
-    KVLayout,
-    ProfileFactory,
-    choose_tier,
-    head_dims_from_metadata,
-    metadata_profile_factory,
-)
+from kvres.policy.tiering import MIB, ProfileFactory, choose_tier, layout_profile_factory
 
 ROOT = Path(__file__).resolve().parents[2]
 STORIES = ROOT.parent / "shared" / "models" / "stories260K.gguf"
 PASSKEY = ROOT / "models" / "passkey.gguf"
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 BUDGET_FRACTIONS = [1.0, 0.98, 0.90, 0.60, 0.30, 0.20]
-QWEN14B = KVLayout(48, 0, 0, n_kv_heads=8, head_dim_k=128, head_dim_v=128)
-QWEN14B_WEIGHTS = 15.7e9
+QWEN14B = ModelKVLayout.uniform(48, 0, 0, n_kv_heads=8, head_dim_k=128, head_dim_v=128)
+QWEN14B_WEIGHTS = 14.87e9  # W_active of Qwen2.5-14B Q8_0: the weights a decode step reads (no input embeddings)
 REFERENCE_HOSTS = {
     "ref-3090 (pcie 6.7, ram 11.5)": ProbeResults("ref-3090", 11.5, 6.7, 936.0, 0.8),
     "ref-6000 (pcie 51.2, ram 9.3)": ProbeResults("ref-6000", 9.3, 51.2, 960.0, 0.8),
@@ -71,6 +66,8 @@ def probe_machine(model: Path, refresh: bool) -> tuple[ProbeResults, dict[str, A
         "tail_bytes": list(detail.tail_bytes),
         "resident_step_s": detail.resident_step_s,
         "spill_step_s": list(detail.spill_step_s),
+        "extra_step_s": list(detail.extra_step_s),
+        "tail_gbps": detail.tail_gbps,
     }
 
 
@@ -112,11 +109,11 @@ def recall_table(model: Path, probes: ProbeResults) -> list[dict[str, Any]]:
 
 
 def _model_series(path: Path, label: str) -> tuple[str, ProfileFactory, tuple[int, int], float]:
-    meta = read_gguf_metadata(path)
-    hk, hv = head_dims_from_metadata(meta)
+    layout = layout_from_gguf(path)
+    hk, hv = layout.head_dims
     if hk % 32 or hv % 32:
         label += f" [head_dim {hk}: f16 only]"
-    return label, metadata_profile_factory(meta), head_dims_from_metadata(meta), float(path.stat().st_size)
+    return label, layout_profile_factory(layout), (hk, hv), active_weight_bytes_of(path)
 
 
 def default_model() -> tuple[Path, str] | None:

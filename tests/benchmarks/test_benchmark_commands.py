@@ -24,3 +24,23 @@ def test_session_overhead_decodes_the_same_tokens_both_ways(tmp_path) -> None:
     saved = json.loads((tmp_path / "session_overhead.json").read_text())
     assert saved["ratio"] == result["ratio"] > 0 and saved["bound"] == 1.15
     assert (tmp_path / "session_overhead.png").stat().st_size > 0
+
+
+def test_passkey_runs_every_engine_and_policy_through_sessions(tmp_path) -> None:
+    from benchmarks.passkey.__main__ import main
+
+    result = main(["--quick", "--per-cell", "1", "--cost-tokens", "16", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "passkey.json").read_text())
+    ran = {(r["engine"], r["method"], r["budget"]) for r in saved["records"]}
+    for engine in ("llama.cpp", "openvino"):
+        for method in ("streaming", "snapkv", "h2o", "keynorm"):
+            assert {(engine, method, b) for b in (0.1, 0.25, 0.5)} <= ran
+        assert (engine, "full", 1.0) in ran
+        costs = saved["cost"][engine]["methods"]
+        assert costs["streaming"]["generate_ratio"] == 1.0 and all(c["generate_s"] > 0 for c in costs.values())
+    # genai's own eviction cannot go below 96 tokens: not at 10% of 384, but at 25% and 50%
+    assert {m for e, m, b in ran if e == "openvino-genai" and b == 0.1} == set()
+    assert {("openvino-genai", "genai", 0.25), ("openvino-genai", "genai", 0.5)} <= ran
+    assert len(saved["records"]) == len(result["records"]) == 3 * (2 * 13 + 3)
+    assert "| 10% |" in (tmp_path / "passkey.md").read_text()
+    assert (tmp_path / "passkey.png").stat().st_size > 0

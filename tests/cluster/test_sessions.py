@@ -284,3 +284,20 @@ def test_control_calls_answer_while_a_long_generation_runs(manager) -> None:
     assert still_running and during < len(PROMPT) + 4096
     assert any(b["backend"] == "b0" for b in status["backends"])
     long.close()
+
+
+def test_backends_push_their_load_to_the_planner(manager) -> None:
+    """Placement reads the load backends push (rate-limited), not their stats one by one."""
+    session = manager.open_session(backend="small")
+    session.append(PROMPT[:100])
+    deadline = time.time() + 10
+    while True:
+        view = {b["backend"]: b for b in ray.get(manager.planner.load.remote())["backends"]}
+        small = view["small"]
+        if small["at"] > 0 and small["resident_tokens"] >= 100 or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert small["at"] > 0, "the backend never reported"
+    assert small["resident_tokens"] >= 100 and small["live_sessions"] >= 1
+    assert small["engine"] == "llama" and small["node"]
+    session.close()

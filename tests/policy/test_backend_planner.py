@@ -1,11 +1,17 @@
-"""plan_backend: per-session budgets, idle sessions suspended first, then active ones shrunk."""
+"""plan_backend: per-session budgets, idle sessions suspended first, then active ones shrunk; plans
+straight from ranges equal to plans by blocks; scores kept across steps."""
 
 from __future__ import annotations
 
-import pytest
+import contextlib
 
-from kvres.policy import Capabilities, Range, StreamPolicy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvres.policy import Capabilities, Range, StreamPolicy, backend_planner
 from kvres.policy.backend_planner import BackendPlanInput, SessionView, plan_backend
+from kvres.policy.planner import plan_streaming
 
 CAPS = Capabilities(remove_middle=True, position_shift=True)
 STREAM = StreamPolicy(True, sink_tokens=4, recent_tokens=32)
@@ -51,3 +57,74 @@ def test_bad_input() -> None:
         plan_backend(BackendPlanInput([], -1, CAPS))
     with pytest.raises(ValueError, match="unique"):
         plan_backend(BackendPlanInput([view("a", 1, 1), view("a", 2, 2)], 10, CAPS))
+
+
+def test_a_scored_session_shrunk_twice_keeps_its_scores() -> None:
+    """Step (1) brings the session under its own budget by score; step (3) shrinks it again for
+    the backend and must still go by score, not fall back to recency."""
+    scores = (9.0, 0.1, 9.0, 1.0, 0.2, 0.3, 9.0, 9.0)  # blocks of 16: 0 is a sink, 6-7 recent
+    me = view("me", 128, 1, active=True, incoming_tokens=16, budget_tokens=96,
+              stream_policy=STREAM, evictable=True, scores=scores)
+    plan = plan_backend(BackendPlanInput([me], 80, CAPS))
+    (action,) = plan.actions
+    assert [(r.start, r.end) for r in action.ranges] == [(16, 32), (48, 64), (64, 80), (80, 96)]
+    assert plan.resident_after["me"] == 64 and not plan.over_budget
+
+
+@st.composite
+def backends(draw: st.DrawFn) -> BackendPlanInput:
+    views = []
+    for i in range(draw(st.integers(1, 5))):
+        ranges, pos = [], draw(st.integers(0, 8))
+        for size in draw(st.lists(st.integers(1, 90), min_size=1, max_size=4)):
+            ranges.append(Range(pos, pos + size))
+            pos += size + draw(st.integers(0, 16))
+        evictable = draw(st.booleans())
+        views.append(SessionView(
+            f"s{i}", tuple(ranges), draw(st.integers(0, 9)), active=draw(st.booleans()),
+            incoming_tokens=draw(st.integers(0, 24)),
+            budget_tokens=draw(st.integers(40, 200)) if evictable else None,
+            stream_policy=StreamPolicy(evictable, draw(st.integers(0, 8)), draw(st.integers(0, 40))),
+            evictable=evictable, block_size=draw(st.sampled_from([4, 16])),
+        ))
+    return BackendPlanInput(views, draw(st.integers(0, 600)), CAPS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(backends(), st.data())
+def test_plans_from_ranges_equal_plans_from_blocks(inp: BackendPlanInput, data) -> None:
+    """Three roads to one plan: plan_streaming on ranges without scores; with equal scores, which
+    order blocks as recency does, in Python; and the same by plan_hot_set on blocks (numpy)."""
+    flat = [SessionView(**{**v.__dict__, "scores": (1.0,) * len(v.blocks())}) for v in inp.sessions]
+    a, b = plan_backend(inp), plan_backend(BackendPlanInput(flat, inp.budget_tokens, CAPS))
+    with scored_by_numpy():
+        c = plan_backend(BackendPlanInput(flat, inp.budget_tokens, CAPS))
+    assert a.actions == b.actions == c.actions and a.resident_after == b.resident_after == c.resident_after
+    assert a.over_budget == b.over_budget == c.over_budget and b.diagnostics == c.diagnostics
+    for action in a.actions:
+        resident = dict((v.session_id, v.resident_ranges) for v in inp.sessions)[action.session_id]
+        assert all(any(r.start >= h.start and r.end <= h.end for h in resident) for r in action.ranges)
+    for v in inp.sessions:
+        if v.budget_tokens is not None and v.session_id not in a.suspended and not a.over_budget:
+            assert a.resident_after[v.session_id] <= max(v.budget_tokens - v.incoming_tokens, _protected(v))
+    scored = [SessionView(**{**v.__dict__, "scores": tuple(data.draw(st.lists(
+        st.sampled_from([0.0, 0.5, 2.0]), min_size=len(v.blocks()), max_size=len(v.blocks()))))})
+        for v in inp.sessions]
+    python = plan_backend(BackendPlanInput(scored, inp.budget_tokens, CAPS))
+    with scored_by_numpy():
+        vectorised = plan_backend(BackendPlanInput(scored, inp.budget_tokens, CAPS))
+    assert python == vectorised
+
+
+@contextlib.contextmanager
+def scored_by_numpy():
+    saved = backend_planner._SCORED_IN_PYTHON_UP_TO
+    backend_planner._SCORED_IN_PYTHON_UP_TO = -1
+    try:
+        yield
+    finally:
+        backend_planner._SCORED_IN_PYTHON_UP_TO = saved
+
+
+def _protected(v: SessionView) -> int:
+    return plan_streaming(v.resident_ranges, v.block_size, 0, v.stream_policy).protected_tokens

@@ -1,6 +1,9 @@
-"""plan_hot_set: exact partitions, degrade paths, validation errors and hypothesis properties."""
+"""plan_hot_set: exact partitions, degrade paths, validation errors and hypothesis properties; its
+fast paths (partial selection, plans straight from ranges) against a plain sort."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -14,9 +17,13 @@ from kvres.policy import (
     PlanInput,
     Range,
     StreamPolicy,
+    merge_ranges,
     plan_hot_set,
     split_into_blocks,
 )
+from kvres.policy import planner as planner_module
+from kvres.policy.blocks import BlockTable
+from kvres.policy.planner import plan_streaming
 
 FULL = Capabilities(remove_middle=True, position_shift=True)
 
@@ -178,3 +185,139 @@ def test_streaming_can_keep_position_gaps() -> None:
     rebased = plan_hot_set(PlanInput(blocks_of(256), 96, StreamPolicy(True, 4, 32), FULL))
     assert gaps.evict_cold == rebased.evict_cold
     assert rebased.rebase_positions and not gaps.rebase_positions
+
+
+# -- the fast paths against a plain sort ---------------------------------------------------
+
+def sorted_plan(inp: PlanInput) -> tuple[set[Range], bool]:
+    """What the planner promises, computed the slow, obvious way: sort every unprotected block
+    by (score, recency, position) and evict the shortest prefix that covers the excess."""
+    blocks = list(inp.blocks)
+    total = sum(b.tokens for b in blocks)
+    caps, policy = inp.capabilities, inp.stream_policy
+    protected = [b.protected for b in blocks]
+    if policy.enabled:
+        if not (caps.remove_middle and caps.position_shift):
+            return set(), total > inp.budget_tokens
+        before = 0
+        for i in sorted(range(len(blocks)), key=lambda i: blocks[i].range.start):
+            after = total - before - blocks[i].tokens
+            protected[i] |= before < policy.sink_tokens or after < policy.recent_tokens
+            before += blocks[i].tokens
+    if total <= inp.budget_tokens or not caps.remove_middle:
+        return set(), total > inp.budget_tokens
+    scores = list(inp.scores) if inp.scores is not None else [0.0] * len(blocks)
+
+    def key(i: int) -> tuple[float, int, int]:
+        b = blocks[i]
+        return scores[i], b.range.start if policy.enabled else b.last_used, b.range.start
+
+    evicted, freed, need = set(), 0, total - inp.budget_tokens
+    for i in sorted((i for i in range(len(blocks)) if not protected[i]), key=key):
+        if freed >= need:
+            break
+        evicted.add(blocks[i].range)
+        freed += blocks[i].tokens
+    return evicted, total - freed > inp.budget_tokens
+
+
+@contextlib.contextmanager
+def quickselect_everywhere():
+    """Plan even tiny inputs by partitioning (normally only pools over 256 blocks are)."""
+    saved = planner_module._SORT_BELOW
+    planner_module._SORT_BELOW = 0
+    try:
+        yield
+    finally:
+        planner_module._SORT_BELOW = saved
+
+
+@st.composite
+def tied_plan_inputs(draw: st.DrawFn) -> PlanInput:
+    """Like plan_inputs, with few distinct scores and stamps (ties everywhere) and unsorted blocks."""
+    inp = draw(plan_inputs())
+    blocks = [Block(b.range, b.flags, last_used=draw(st.integers(0, 3))) for b in inp.blocks]
+    scores = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=len(blocks), max_size=len(blocks)))
+    order = draw(st.permutations(range(len(blocks))))
+    return PlanInput([blocks[i] for i in order], inp.budget_tokens, inp.stream_policy, inp.capabilities,
+                     [scores[i] for i in order] if draw(st.booleans()) else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(plan_inputs(), tied_plan_inputs()))
+def test_plan_evicts_exactly_the_sorted_prefix(inp: PlanInput) -> None:
+    expected = sorted_plan(inp)
+    plan = plan_hot_set(inp)
+    assert ({b.range for b in plan.evict_cold}, plan.over_budget) == expected
+    assert [b.range for b in plan.evict_cold] == sorted(b.range for b in plan.evict_cold)
+    with quickselect_everywhere():
+        plan = plan_hot_set(inp)
+    assert ({b.range for b in plan.evict_cold}, plan.over_budget) == expected
+
+
+def test_quickselect_on_many_tied_blocks_of_uneven_length() -> None:
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 17, 5_000)
+    starts = np.cumsum(lengths + rng.integers(0, 3, 5_000)) - lengths
+    blocks = [Block(Range(int(s), int(s + n)), last_used=int(u))
+              for s, n, u in zip(starts, lengths, rng.integers(0, 5, 5_000), strict=True)]
+    scores = rng.integers(0, 20, 5_000).astype(float)
+    for policy in (StreamPolicy(), StreamPolicy(True, 4, 64)):
+        for with_scores in (scores, None):
+            inp = PlanInput(blocks, int(lengths.sum()) // 3, policy, FULL, with_scores)
+            assert {b.range for b in plan_hot_set(inp).evict_cold} == sorted_plan(inp)[0]
+
+
+@st.composite
+def streaming_sessions(draw: st.DrawFn) -> tuple[list[Range], int, int, StreamPolicy]:
+    ranges, pos = [], 0
+    for size in draw(st.lists(st.integers(1, 70), max_size=12)):
+        pos += draw(st.integers(0, 20))
+        ranges.append(Range(pos, pos + size))
+        pos += size
+    total = sum(len(r) for r in ranges)
+    policy = StreamPolicy(True, draw(st.integers(0, 40)), draw(st.integers(0, 90)), draw(st.booleans()))
+    return ranges, draw(st.sampled_from([1, 4, 16, 32])), draw(st.integers(0, total + 8)), policy
+
+
+@settings(max_examples=300, deadline=None)
+@given(streaming_sessions(), st.data())
+def test_plan_streaming_is_plan_hot_set_from_ranges(case, data) -> None:
+    ranges, block_size, budget, policy = case
+    table = BlockTable.from_ranges(ranges, block_size)
+    scores = data.draw(st.none() | st.lists(st.sampled_from([0.0, 0.25, 1.0, 3.5]), min_size=len(table),
+                                            max_size=len(table)))
+    plan = plan_hot_set(PlanInput(table, budget, policy, FULL, scores))
+    fast = plan_streaming(ranges, block_size, budget, policy, scores)
+    assert list(fast.evict_ranges) == plan.evict_ranges
+    assert (fast.hot_tokens, fast.protected_tokens, fast.over_budget) == (
+        plan.hot_tokens, plan.protected_tokens, plan.over_budget)
+    assert list(fast.diagnostics) == plan.diagnostics
+    assert merge_ranges(fast.kept_ranges) == merge_ranges(b.range for b in plan.keep_hot)
+    kept = BlockTable.from_ranges(fast.kept_ranges, block_size)  # kept ranges cut into the kept blocks
+    assert kept.to_blocks() == [Block(b.range, last_used=i) for i, b in enumerate(plan.keep_hot)]
+    if scores is not None:
+        assert list(fast.kept_scores or ()) == [scores[int(i)] for i in plan.keep_index]
+
+
+def test_plan_streaming_bad_input() -> None:
+    policy = StreamPolicy(True, 4, 32)
+    with pytest.raises(ValueError, match="sorted and disjoint"):
+        plan_streaming([Range(10, 20), Range(0, 12)], 16, 8, policy)
+    with pytest.raises(ValueError, match="budget_tokens must be >= 0, got -3"):
+        plan_streaming([Range(0, 20)], 16, -3, policy)
+    with pytest.raises(ValueError, match="block_size must be > 0, got 0"):
+        plan_streaming([Range(0, 20)], 0, 8, policy)
+    with pytest.raises(ValueError, match="scores has 1 entries but there are 2 blocks"):
+        plan_streaming([Range(0, 20)], 16, 8, policy, [1.0])
+    with pytest.raises(ValueError, match="finite, got nan for block 1"):
+        plan_streaming([Range(0, 20)], 16, 8, policy, [1.0, float("nan")])
+
+
+@settings(max_examples=200, deadline=None)
+@given(streaming_sessions())
+def test_block_table_from_ranges_cuts_like_split_into_blocks(case) -> None:
+    ranges, block_size, _, _ = case
+    table = BlockTable.from_ranges(ranges, block_size)
+    assert [b.range for b in table.to_blocks()] == [b.range for b in split_into_blocks(ranges, block_size)]
+    assert table.last_used.tolist() == list(range(len(table)))

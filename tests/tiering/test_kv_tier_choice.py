@@ -9,6 +9,7 @@ import pytest
 
 from kvres.actors import kv_tier_choice
 from kvres.actors.kv_tier_choice import KVTypeChoice, choose_kv_types
+from kvres.actors.model_files import tensor_bytes
 from kvres.actors.probes import ProbeResults
 from kvres.actors.tier_env import EnvValueError
 from kvres.policy.tiering import MIB
@@ -91,7 +92,10 @@ def test_on_stories260k_from_the_gguf(stories_model: Path, tmp_path: Path, caplo
     d = got.decision
     assert d is not None and d.floor_fallback and d.kv_bytes[0] == 2048 * 640
     assert [t.name for t in d.unsupported] == ["q8_0/q8_0", "q4_0/q4_0"]
-    assert d.weights_active_bytes == stories_model.stat().st_size
+    tensors = tensor_bytes(stories_model)  # W_active: what a decode step reads, not the file size
+    tied = "output.weight" not in tensors
+    assert d.weights_active_bytes == sum(tensors.values()) - (0 if tied else tensors["token_embd.weight"])
+    assert d.weights_active_bytes < stories_model.stat().st_size
     assert d.binding_link in ("none", "pcie", "host_ram")
     assert "KV tier f16/f16" in caplog.text
     got = choose_kv_types(stories_model, 2048, 4096 * 640, env=env)

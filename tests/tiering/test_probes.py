@@ -72,11 +72,58 @@ def test_refresh_remeasures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert load_probes(env=_env(tmp_path), engine_probes=False, refresh=True).host_ram_gbps == 13.0
 
 
-def test_c_engage_micro_benchmark(stories_model: Path) -> None:
-    m = measure_c_engage(stories_model, n_prompt=96, tails=(8, 32, 64), steps=6)
-    assert np.isfinite(m.c_engage_s) and m.c_engage_s >= 0
-    assert m.tail_bytes == tuple(sorted(m.tail_bytes)) and m.tail_bytes[0] > 8 * 640
+@pytest.fixture(scope="module")
+def wide_kv_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 layers of 8 KV heads of 64: 8 KiB of f16 KV per token, so a spilled tail weighs MiBs."""
+    from tests.capacity.arch_models import DENSE, ArchModel, write_arch_model
+
+    spec = ArchModel("llama", 4, DENSE, n_embd=128, n_head=8, n_head_kv=8, head_dim=64, n_ff=64)
+    return write_arch_model(spec, tmp_path_factory.mktemp("wide") / "wide-kv.gguf")
+
+
+def test_c_engage_is_the_extra_step_cost_of_a_spilled_tail(wide_kv_model: Path) -> None:
+    """Tails of 0, 64 and 1,024 tokens (0, 0.5 and 8 MiB) over the same 1,100 keys: a zero tail
+    engages nothing and costs nothing extra, the extra cost grows with the tail, and c_engage is
+    the fixed part of that extra cost, never a whole decode step."""
+    m = measure_c_engage(wide_kv_model, n_prompt=1100, tails=(0, 64, 1024), steps=30)
+    zero, small, big = m.extra_step_s
+    assert m.tail_bytes[0] == 0 < m.tail_bytes[1] < m.tail_bytes[2]
+    assert m.tail_bytes[2] > 1024 * 8192  # the KV of the tail, plus the blob's cell headers
+    assert big > small and big > 0
+    assert abs(zero) < 0.25 * big  # within noise of the resident step
+    assert 0.0 <= m.c_engage_s <= big
+    assert m.tail_gbps is not None and m.tail_gbps > 0
     assert m.resident_step_s > 0 and all(s > 0 for s in m.spill_step_s)
+
+
+def test_c_engage_bad_tails_are_named(stories_model: Path) -> None:
+    with pytest.raises(ProbeError, match="tails < n_prompt"):
+        measure_c_engage(stories_model, n_prompt=32, tails=(0, 64))
+
+
+def test_gpu_probes_without_torch(stories_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                  tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No GPU here: llama.cpp's own device list says so (no torch involved). The llama.cpp
+    bandwidth probe runs on whatever it offloads to (the CPU here); a GPU that neither torch nor a
+    model can measure gets the documented fallback figures, logged and not cached."""
+    assert probes.gpu_device() is None and not probes.gpu_present() and probes.measure_gpu_gbps() is None
+    vram, link = probes.measure_llama_gpu_gbps(stories_model, steps=4, block_tokens=64)
+    assert vram > 0 and link > 0
+    from kvres.actors.device_memory import DeviceMemory
+
+    fake = DeviceMemory("CUDA0", "a GPU", "gpu", 1 << 30, 1 << 30)  # what a GPU build would list
+    monkeypatch.setattr(probes, "gpu_device", lambda: fake)
+    monkeypatch.setattr(probes, "_torch_cuda", lambda: None)
+    monkeypatch.setattr(probes, "measure_host_ram_gbps", lambda: 12.5)
+    measured: list[object] = []
+    monkeypatch.setattr(probes, "measure_llama_gpu_gbps", lambda path: measured.append(path) or (900.0, 25.0))
+    assert probes.measure_gpu_gbps(stories_model) == (900.0, 25.0) and measured == [stories_model]
+    with caplog.at_level("WARNING", logger="kvres.tiering"):
+        p = load_probes(env=_env(tmp_path), engine_probes=False)
+    assert (p.vram_gbps, p.pcie_gbps) == (probes.FALLBACK_VRAM_GBPS, probes.FALLBACK_PCIE_GBPS)
+    assert p.sources["vram_gbps"] == p.sources["pcie_gbps"] == "default"
+    assert "fallback" in caplog.text and "KVRES_VRAM_GBPS" in caplog.text
+    assert "vram_gbps" not in json.loads(Path(p.cache_file or "").read_text())
 
 
 def test_engine_probes_cached_per_model(tmp_path: Path, stories_model: Path) -> None:

@@ -17,9 +17,11 @@ from kvres.policy.tiering import (
     V_LADDER,
     KVTier,
     TieringError,
+    active_weight_bytes,
     choose_tier,
     drop_fraction,
     effective_bandwidth,
+    fit_engage_cost,
     fits,
     head_dims_from_metadata,
     metadata_profile_factory,
@@ -30,7 +32,18 @@ from kvres.policy.tiering import (
     tstar_bytes,
 )
 
-from .refs import C_ENGAGE_S, QWEN14B, QWEN_CTX, SMALL, SMALL_WEIGHTS, SWA, VRAM_GBPS, weights_for_tstar
+from .refs import (
+    C_ENGAGE_S,
+    QWEN14B,
+    QWEN14B_Q8_ACTIVE,
+    QWEN_CTX,
+    SMALL,
+    SMALL_WEIGHTS,
+    SWA,
+    VRAM_GBPS,
+    qwen14b_q8_tensors,
+    weights_for_tstar,
+)
 
 SLOW_HOST = {"pcie_gbps": 6.7, "host_ram_gbps": 11.5}  # RTX 3090 host: PCIe binds
 FAST_HOST = {"pcie_gbps": 51.2, "host_ram_gbps": 9.3}  # RTX 6000 host: host RAM binds
@@ -150,17 +163,52 @@ def test_long_context_same_model_spills_instead() -> None:
     assert 0 < d.predicted_drop <= d.target_drop
 
 
-def test_reference_1630_mib_spill_vs_14_mib_tstar_chooses_q8() -> None:
+def test_reference_1630_mib_spill_chooses_q8_with_the_real_weights_read() -> None:
+    """Qwen2.5-14B Q8_0 at 65,536 tokens on the slow link: W_active is what a decode step reads
+    (14.87 GB: every Q8_0 matrix and the output head, not the input embedding table), so
+    t_resident = (14.87 GB + 12.9 GB of f16 KV) / 936 GB/s = 29.7 ms and T*(0.20) = 32.8 MiB. The
+    seed's 14 MiB implies a 15 ms t_resident; either way T* is far below the 1,630 MiB spill, so
+    q8_0/q8_0 is chosen, as measured (35.3 tok/s against 10.8 spilling f16)."""
     f16 = tier_kv_bytes(QWEN14B.profile, KV_TIER_LADDER[0], QWEN_CTX)
-    budget = f16 - 1630 * MIB
-    weights = weights_for_tstar(14.0, f16, 0.20, 6.7)
-    d = _choose(QWEN14B, QWEN_CTX, budget=budget, weights=weights)
+    assert round(QWEN14B_Q8_ACTIVE / 1e9, 2) == 14.87
+    d = _choose(QWEN14B, QWEN_CTX, budget=f16 - 1630 * MIB, weights=QWEN14B_Q8_ACTIVE)
     assert d is not None
     assert d.binding_link == "pcie" and d.bw_eff_gbps == 6.7
     assert d.top_tier_spill_bytes == 1630 * MIB
-    assert d.tstar_bytes / MIB == pytest.approx(14.0)
+    assert d.t_resident_s == pytest.approx((QWEN14B_Q8_ACTIVE + f16) / 936e9)
+    assert d.tstar_bytes / MIB == pytest.approx(32.8, abs=0.05)
     assert d.chosen == KVTier("q8_0", "q8_0") and not d.spills and not d.floor_fallback
     assert d.resident_budget_tokens == QWEN_CTX
+
+
+def test_active_weights_leave_out_embeddings_and_idle_experts() -> None:
+    tensors = qwen14b_q8_tensors()
+    embd = tensors["token_embd.weight"]
+    assert active_weight_bytes(tensors) == sum(tensors.values()) - embd
+    tied = {k: v for k, v in tensors.items() if k != "output.weight"}  # the head reads token_embd
+    assert active_weight_bytes(tied) == sum(tied.values())
+    moe = {"token_embd.weight": 100, "output.weight": 10, "blk.0.attn_q.weight": 7, "blk.0.ffn_gate_inp.weight": 3,
+           "blk.0.ffn_up_exps.weight": 800, "blk.0.ffn_down_exps.bias": 80, "blk.0.ffn_up_shexp.weight": 5,
+           "per_layer_token_embd.weight": 1000}
+    assert active_weight_bytes(moe, n_expert=8, n_expert_used=2) == 10 + 7 + 3 + 200 + 20 + 5
+    assert active_weight_bytes(moe) == 10 + 7 + 3 + 800 + 80 + 5  # no expert count: all read
+    with pytest.raises(TieringError, match="n_expert_used=9"):
+        active_weight_bytes(moe, n_expert=8, n_expert_used=9)
+
+
+def test_engage_cost_fit() -> None:
+    """extra = c_engage + bytes / bw: recovered exactly; no tail costs nothing; noise without a
+    positive slope leaves the smallest tail's extra time as c_engage."""
+    c, gbps = 0.8e-3, 6.7
+    tails = [0, 1_000_000, 4_000_000, 16_000_000]
+    extra = [0.0] + [c + b / (gbps * 1e9) for b in tails[1:]]
+    got_c, got_bw = fit_engage_cost(tails, extra)
+    assert got_c == pytest.approx(c) and got_bw == pytest.approx(gbps)
+    assert fit_engage_cost([0], [5.0]) == (0.0, None)  # a zero tail never engages the path
+    assert fit_engage_cost([10, 20], [3e-4, 2e-4]) == (3e-4, None)
+    assert fit_engage_cost([10, 20], [-1e-4, -2e-4]) == (0.0, None)
+    with pytest.raises(TieringError, match="2 tail sizes but 1"):
+        fit_engage_cost([1, 2], [0.1])
 
 
 def test_spill_under_tstar_keeps_f16() -> None:

@@ -1,0 +1,128 @@
+"""Passkey answers through ``kvres.cluster`` sessions: one policy per method, one session per answer.
+
+Primitives:
+- ``METHODS``: what each engine runs. llama.cpp and OpenVINO: ``full`` (``SessionPolicy()``),
+  ``streaming`` (sinks + recent window, positions re-based), ``snapkv``, ``h2o``, ``keynorm``
+  (``kind="scored"``, compress after prefill, position gaps kept); openvino-genai: ``full`` and
+  ``genai`` (its own eviction, ``SessionPolicy.engine``, NORM_SUM).
+- ``backend_configs(model, engines, threads)``: one ``BackendConfig`` per engine, named after it.
+- ``policy_for(method, task, fraction, cfg) -> SessionPolicy | None``: the session policy of a
+  method at a budget; ``None`` where the engine cannot hold that budget (genai: whole 32-token KV
+  blocks, at least 96 tokens).
+- ``answer(manager, backend, task, policy) -> (ids, stats)``: open a session, append the prompt
+  ids, generate as many tokens as the passkey has digits, read its stats, close it.
+- ``evaluate(manager, engine, tasks, methods, budgets, cfg) -> list[Record]``: every task under
+  every (method, budget) on one engine's backend, one session at a time.
+
+A scored session prefills the whole prompt, then is cut to its budget by its scorer (SnapKV: the
+attention of the question rows; H2O: of every processed row; KeyNorm: key norms), so the first
+answer token comes from the full prefill, as in SnapKV; a streaming session is evicted while it
+prefills (chunks that fit its budget). genai likewise evicts once the prompt is processed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvres.actors.openvino.genai import KV_BLOCK
+from kvres.cluster import BackendConfig, SessionPolicy
+from models import passkey_tasks as pt
+
+from .harness import EvalConfig, Record, budget_tokens, decode_answer
+
+LLAMA, OPENVINO, GENAI = "llama.cpp", "openvino", "openvino-genai"
+ENGINES = (LLAMA, OPENVINO, GENAI)
+SCORED = ("snapkv", "h2o", "keynorm")
+METHODS: dict[str, tuple[str, ...]] = {
+    LLAMA: ("full", "streaming", *SCORED),
+    OPENVINO: ("full", "streaming", *SCORED),
+    GENAI: ("full", "genai"),
+}
+GENAI_MIN_CACHE = 3 * KV_BLOCK  # genai keeps >= one block of sinks, one recent, one evictable
+_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
+    LLAMA: {"engine": "llama"},
+    OPENVINO: {"engine": "openvino", "openvino_mode": "state"},
+    GENAI: {"engine": "openvino-genai"},
+}
+
+
+def backend_name(engine: str) -> str:
+    return {LLAMA: "llama", OPENVINO: "openvino", GENAI: "genai"}[engine]
+
+
+def backend_configs(model: Path, engines: Iterable[str], threads: int = 1) -> list[BackendConfig]:
+    return [
+        BackendConfig(name=backend_name(e), model_path=model, n_ctx=2048, n_seq_max=2, kv_budget_tokens=2000,
+                      n_threads=threads, **_ENGINE_OPTIONS[e])
+        for e in engines
+    ]
+
+
+def genai_budget(budget: int) -> int | None:
+    """The largest cache genai can keep within ``budget``: whole KV blocks, >= its 96-token floor."""
+    cache = budget // KV_BLOCK * KV_BLOCK
+    return cache if cache >= GENAI_MIN_CACHE else None
+
+
+def policy_for(method: str, task: pt.PasskeyTask, fraction: float, cfg: EvalConfig) -> SessionPolicy | None:
+    if method == "full":
+        return SessionPolicy()
+    budget = budget_tokens(task, fraction, cfg)
+    recent = cfg.recent_tokens(task)
+    if method == "genai":
+        cache = genai_budget(budget)
+        return None if cache is None or cache >= task.n_tokens else SessionPolicy.engine(cache, cfg.sink_tokens, recent)
+    if method == "streaming":
+        kind = "streaming"
+    elif method in SCORED:
+        kind = "scored"
+    else:
+        raise ValueError(f"unknown method {method!r}; known: full, streaming, {', '.join(SCORED)}, genai")
+    return SessionPolicy(kind=kind, scorer=method if kind == "scored" else "snapkv", budget_tokens=budget,
+                         sink_tokens=cfg.sink_tokens, recent_tokens=recent, block_size=cfg.block_size,
+                         observation_window=cfg.observation_window(task), rebase=method in cfg.rebase,
+                         spill=False)
+
+
+def answer(manager: Any, backend: str, task: pt.PasskeyTask, policy: SessionPolicy) -> tuple[list[int], dict[str, Any]]:
+    session = manager.open_session(policy=policy, backend=backend)
+    try:
+        session.append(task.prompt_ids)
+        got = session.generate(len(task.answer_ids))
+        return got, session.stats()
+    finally:
+        session.close()
+
+
+def evaluate(
+    manager: Any,
+    engine: str,
+    tasks: Sequence[pt.PasskeyTask],
+    methods: Iterable[str],
+    budgets: Iterable[float],
+    cfg: EvalConfig | None = None,
+) -> list[Record]:
+    """``full`` once per task (budget 1.0), the other methods at every budget they can run at."""
+    cfg = cfg or EvalConfig()
+    methods, budgets = list(methods), list(budgets)
+    backend = backend_name(engine)
+    managed = engine == GENAI
+    records: list[Record] = []
+    for i, task in enumerate(tasks):
+        for method in methods:
+            for frac in [1.0] if method == "full" else budgets:
+                policy = policy_for(method, task, frac, cfg)
+                if policy is None:
+                    continue
+                got, stats = answer(manager, backend, task, policy)
+                records.append(Record(
+                    engine=engine, family=task.family, method=method, budget=float(frac),
+                    budget_tokens=policy.budget_tokens or task.n_tokens,
+                    resident_tokens=None if managed else int(stats["resident_tokens"]),
+                    peak_resident_tokens=None if managed else int(stats["peak_resident_tokens"]),
+                    depth=float(task.depth), n_tokens=task.n_tokens, seed_index=i,
+                    correct=got == task.answer_ids, answer=decode_answer(got), expected=task.answer,
+                ))
+    return records

@@ -1,0 +1,90 @@
+"""A read-only view of a standing kvres cluster: it finds kvres's named actors and creates nothing.
+
+Primitives:
+- ``attach(address=None, namespace="kvres") -> ClusterView``: joins the Ray cluster at ``address``
+  (else ``RAY_ADDRESS``, else the one running on this machine) unless this process is already
+  connected, and checks that kvres runs in ``namespace``.
+- ``ClusterView(namespace)``: ``status()`` (the shape of ``SessionManager.status()``: backends in
+  name order, the planner's load view, cold stores, the session directory),
+  ``session_stats(session_id)``, ``reprs()`` (every kvres actor's live ``repr``).
+- ``NoClusterError``: no kvres actors in that namespace.
+
+Unlike ``connect``, attaching never starts an actor, so ``kvres status`` and ``kvres inspect``
+cannot change the cluster they look at.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+from kvres.actors.planner_actor import PLANNER_NAME
+from kvres.policy import KvresError, UnknownSessionError
+
+BACKEND_PREFIX = "kvres-backend-"
+COLDSTORE_PREFIX = "kvres-coldstore-"
+
+
+class NoClusterError(KvresError):
+    """No kvres actors in the namespace asked for."""
+
+
+def _repr_of(actor: Any) -> str:
+    return repr(actor)
+
+
+class ClusterView:
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        names = sorted(
+            info["name"] for info in ray.util.list_named_actors(all_namespaces=True)
+            if info["namespace"] == namespace and info["name"].startswith("kvres-")
+        )
+        if PLANNER_NAME not in names:
+            spaces = sorted({i["namespace"] for i in ray.util.list_named_actors(all_namespaces=True)
+                             if i["name"] == PLANNER_NAME})
+            raise NoClusterError(f"no kvres actors in namespace {namespace!r}; kvres runs in {spaces}")
+        self.actors: dict[str, Any] = {n: ray.get_actor(n, namespace=namespace) for n in names}
+
+    def _named(self, prefix: str) -> dict[str, Any]:
+        return {n: h for n, h in self.actors.items() if n.startswith(prefix)}
+
+    def status(self) -> dict[str, Any]:
+        backends = self._named(BACKEND_PREFIX)
+        stores = self._named(COLDSTORE_PREFIX)
+        planner = self.actors[PLANNER_NAME]
+        load = planner.load.remote()
+        stats = [h.stats.remote() for h in backends.values()]
+        store_stats = [h.stats.remote() for h in stores.values()]
+        return {
+            "namespace": self.namespace,
+            "backends": ray.get(stats),
+            "load": ray.get(load),
+            "cold_stores": dict(zip(stores, ray.get(store_stats), strict=True)),
+            "sessions": ray.get(planner.directory.remote()),
+        }
+
+    def session_stats(self, session_id: str) -> dict[str, Any]:
+        backend: str | None = ray.get(self.actors[PLANNER_NAME].where.remote(session_id))
+        if backend is None:
+            raise UnknownSessionError(session_id)
+        handle = self.actors.get(BACKEND_PREFIX + backend)
+        if handle is None:
+            raise KvresError(f"session {session_id!r} is on backend {backend!r}, which is not running")
+        return dict(ray.get(handle.session_stats.remote(session_id)))
+
+    def reprs(self) -> dict[str, str]:
+        """Each actor's ``repr`` now (Ray's dashboard shows the one taken when the actor started)."""
+        names = list(self.actors)
+        return dict(zip(names, ray.get([self.actors[n].__ray_call__.remote(_repr_of) for n in names]),
+                        strict=True))
+
+
+def attach(address: str | None = None, namespace: str = "kvres") -> ClusterView:
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
+                 log_to_driver=False, logging_level=logging.WARNING)
+    return ClusterView(namespace)
