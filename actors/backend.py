@@ -386,7 +386,7 @@ class BackendHost:
                 del job.feed[: len(toks)]
                 done = not job.feed
             try:
-                if s.policy.kind == "scored" and (done or job.kind == "append"):
+                if s.policy.kind == "scored" and self._compress_now(s, job, done):
                     self._compress(job.session_id)
             except Exception as exc:
                 job.finish(exc)
@@ -478,6 +478,18 @@ class BackendHost:
         s.scored_upto = log_len
         totals = s.h2o.scores
         return [float(x) for x in block_scores(totals, np.arange(totals.size), ranges)]
+
+    def _compress_now(self, s: _Session, job: Job, done: bool) -> bool:
+        """When a scored session is cut to its budget: at the end of its call; during an append
+        only when the rest of it does not fit the backend's free room (so the observation window
+        is the end of the prompt whenever the prompt fits); during a generate once it outgrows
+        its budget by half (the cache, and so each decode step, stays bounded)."""
+        if done:
+            return True
+        if job.kind == "append":
+            return len(job.feed) > self._free_tokens({})
+        budget = s.policy.budget_tokens or 0
+        return s.resident > budget + max(s.policy.block_size, budget // 2)
 
     def _compress(self, session_id: str) -> None:
         """Cut a scored session to its budget once, by its scorer (compress after prefill)."""

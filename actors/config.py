@@ -78,14 +78,15 @@ class SessionPolicy(BaseModel):
     @classmethod
     def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv",
                sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
-               spill: bool = True, observation_window: int = 16) -> SessionPolicy:
+               spill: bool = True, observation_window: int = 16, rebase: bool = True) -> SessionPolicy:
         """Compress after prefill: an append is prefilled (in chunks as large as the backend's
         free room) and the session then cut to ``budget_tokens`` by the scorer (SnapKV: the
         attention of the append's last ``observation_window`` tokens; H2O: the attention every
-        processed row gave; keynorm: the keys' L2 norms); a generate likewise at its end."""
+        processed row gave; keynorm: the keys' L2 norms); a generate at its end (and whenever the
+        session outgrows its budget by half). ``rebase=False`` keeps position gaps."""
         return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
                    sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
-                   spill=spill, observation_window=observation_window)
+                   spill=spill, observation_window=observation_window, rebase=rebase)
 
 
 class BackendConfig(BaseModel):

@@ -301,3 +301,29 @@ def test_backends_push_their_load_to_the_planner(manager) -> None:
     assert small["resident_tokens"] >= 100 and small["live_sessions"] >= 1
     assert small["engine"] == "llama" and small["node"]
     session.close()
+
+
+def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
+    """Plans at engine steps are made in the backend's process: with the planner actor dead, a
+    streaming session still grows to 8x its budget (2,000 generated tokens) under budget."""
+    import uuid
+
+    from kvres.cluster import ColdStoreConfig, KvresConfig, connect
+    from tests.conftest import shared_model_path
+
+    config = KvresConfig(
+        backends=[BackendConfig(name="solo", model_path=shared_model_path(), n_ctx=1024,
+                                kv_budget_tokens=512, n_threads=1)],
+        cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=16 << 20, disk_dir=tmp_path),
+    )
+    solo = connect(namespace=f"kvres-solo-{uuid.uuid4().hex[:6]}", config=config)
+    try:
+        session = solo.open_session(policy=SessionPolicy.streaming(250, recent_tokens=64))
+        session.append(PROMPT[:50])
+        ray.kill(solo.planner)
+        assert len(session.generate(2000)) == 2000
+        stats = session.stats()
+        assert stats["token_count"] == 2050 and stats["resident_tokens"] <= 250
+        assert stats["peak_resident_tokens"] <= 250 and stats["counters"]["evictions"] > 0
+    finally:
+        solo.shutdown()
