@@ -371,6 +371,9 @@ class BackendHost:
                 self._refresh_resident(job.session_id)
                 job.finish(exc)
             return True
+        generated = sum(1 for job, _ in batch if job.kind == "generate")
+        self._metrics.count_tokens(self.name, "generated", generated)
+        self._metrics.count_tokens(self.name, "prompt", sum(len(t) for j, t in batch if j.kind == "append"))
         finished = False
         self.peak_resident_tokens = max(self.peak_resident_tokens, sum(
             s.resident + incoming.get(sid, 0) for sid, s in self._sessions.items()))
@@ -406,12 +409,14 @@ class BackendHost:
                 self._resume(job.session_id, None)
             if job.kind == "append":
                 executor.append(job.session_id, job.feed)
+                self._metrics.count_tokens(self.name, "prompt", len(job.feed))
                 job.result = len(executor.token_log(job.session_id))
             else:
                 assert job.sampler is not None
-                for token in executor.generate(job.session_id, job.remaining, job.sampler.temperature,
-                                               job.sampler.seed):
+                tokens = executor.generate(job.session_id, job.remaining, job.sampler.temperature, job.sampler.seed)
+                for token in tokens:
                     job.emit(token)
+                self._metrics.count_tokens(self.name, "generated", len(tokens))
             job.finish()
         except Exception as exc:
             job.finish(exc)

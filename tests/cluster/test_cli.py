@@ -70,22 +70,35 @@ def test_inspect_draws_the_resident_ranges_over_the_token_log(manager, capsys) -
     assert "no-such-session" in capsys.readouterr().err
 
 
+def _backend_counts(text: str) -> tuple[int, int, int]:
+    m = re.search(r"(\d+) live / (\d+) suspended sessions, (\d+)/2000 tokens resident\)$", text)
+    assert m, text
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
 def test_every_kvres_actor_shows_its_live_state_in_its_repr(manager) -> None:
     view = ClusterView(manager.namespace)
     before = view.reprs()
     assert set(before) == set(view.actors) and all(before.values())
-    backend = before["kvres-backend-b0"]
-    assert backend.startswith("BackendServer(b0: llama stories260K.gguf") and "0/2000 tokens resident" in backend
-    assert all(r.startswith("MeteredColdStoreServer(ram ") for n, r in before.items() if "coldstore" in n)
+    assert before["kvres-backend-b0"].startswith("BackendServer(b0: llama stories260K.gguf, ")
+    live, suspended, resident = _backend_counts(before["kvres-backend-b0"])
+    stores = [n for n in before if n.startswith("kvres-coldstore-")]
+    assert stores and all(before[n].startswith("MeteredColdStoreServer(ram ") for n in stores)
+    assert before["kvres-planner"].startswith("PlannerServer(")
     session = manager.open_session(backend="b0")
     session.append(PROMPT[:50])
+    opened = view.reprs()
+    assert _backend_counts(opened["kvres-backend-b0"]) == (live + 1, suspended, resident + 50)
+    assert opened["kvres-planner"] != before["kvres-planner"]
     session.suspend()
-    after = view.reprs()
-    assert after["kvres-backend-b0"] != backend and "1 suspended" in after["kvres-backend-b0"]
-    assert after["kvres-planner"] != before["kvres-planner"]
-    assert any(after[n] != before[n] for n in before if "coldstore" in n)  # the suspended KV is parked
-    session.resume()
-    assert "1 live" in view.reprs()["kvres-backend-b0"] and "50/2000" in view.reprs()["kvres-backend-b0"]
+    deadline = time.time() + 10
+    while True:  # the parked KV reaches the cold store (written behind the suspend)
+        after = view.reprs()
+        if any(after[n] != before[n] for n in stores) or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert _backend_counts(after["kvres-backend-b0"]) == (live, suspended + 1, resident)
+    assert any(after[n] != before[n] for n in stores)
     session.close()
 
 

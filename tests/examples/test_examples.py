@@ -4,11 +4,15 @@ cluster, and a Ray job submitted with ``ray job submit`` to a cluster started wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,19 +41,48 @@ def test_driver_example() -> None:
     assert result["counters"]["evictions"] > 0
 
 
+def _stop_ray_started_in(temp_dir: str) -> None:
+    """Kill, as ``ray stop --force`` does, the processes of the Ray cluster started with
+    ``temp_dir`` and their descendants (workers rename themselves), by pid: ``ray stop`` would stop
+    every Ray cluster on the machine, other test runs' included."""
+    parents: dict[int, int] = {}
+    doomed: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if temp_dir.encode() in cmdline:
+            doomed.add(int(entry.name))
+    while True:
+        children = {pid for pid, ppid in parents.items() if ppid in doomed} - doomed
+        if not children:
+            break
+        doomed |= children
+    for pid in doomed - {os.getpid()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def ray_head():
     port, dash = free_port(), free_port()
     env = _env()
+    temp_dir = tempfile.mkdtemp(prefix="kvray")  # short: Ray's socket paths live under it
     subprocess.run(
         [str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
-         f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--disable-usage-stats"],
+         f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--disable-usage-stats",
+         f"--temp-dir={temp_dir}"],
         check=True, capture_output=True, timeout=180, env=env,
     )
     try:
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120, env=env)
+        _stop_ray_started_in(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_ray_job_submit_and_status(ray_head) -> None:
