@@ -298,16 +298,20 @@ class BackendHost:
     def stream(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> Iterator[int]:
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        sampler = TokenSampler(temperature, seed)
-        job = self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler))
-        return job.tokens()
+        return self._generate_job(session_id, max_tokens, temperature, seed, streaming=True).tokens()
 
     def generate(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[int]:
-        return list(self.stream(session_id, max_tokens, temperature, seed))
+        return self._generate_job(session_id, max_tokens, temperature, seed, streaming=False).wait_tokens()
+
+    def _generate_job(
+        self, session_id: str, max_tokens: int, temperature: float, seed: int | None, streaming: bool
+    ) -> Job:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        sampler = TokenSampler(temperature, seed)
+        return self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler, streaming=streaming))
 
     def _step(self, jobs: list[Job]) -> bool:
         """One engine step for ``jobs`` (under the lock): admit suspended sessions where a slot
@@ -488,13 +492,13 @@ class BackendHost:
         """When a scored session is cut to its budget: at the end of its call; during an append
         only when the rest of it does not fit the backend's free room (so the observation window
         is the end of the prompt whenever the prompt fits); during a generate once it outgrows
-        its budget by half (the cache, and so each decode step, stays bounded)."""
+        its budget (twice the budget: the cache, and so each decode step, stays bounded)."""
         if done:
             return True
         if job.kind == "append":
             return len(job.feed) > self._free_tokens({})
         budget = s.policy.budget_tokens or 0
-        return s.resident > budget + max(s.policy.block_size, budget // 2)
+        return s.resident > budget + max(s.policy.block_size, budget)
 
     def _compress(self, session_id: str) -> None:
         """Cut a scored session to its budget once, by its scorer (compress after prefill)."""

@@ -83,7 +83,7 @@ class SessionPolicy(BaseModel):
         free room) and the session then cut to ``budget_tokens`` by the scorer (SnapKV: the
         attention of the append's last ``observation_window`` tokens; H2O: the attention every
         processed row gave; keynorm: the keys' L2 norms); a generate at its end (and whenever the
-        session outgrows its budget by half). ``rebase=False`` keeps position gaps."""
+        session reaches twice its budget). ``rebase=False`` keeps position gaps."""
         return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
                    sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
                    spill=spill, observation_window=observation_window, rebase=rebase)

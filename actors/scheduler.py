@@ -3,7 +3,8 @@
 Primitives:
 - ``Job``: one ``append`` (tokens still to feed) or ``generate`` (tokens still to produce, with its
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
-  ``wait()`` returns the job's result or raises its error.
+  ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
+  generate job produced.
 - ``StepLoop(lock, step, name)``: a daemon thread that, while jobs are pending, calls
   ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
   callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
@@ -33,7 +34,9 @@ class Job:
     feed: list[int] = field(default_factory=list)  # append: tokens not yet fed
     remaining: int = 0  # generate: tokens not yet produced
     sampler: TokenSampler | None = None
+    streaming: bool = False  # generate: hand each token out as it comes (else all at the end)
     result: int = 0  # append: the session's log length when done
+    produced: list[int] = field(default_factory=list)
     error: BaseException | None = None
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)
@@ -44,7 +47,10 @@ class Job:
 
     def emit(self, token: int) -> None:
         self.remaining -= 1
-        self._out.put(token)
+        if self.streaming:
+            self._out.put(token)
+        else:
+            self.produced.append(token)
 
     def finish(self, error: BaseException | None = None) -> None:
         if self._done.is_set():
@@ -68,6 +74,10 @@ class Job:
         if self.error is not None:
             raise self.error
         return self.result
+
+    def wait_tokens(self) -> list[int]:
+        self.wait()
+        return self.produced
 
 
 class StepLoop:

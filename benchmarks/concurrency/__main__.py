@@ -1,7 +1,7 @@
 """Many sessions on one backend through the Session API, beside llama.cpp batching them itself.
 
 Run: ``.venv/bin/python -m benchmarks.concurrency [--model PATH] [--sessions 1,2,4,8,16]
-[--tokens 128] [--prompt 200] [--threads 2] [--out DIR]``
+[--tokens 128] [--prompt 200] [--threads 2] [--repeats 3] [--out DIR]``
 Writes ``concurrency.json`` and ``concurrency.png`` into DIR (default benchmarks/results).
 
 For each N: N sessions, each with its own ``prompt``-token prompt, each calling
@@ -10,7 +10,9 @@ wall time of the slowest). Then the same N sessions each ``stream`` their next `
 p50 / p99 of the time between a session's consecutive tokens. The baseline, measured in the same
 run on the same model and threads: llama.cpp itself decoding the same N sequences, one
 ``llama_decode`` per step holding one token of every sequence (greedy, no Ray, no kvres): what
-the engine can do on this machine. Reported: kvres / engine at each N, and kvres at N / kvres at 1.
+the engine can do on this machine. Each N is measured ``repeats`` times, kvres and engine
+alternating so machine noise hits both alike; medians are reported: kvres / engine at each N, and
+kvres at N / kvres at 1.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.sessions.split(",")]
@@ -119,9 +122,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         kvres_run(manager, 1, args.prompt, 8, vocab)  # warm-up
         for n in counts:
-            engine = engine_baseline(args.model, n, args.prompt, args.tokens, args.threads)
+            engines, runs = [], []
+            for _ in range(args.repeats):
+                engines.append(engine_baseline(args.model, n, args.prompt, args.tokens, args.threads))
+                runs.append(kvres_run(manager, n, args.prompt, args.tokens, vocab))
+            engine = statistics.median(engines)
             row = {"sessions": n, "engine_tokens_per_s": engine,
-                   **kvres_run(manager, n, args.prompt, args.tokens, vocab)}
+                   **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+                   "runs": runs, "engine_runs": engines}
             row["ratio_to_engine"] = row["tokens_per_s"] / engine
             rows.append(row)
             print(f"N={n:3d}: kvres {row['tokens_per_s']:8.0f} tok/s, engine {engine:8.0f} tok/s, "
