@@ -53,6 +53,7 @@ from kvres.policy import (
     subtract_range,
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, plan_backend
+from kvres.policy.blocks import BlockTable
 from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 from kvres.policy.scorers import scorer_for
 from kvres.policy.scoring import H2OAccumulator, block_scores
@@ -125,6 +126,8 @@ class _Session:
     peak: int = 0  # the most this session held after any step
     h2o: H2OAccumulator | None = None  # scored by H2O: attention every processed row gave each key
     scored_upto: int = 0  # token-log length whose rows the H2O accumulator has seen
+    compressing: bool = False  # this turn recalled cold blocks: compress after the append
+    retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
 
 
 class BackendHost:
@@ -342,8 +345,16 @@ class BackendHost:
                     f"session {job.session_id!r} has no tokens yet: append a prompt first"))
                 progressed = True
                 continue
+            if job.kind == "append" and not job.started:
+                job.started = True
+                try:
+                    self._recall(job.session_id, len(job.feed))
+                except Exception as exc:
+                    job.finish(exc)
+                    progressed = True
+                    continue
             want = 1 if job.kind == "generate" else self._chunk(s.policy, len(job.feed))
-            if s.policy.kind == "scored" and job.kind == "append":
+            if (s.policy.kind == "scored" or s.compressing) and job.kind == "append":
                 want = min(want, max(1, self._free_tokens(incoming)))  # compress after each chunk
             n = min(want, capacity)
             if n <= 0:
@@ -393,7 +404,7 @@ class BackendHost:
                 del job.feed[: len(toks)]
                 done = not job.feed
             try:
-                if s.policy.kind == "scored" and self._compress_now(s, job, done):
+                if (s.policy.kind == "scored" or s.compressing) and self._compress_now(s, job, done):
                     self._compress(job.session_id)
             except Exception as exc:
                 job.finish(exc)
@@ -454,11 +465,18 @@ class BackendHost:
             stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens, p.rebase),
             evictable=p.kvres_evicts,
             block_size=p.block_size,
+            scores=self._retrieved_scores(s, p.block_size, session_id) if s.retrieved else None,
         )
+
+    def _retrieved_scores(self, s: _Session, block_size: int, session_id: str) -> tuple[float, ...]:
+        """Blocks recalled this turn outrank the rest (which go by recency, as streaming would)."""
+        blocks = BlockTable.from_ranges(sorted(self.executor.resident_ranges(session_id)), block_size)
+        return tuple(float(any(r.start < blocks.ends[i] and blocks.starts[i] < r.end for r in s.retrieved))
+                     for i in range(len(blocks)))
 
     def _with_scores(self, view: SessionView) -> SessionView:
         s = self._sessions[view.session_id]
-        if s.policy.kind != "scored" or not view.resident_ranges:
+        if (s.policy.kind != "scored" and not s.compressing) or not view.resident_ranges:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
@@ -470,7 +488,10 @@ class BackendHost:
         KeyNorm from the resident keys."""
         s = self._sessions[session_id]
         executor = self._kv_executor("score")
-        scorer = scorer_for(s.policy.scorer, s.policy.observation_window)
+        name = s.policy.scorer if s.policy.kind == "scored" else self._recall_scorer()
+        scorer = scorer_for(name, s.policy.observation_window)
+        if name == "snapkv" and s.policy.kind != "scored":
+            return scorer.block_scores(executor.attention(session_id, s.policy.observation_window), ranges)
         if scorer.needs == "keys":
             return scorer.block_scores(executor.keys(session_id), ranges)
         if s.policy.scorer == "snapkv":
@@ -500,8 +521,63 @@ class BackendHost:
         budget = s.policy.budget_tokens or 0
         return s.resident > budget + max(s.policy.block_size, budget)
 
+    def _recall_scorer(self) -> str:
+        """What ranks blocks on a recall turn of a session that has no scorer of its own."""
+        caps = self.executor.capabilities()
+        return "snapkv" if caps.attention_capture else "keynorm" if caps.key_access else ""
+
+    def _recall(self, session_id: str, incoming: int) -> None:
+        """A new turn of a spilling session: its cold blocks come back by exact import (as many
+        as the backend's free room takes, the most recent first) before the new tokens are
+        prefilled, so they see them; after the append the session is compressed once, scored by
+        the new tokens' attention, and the recalled blocks it keeps rank first for the turn."""
+        s = self._sessions[session_id]
+        s.retrieved = []
+        if not (s.policy.kvres_evicts and s.policy.spill and s.cold and self._store is not None):
+            return
+        if s.policy.kind != "scored" and not self._recall_scorer():
+            return  # nothing could tell which recalled blocks matter: leave them cold
+        executor = self._kv_executor("recall")
+        room = self._free_tokens({}) - incoming
+        chosen: list[ColdRef] = []
+        for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
+            if len(ref.key.token_range) <= room:
+                chosen.append(ref)
+                room -= len(ref.key.token_range)
+        if not chosen:
+            return
+        t0 = time.perf_counter()
+        taken = set(chosen)
+        s.cold = [ref for ref in s.cold if ref not in taken]
+        recalled: list[Range] = []
+        for block in self._store.take(sorted(chosen, key=lambda r: r.key.token_range.start)):
+            if block is None:
+                continue
+            try:
+                executor.import_range(session_id, block)
+            except (ColdStoreError, BlockMismatchError, RangeError):
+                continue
+            recalled.append(block.token_range)
+        s.compressing = True
+        s.retrieved = recalled
+        self._refresh_resident(session_id)
+        self._count(session_id, "recalls", len(recalled))
+        self._count(session_id, "recalled_tokens", sum(len(r) for r in recalled))
+        self._count(session_id, "recall_us", int((time.perf_counter() - t0) * 1e6))
+
     def _compress(self, session_id: str) -> None:
-        """Cut a scored session to its budget once, by its scorer (compress after prefill)."""
+        """Cut a scored session (or one on a recall turn) to its budget once, by its scorer."""
+        s = self._sessions[session_id]
+        recalled, s.retrieved = s.retrieved, []  # scores rank them now, not the recall
+        try:
+            self._cut_to_budget(session_id)
+        finally:
+            if s.compressing:
+                s.compressing = False
+                kept = self.executor.resident_ranges(session_id)
+                s.retrieved = [r for r in recalled if any(k.start <= r.start and r.end <= k.end for k in kept)]
+
+    def _cut_to_budget(self, session_id: str) -> None:
         s = self._sessions[session_id]
         budget = s.policy.budget_tokens
         if s.policy.scorer == "h2o" or (budget is not None and s.resident > budget):
@@ -521,7 +597,7 @@ class BackendHost:
         if total > self.config.kv_budget_tokens:
             return True
         for sid, s in live:
-            if s.policy.kind == "scored" and sid in incoming:
+            if (s.policy.kind == "scored" or s.compressing) and sid in incoming:
                 continue  # compressed after its chunk, not before: only the backend budget binds
             budget = s.policy.budget_tokens if s.policy.kvres_evicts else None
             if budget is not None and s.resident + incoming.get(sid, 0) > budget:
@@ -596,8 +672,10 @@ class BackendHost:
         s = self._sessions[session_id]
         ordered = sorted(ranges, reverse=True)
         if s.policy.spill and self._store is not None and executor.capabilities().kv_export:
-            s.cold.extend(self._store.park([executor.export_range(session_id, r) for r in ordered]))
+            refs = self._store.park([executor.export_range(session_id, r) for r in ordered])
+            s.cold.extend(refs)
             self._count(session_id, "spills", len(ordered))
+            self._count(session_id, "spilled_bytes", sum(ref.nbytes for ref in refs))
         for rng in ordered:
             executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")

@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any
 
-COUNTERS = ("evictions", "admissions", "spills", "recomputed_tokens", "suspends", "resumes")
+COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "recalls", "recalled_tokens", "recall_us",
+            "recomputed_tokens", "suspends", "resumes")
 
 
 class Metrics:

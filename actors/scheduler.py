@@ -37,6 +37,7 @@ class Job:
     streaming: bool = False  # generate: hand each token out as it comes (else all at the end)
     result: int = 0  # append: the session's log length when done
     produced: list[int] = field(default_factory=list)
+    started: bool = False  # the loop has taken its first step
     error: BaseException | None = None
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)

@@ -7,7 +7,11 @@ Primitives:
 - ``PlanInput(blocks, budget_tokens, stream_policy, capabilities, scores=None)``.
 - ``Plan``: the partition ``keep_hot`` / ``evict_cold`` plus diagnostics.
 - ``plan_hot_set(PlanInput) -> Plan``: a pure, vectorised function.
-- ``plan_streaming(ranges, block_size, budget_tokens, policy, scores=None) -> StreamingPlan``: the
+- ``missing_capabilities(policy, capabilities) -> tuple[str, ...]``: what a streaming (or scored)
+  policy needs and the backend lacks: ``remove_middle`` always, ``position_shift`` only when the
+  policy re-bases (a plan that keeps gaps moves no cell).
+- ``plan_streaming(ranges, block_size, budget_tokens, policy, scores=None, capabilities=None)
+  -> StreamingPlan``: the
   same plan for a streaming session without flags, straight from its resident ranges. Without
   scores it takes time proportional to the ranges, the protected blocks and the evicted blocks,
   not to the session's length: a session that grew by one block since its last plan costs one
@@ -22,6 +26,10 @@ in streaming mode, lowest position first), then position. Blocks flagged PINNED,
 and in streaming mode the blocks holding the first ``sink_tokens`` and last ``recent_tokens``,
 are protected: never evicted. If protected blocks alone exceed the budget, ``over_budget`` is set
 and the diagnostics say why.
+
+Without ``position_shift`` the block holding the newest resident token is protected too: the next
+token goes right after the last cell (llama.cpp decodes a sequence only at its last position + 1),
+and appending after a trailing gap would need the new cells moved up to their position.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -208,6 +216,21 @@ def _cheapest_prefix(
         pool = pool[key > pivot]
 
 
+def missing_capabilities(policy: StreamPolicy, capabilities: Capabilities) -> tuple[str, ...]:
+    """What a streaming (or scored) ``policy`` needs and ``capabilities`` lack: ``remove_middle``
+    always, ``position_shift`` only with ``rebase`` (closing gaps moves cells; keeping them moves
+    none). Empty for a non-streaming policy."""
+    if not policy.enabled:
+        return ()
+    needs = ("remove_middle", "position_shift") if policy.rebase else ("remove_middle",)
+    return tuple(name for name in needs if not getattr(capabilities, name))
+
+
+def _missing_reason(missing: tuple[str, ...]) -> str:
+    why = " with rebase=True" if "position_shift" in missing else ""
+    return f"streaming policy{why} needs {' and '.join(missing)}; backend lacks it: no-op plan"
+
+
 def plan_hot_set(inp: PlanInput) -> Plan:
     source = inp.blocks
     table = source if isinstance(source, BlockTable) else BlockTable.from_blocks(source)
@@ -235,12 +258,12 @@ def plan_hot_set(inp: PlanInput) -> Plan:
         )
 
     if streaming:
-        if not (caps.remove_middle and caps.position_shift):
-            missing = [n for n in ("remove_middle", "position_shift") if not getattr(caps, n)]
-            return noop(
-                f"streaming policy needs {' and '.join(missing)}; backend lacks it: no-op plan"
-            )
+        missing = missing_capabilities(inp.stream_policy, caps)
+        if missing:
+            return noop(_missing_reason(missing))
         protected |= _stream_protected(lengths, total, inp.stream_policy, order)
+    if n and caps.remove_middle and not caps.position_shift:  # the next token must follow the last cell
+        protected[int(np.argmax(starts))] = True
     protected_tokens = int(lengths[protected].sum())
 
     if total <= budget:
@@ -320,13 +343,14 @@ def plan_streaming(
     budget_tokens: int,
     policy: StreamPolicy,
     scores: Sequence[float] | None = None,
+    capabilities: Capabilities | None = None,
 ) -> StreamingPlan:
     """What ``plan_hot_set`` decides for the blocks of ``ranges`` (each cut at multiples of
-    ``block_size``) in streaming mode, without flags, on a backend that can remove and re-base
-    ranges: the sinks and the recent window are protected and the middle goes lowest score first
-    (with ``scores``, one per block), else lowest position first. Without scores only the
-    protected ends and the evicted blocks are walked; with them every block is, in plain Python,
-    which beats numpy's per-call overhead up to a few hundred blocks."""
+    ``block_size``) in streaming mode, without flags, on a backend with ``capabilities`` (``None``:
+    one that can remove and re-base ranges): the sinks and the recent window are protected and the
+    middle goes lowest score first (with ``scores``, one per block), else lowest position first.
+    Without scores only the protected ends and the evicted blocks are walked; with them every
+    block is, in plain Python, which beats numpy's per-call overhead up to a few hundred blocks."""
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, (int, np.integer)):
@@ -337,6 +361,16 @@ def plan_streaming(
     for a, b in zip(live, live[1:], strict=False):
         if b.start < a.end:
             raise ValueError(f"ranges must be sorted and disjoint: {a} then {b}")
+    if capabilities is not None:
+        policy = replace(policy, enabled=True)
+        missing = missing_capabilities(policy, capabilities)
+        if missing:
+            checked = None if scores is None else _checked_scores(live, block_size, scores)
+            total = sum(r.end - r.start for r in live)
+            return StreamingPlan((), tuple(live), total, total, 0, total > budget_tokens,
+                                 (_missing_reason(missing),), checked)
+        if not capabilities.position_shift and policy.recent_tokens < 1:
+            policy = replace(policy, recent_tokens=1)  # the next token must follow the last cell
     if scores is not None:
         return _plan_streaming_scored(live, block_size, int(budget_tokens), policy, scores)
     total = sum(r.end - r.start for r in live)
@@ -385,6 +419,18 @@ def plan_streaming(
     return StreamingPlan(tuple(evicted), tuple(kept), total, total - freed, protected, over, diagnostics)
 
 
+def _checked_scores(live: list[Range], bs: int, scores: Sequence[float]) -> tuple[float, ...]:
+    """``scores`` as floats, one per block of ``live`` cut at multiples of ``bs``, all finite."""
+    values = tuple(float(x) for x in scores)
+    n_blocks = sum((r.end - 1) // bs - r.start // bs + 1 for r in live)
+    if len(values) != n_blocks:
+        raise ValueError(f"scores has {len(values)} entries but there are {n_blocks} blocks")
+    if not all(map(math.isfinite, values)):
+        bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
+        raise ValueError(f"scores must be finite, got {values[bad]} for block {bad}")
+    return values
+
+
 def _plan_streaming_scored(
     live: list[Range], bs: int, budget: int, policy: StreamPolicy, scores: Sequence[float]
 ) -> StreamingPlan:
@@ -396,12 +442,7 @@ def _plan_streaming_scored(
         starts += [r.start, *cut]
         ends += [*cut, r.end]
         owner += [k] * (len(cut) + 1)
-    values = [float(x) for x in scores]
-    if len(values) != len(starts):
-        raise ValueError(f"scores has {len(values)} entries but there are {len(starts)} blocks")
-    if not all(map(math.isfinite, values)):
-        bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
-        raise ValueError(f"scores must be finite, got {values[bad]} for block {bad}")
+    values = list(_checked_scores(live, bs, scores))
     total = sum(r.end - r.start for r in live)
     # protected: a prefix holding the sinks and a suffix holding the recent window
     lo = before = 0

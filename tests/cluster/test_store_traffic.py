@@ -82,7 +82,7 @@ def test_closing_a_suspended_or_migrated_session_leaves_no_block(engine: str, tm
                         make_executor(host.config, shared_model_path()), plan_backend,
                         LocalStorePort("node-b", stores))
     other.resume("moved", host.detach("moved"))
-    other.append("moved", PROMPT[:50])  # more evictions, parked on node-b
+    other.generate("moved", 50)  # more evictions, parked on node-b (a generate recalls nothing)
     assert stores["node-a"].list_session("moved") and stores["node-b"].list_session("moved")
     other.close("moved")
     assert _blocks_held(stores, "moved") == 0

@@ -194,3 +194,32 @@ def test_snapkv_answers_come_from_its_scores(gguf: Path, monkeypatch: pytest.Mon
         f"SnapKV at 10% with constant scores still answered {flat:.0%} (> {CONSTANT_CEILING:.0%}): the "
         f"answers do not depend on the scores (with them: {scored:.0%})"
     )
+
+
+def _two_turns(manager, task: pt.PasskeyTask, policy) -> bool:
+    """Turn 1 appends the context without the question, turn 2 the question; then the answer."""
+    q0 = task.question_span[0]
+    session = manager.open_session(policy=policy, backend=ps.backend_name(ps.LLAMA))
+    try:
+        session.append(task.prompt_ids[:q0])
+        session.append(task.prompt_ids[q0:])
+        return bool(session.generate(len(task.answer_ids)) == task.answer_ids)
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(("method", "budget", "spill", "floor", "ceiling"), [
+    ("streaming", 0.25, True, 0.9, 1.0),
+    ("streaming", 0.25, False, 0.0, 0.1),
+    ("snapkv", 0.10, True, 0.9, 1.0),
+])
+def test_spilled_kv_comes_back_for_the_question(manager, method, budget, spill, floor, ceiling) -> None:
+    """Two turns through Session: what turn 1 evicted to the cold store is recalled by exact
+    import when the question arrives (scored by the question's attention); dropped KV is gone."""
+    tasks = _tasks(1)
+    hits = [
+        _two_turns(manager, t, ps.policy_for(method, t, budget, CFG).model_copy(update={"spill": spill}))
+        for t in tasks
+    ]
+    acc = sum(hits) / len(hits)
+    assert floor <= acc <= ceiling, f"{method} at {budget:.0%} spill={spill}: {acc:.0%} on {len(tasks)} prompts"
