@@ -44,6 +44,7 @@ import numpy.typing as npt
 from kvres.coldstore import ColdStoreError
 from kvres.policy import (
     BlockMismatchError,
+    CapabilityError,
     KvresError,
     Range,
     RangeError,
@@ -54,7 +55,8 @@ from kvres.policy import (
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, plan_backend
 from kvres.policy.blocks import BlockTable
-from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
+from kvres.policy.planner import missing_capabilities
+from kvres.policy.recall import RecallCosts
 from kvres.policy.scorers import scorer_for
 from kvres.policy.scoring import H2OAccumulator, block_scores
 from kvres.policy.tokens import token_ids
@@ -78,9 +80,9 @@ class SessionBusyError(KvresError):
 
 
 class ProbedRecallCosts:
-    """This device's measured costs (``kvres.actors.probes``), probed on first use and cached per
-    device: the RAM tier costs what a measured block import costs, recompute what a measured
-    prefill costs. The disk tier has no measured read cost yet, so disk blocks are always read."""
+    """This device's measured costs (``kvres.actors.probes.probed_recall_costs``), probed on first
+    use and cached per device: the RAM tier costs what a measured block import costs, the disk tier
+    a measured block file read plus the import, recompute what a measured prefill costs."""
 
     def __init__(self, model_path: str) -> None:
         self._model_path = model_path
@@ -89,14 +91,9 @@ class ProbedRecallCosts:
 
     def __call__(self) -> RecallCosts | None:
         if not self._probed:
-            from .probes import load_probes
+            from .probes import probed_recall_costs
 
-            p = load_probes(self._model_path)
-            if p.import_gbps is not None and p.prefill_tokens_per_s is not None:
-                self._costs = RecallCosts(
-                    {"ram": TierCost("ram", p.import_gbps, p.import_latency_s or 0.0)},
-                    PrefillCost(p.prefill_tokens_per_s, p.prefill_fixed_s or 0.0),
-                )
+            self._costs = probed_recall_costs(self._model_path)
             self._probed = True
         return self._costs
 
@@ -254,6 +251,14 @@ class BackendHost:
                 raise ValueError(
                     f"scorer 'keynorm' needs the resident keys, which backend {self.name!r} "
                     f"({self.config.engine}, type_k={self.config.type_k}) cannot read as floats"
+                )
+        if policy.kvres_evicts and not engine_managed:
+            missing = missing_capabilities(StreamPolicy(True, rebase=policy.rebase), self.executor.capabilities())
+            if missing:
+                raise CapabilityError(
+                    f"policy kind {policy.kind!r} with rebase={policy.rebase} needs {' and '.join(missing)}, "
+                    f"which backend {self.name!r} ({self.config.engine}, type_k={self.config.type_k}) cannot "
+                    "do; use rebase=False"
                 )
 
     def _open_on_engine(self, session_id: str, policy: SessionPolicy, tokens: Sequence[int] = ()) -> None:
@@ -555,7 +560,7 @@ class BackendHost:
                 continue
             try:
                 executor.import_range(session_id, block)
-            except (ColdStoreError, BlockMismatchError, RangeError):
+            except (ColdStoreError, BlockMismatchError, RangeError, CapabilityError):
                 continue
             recalled.append(block.token_range)
         s.compressing = True
@@ -763,7 +768,9 @@ class BackendHost:
         them), recompute the rest from the token log."""
         assert self._store is not None
         executor = self._kv_executor("resume")
-        costs = self._recall_costs() if self._recall_costs is not None else None
+        can_shift = executor.capabilities().position_shift
+        # without position_shift, a recomputed range after a gap may be impossible: read every block
+        costs = self._recall_costs() if self._recall_costs is not None and can_shift else None
         for block in self._store.take(record.blocks, costs):
             if block is None:
                 continue  # gone, unreadable or cheaper to recompute: recomputed below
@@ -778,7 +785,12 @@ class BackendHost:
             for have in executor.resident_ranges(session_id):
                 missing = [m for part in missing for m in subtract_range([part], have)]
             for part in missing:
-                executor.admit_range(session_id, part)
+                try:
+                    executor.admit_range(session_id, part)
+                except CapabilityError:
+                    if can_shift:
+                        raise
+                    continue  # it would need a K-shift: the range stays evicted, its tokens in the log
                 recomputed += len(part)
         if recomputed:
             self._count(session_id, "recomputed_tokens", recomputed)

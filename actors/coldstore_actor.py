@@ -2,10 +2,15 @@
 
 Primitives:
 - ``ColdStoreServer(ram_budget_bytes, disk_path=None, disk_budget_bytes=0, promote_on_get=False,
-  copy_payloads=True, fsync=True)``: the plain class (works without Ray), a
-  ``kvres.coldstore.ColdStore`` (single and batched put / get / delete / tiers, ``list_session``,
-  ``drop_session``) plus ``stats`` (a flat ``dict[str, int]`` for metrics), ``drain_dropped``,
-  ``flush``, ``close``. A batched call is one Ray call for the whole batch.
+  copy_payloads=True, fsync=True, secret=None, cache_folder=None)``: the plain class (works
+  without Ray), a ``kvres.coldstore.ColdStore`` (single and batched put / get / delete / tiers,
+  ``list_session``, ``drop_session``) plus ``stats`` (a flat ``dict[str, int]`` for metrics),
+  ``drain_dropped``, ``flush``, ``close``, ``session_ids``, ``collect_orphans(live_session_ids,
+  min_idle_s)`` (drop the blocks of every session not in the planner's directory) and ``destroy``
+  (drop everything, remove the disk folder). A batched call is one Ray call for the whole batch.
+- ``default_store_dir(cache_folder) -> Path``: ``<user cache>/kvres/coldstore/<cache_folder>``
+  (``platformdirs.user_cache_dir``) on the node the store runs on; used when ``disk_path`` is None
+  and ``cache_folder`` is given.
 - ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
   tier after every change; ``MeteredColdStoreActor`` is what the cluster starts on every node.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
@@ -19,20 +24,49 @@ RAM tier owns its bytes and does not pin object-store memory; ``get`` returns th
 Ray again ships the payload out of band. Batch calls (``put_many`` / ``get_many``) amortise the
 ~1 ms cost of a Ray call over many blocks. The store is not thread-safe: keep the actor's default
 ``max_concurrency=1``.
+
+Disk blocks carry an HMAC tag keyed with ``secret`` (``kvres.coldstore.auth``): the driver that
+creates a namespace's cold stores hands them the namespace's secret, which lives only in memory
+(the actor's, and Ray's GCS, so a restarted actor gets it back), never in the store folder. A block
+altered or forged without it is refused and recomputed by its owner.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any
 
+import platformdirs
 import ray
 
-from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier, TieredStore
+from kvres.coldstore import (
+    BlockKey,
+    ColdStore,
+    KVBlock,
+    PutResult,
+    Tier,
+    TieredStore,
+    UnsafeStoreDirError,
+    private_dir,
+    validate_session_id,
+)
 from kvres.policy.recall import RecallCosts
 
 from .metrics import RayMetrics
+
+
+def default_store_dir(cache_folder: str) -> Path:
+    """This user's private cache folder for a store: created 0700 level by level, checked by
+    ``private_dir`` (no symlink, this user's, no group or other access)."""
+    if not cache_folder or cache_folder.startswith(".") or "/" in cache_folder or "\0" in cache_folder:
+        raise UnsafeStoreDirError(repr(cache_folder), "a cache folder must be one plain folder name")
+    root = Path(platformdirs.user_cache_dir("kvres"))
+    private_dir(root)
+    private_dir(root / "coldstore")
+    return private_dir(root / "coldstore" / cache_folder)
 
 
 class ColdStoreServer(ColdStore):
@@ -47,11 +81,16 @@ class ColdStoreServer(ColdStore):
         promote_on_get: bool = False,
         copy_payloads: bool = True,
         fsync: bool = True,
+        secret: bytes | None = None,
+        cache_folder: str | None = None,
     ) -> None:
+        if disk_path is None and cache_folder is not None:
+            disk_path = default_store_dir(cache_folder)
         self._store = TieredStore.open(
             ram_budget_bytes, disk_path, disk_budget_bytes,
-            promote_on_get=promote_on_get, copy_payloads=copy_payloads, fsync=fsync,
+            promote_on_get=promote_on_get, copy_payloads=copy_payloads, fsync=fsync, secret=secret,
         )
+        self._last_put: dict[str, float] = {}  # session id -> monotonic time of its last put
 
     def __repr__(self) -> str:
         """Bytes and blocks per tier, for Ray's dashboard (its Repr column)."""
@@ -70,11 +109,14 @@ class ColdStoreServer(ColdStore):
         """Called after every call that may move bytes between tiers."""
 
     def put(self, block: KVBlock, priority: int = 0) -> PutResult:
+        self._last_put[block.session_id] = time.monotonic()
         result = self._store.put(block, priority)
         self._changed()
         return result
 
     def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
+        now = time.monotonic()
+        self._last_put.update((block.session_id, now) for block in blocks)
         results = self._store.put_many(blocks, priority)
         self._changed()
         return results
@@ -108,6 +150,37 @@ class ColdStoreServer(ColdStore):
 
     def drop_session(self, session_id: str) -> int:
         dropped = self._store.drop_session(session_id)
+        self._last_put.pop(session_id, None)
+        self._changed()
+        return dropped
+
+    def session_ids(self) -> list[str]:
+        """Every session with a block here, sorted."""
+        return sorted(self._store.session_ids())
+
+    def collect_orphans(self, live_session_ids: Collection[str], min_idle_s: float = 60.0) -> dict[str, int]:
+        """Drop every block of the sessions that are not in ``live_session_ids`` (the planner's
+        directory) and had no block put for ``min_idle_s`` seconds (blocks of a session opened
+        after the directory was read are kept; so are, until the next collection, blocks of a
+        session closed meanwhile); return the blocks dropped per session."""
+        live = {validate_session_id(sid) for sid in live_session_ids}
+        now = time.monotonic()
+        present = self._store.session_ids()
+        dropped: dict[str, int] = {}
+        for sid in present - live:
+            if now - self._last_put.get(sid, -float("inf")) >= min_idle_s:
+                dropped[sid] = self._store.drop_session(sid)
+        for sid in [s for s in self._last_put if s not in present or s in dropped]:
+            del self._last_put[sid]  # sessions closed through delete_many leave their time behind
+        if dropped:
+            self._changed()
+        return dropped
+
+    def destroy(self) -> int:
+        """Drop every block of both tiers and remove the disk tier's folder (files kvres did not
+        make stay, and so does their folder); the store is closed. Returns the blocks dropped."""
+        dropped = self._store.destroy()
+        self._last_put.clear()
         self._changed()
         return dropped
 

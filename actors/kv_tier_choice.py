@@ -11,7 +11,9 @@ V type also disables the choice. Otherwise the model's layer structure (GGUF met
 (``kvres.actors.probes.load_probes``: cached per device, env-overridable) and the env config feed
 ``kvres.policy.tiering.choose_tier``; the decision is logged at WARNING on "kvres.tiering".
 ``resident_budget_tokens`` is how many tokens of the chosen tier fit the budget; the tail past it
-is the spill (kept in the cold store's RAM tier) and is 0 tokens when the chosen tier fits.
+is the spill (kept in the cold store's RAM tier) and is 0 tokens when the chosen tier fits. A
+decision that quantizes K records ``position_shift=False`` (in its log line and ``as_dict``): that
+backend cannot re-base, so only ``rebase=False`` streaming and scored sessions run on it.
 """
 
 from __future__ import annotations

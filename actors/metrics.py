@@ -4,11 +4,22 @@ Primitives:
 - ``Metrics``: the recording interface the actors call; ``NullMetrics`` records nothing (plain
   classes used without Ray); ``RayMetrics`` records into Ray's metrics agent.
 - ``GaugeRefresher``: sets gauge series again, every ``period_s``, from a daemon thread.
+- ``session_label(session_id) -> str``: what the ``session`` label holds for a session: a short
+  keyed hash ``h-<16 hex digits>`` (BLAKE2b keyed with a per-cluster secret), or the id itself
+  where ``KVRES_METRICS_SESSION_IDS=1`` opted in. ``hashed_label(session_id, secret)`` is the pure
+  part; ``session_ids_opted_in(env)`` reads the variable.
 - Names: kvres_resident_tokens{backend,session}, kvres_backend_resident_tokens{backend},
   kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, kvres_evictions_total{backend,session},
   kvres_admissions_total, kvres_spills_total, kvres_recomputed_tokens_total,
   kvres_suspends_total, kvres_plan_latency_ms (histogram, {backend}),
   kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens decoded).
+
+Session ids are what ``SessionManager.session(id)`` needs to take a session over, and the metrics
+endpoint has no authentication, so labels carry a keyed hash of the id instead. The secret (or the
+opt-in to plain ids) is decided once per Ray cluster, by the first kvres process that needs it
+(normally the first ``connect()``), from its ``KVRES_METRICS_SESSION_IDS``, and kept in the GCS
+(``cluster_secrets``): every driver and actor of the cluster computes the same labels. Outside Ray
+the secret is per process.
 
 Ray drops a gauge series from its metrics endpoint about two report intervals after it was last set
 (``metrics_report_interval_ms``, 10 s by default), so a backend at rest would vanish from Prometheus
@@ -19,12 +30,70 @@ session's series then ages out instead of piling up).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import secrets
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from kvres.policy.errors import KvresError
+
+from .cluster_secrets import METRICS_LABEL_SECRET, cluster_secret
+
+SESSION_IDS_ENV = "KVRES_METRICS_SESSION_IDS"
+LABEL_DIGEST_BYTES = 8
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+_process_secret: bytes | None = None
 
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "recalls", "recalled_tokens", "recall_us",
             "recomputed_tokens", "suspends", "resumes")
+
+
+class MetricsConfigError(KvresError, ValueError):
+    """A metrics setting in the environment kvres cannot read; names the variable and the value."""
+
+
+def session_ids_opted_in(env: Mapping[str, str] | None = None) -> bool:
+    raw = (os.environ if env is None else env).get(SESSION_IDS_ENV, "")
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise MetricsConfigError(
+        f"environment variable {SESSION_IDS_ENV}={raw!r} is invalid: expected 1 (session ids in "
+        "metric labels) or 0 (keyed hashes, the default)"
+    )
+
+
+def _new_label_secret() -> bytes:
+    """The empty secret stands for plain ids (opted in)."""
+    return b"" if session_ids_opted_in() else secrets.token_bytes(16)
+
+
+def label_secret() -> bytes:
+    """The cluster's label secret (the process's outside Ray); empty when ids are opted in."""
+    global _process_secret
+    import ray
+
+    if ray.is_initialized():
+        return cluster_secret(METRICS_LABEL_SECRET, _new_label_secret)
+    if _process_secret is None:
+        _process_secret = _new_label_secret()
+    return _process_secret
+
+
+def hashed_label(session_id: str, secret: bytes) -> str:
+    if not secret:
+        return session_id
+    digest = hashlib.blake2b(session_id.encode(), key=secret, digest_size=LABEL_DIGEST_BYTES)
+    return f"h-{digest.hexdigest()}"
+
+
+def session_label(session_id: str) -> str:
+    """The ``session`` label of ``session_id``'s series on this cluster (one GCS read)."""
+    return hashed_label(session_id, label_secret())
 
 
 class Metrics:
@@ -95,6 +164,7 @@ class RayMetrics(Metrics):
         from ray.util import metrics
 
         self._refresher = GaugeRefresher(_refresh_period_s())
+        self._label_secret: bytes | None = None  # read at the first session series
 
         self._resident = metrics.Gauge(
             "kvres_resident_tokens", "Resident KV tokens of a session", tag_keys=("backend", "session")
@@ -123,15 +193,22 @@ class RayMetrics(Metrics):
             tag_keys=("backend", "kind"),
         )
 
+    def _session(self, session_id: str) -> str:
+        if self._label_secret is None:
+            self._label_secret = label_secret()
+        return hashed_label(session_id, self._label_secret)
+
     def set_resident(self, backend: str, session: str, tokens: int) -> None:
-        self._refresher.record(self._resident, tokens, {"backend": backend, "session": session}, keep_zero=False)
+        self._refresher.record(
+            self._resident, tokens, {"backend": backend, "session": self._session(session)}, keep_zero=False
+        )
 
     def set_backend_resident(self, backend: str, tokens: int) -> None:
         self._refresher.record(self._backend, tokens, {"backend": backend})
 
     def count(self, name: str, backend: str, session: str, value: int = 1) -> None:
         if value:
-            self._counters[name].inc(value, tags={"backend": backend, "session": session})
+            self._counters[name].inc(value, tags={"backend": backend, "session": self._session(session)})
 
     def observe_plan_ms(self, backend: str, ms: float) -> None:
         self._plan.observe(ms, tags={"backend": backend})

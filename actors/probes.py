@@ -19,6 +19,15 @@ Primitives:
   ``measure_import_cost(model_path)``: (GB/s, fixed latency) of re-admitting an exported KV block;
   ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks. All four run
   on ``kvres.actors.llama.engine`` (one context of two sequences, one thread).
+- ``measure_disk_read_cost(directory=None)``: (GB/s, fixed latency s) of reading a block back from
+  the cold store's disk tier: blocks written by a real ``kvres.coldstore.DiskTier``, their pages
+  dropped from the page cache, read and decoded (``DiskTier.get``: checksum and tag verified).
+  ``load_disk_read_cost(directory=None, env=None, refresh=False) -> DiskReadCost``: measured once
+  per folder's file system and cached in the same file; ``KVRES_DISK_READ_GBPS`` and
+  ``KVRES_DISK_LATENCY_MS`` override it.
+- ``probed_recall_costs(model_path, env=None, disk_dir=None) -> RecallCosts | None``: the
+  recall-or-recompute costs of both cold tiers ("ram": re-admitting an exported block; "disk":
+  reading it from disk, then re-admitting it) and of prefill; None without the engine figures.
 - ``load_probes(model_path=None, env=os.environ, cache_dir=None, refresh=False) -> ProbeResults``:
   every figure, measured once per device (and per model where it depends on one, keyed by
   ``kvres.actors.model_files.model_id``), cached in
@@ -50,7 +59,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.coldstore import BlockKey, ColdStoreError, DiskTier, KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.errors import KvresError, ModelLoadError
+from kvres.policy.ranges import Range
+from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 from kvres.policy.tiering import Link, effective_bandwidth, fit_engage_cost
 
 from .device_memory import DeviceMemory, llama_gpu_memory
@@ -64,6 +76,8 @@ ENV_HOST_RAM = "KVRES_HOST_RAM_GBPS"
 ENV_PCIE = "KVRES_PCIE_GBPS"
 ENV_VRAM = "KVRES_VRAM_GBPS"
 ENV_C_ENGAGE = "KVRES_C_ENGAGE_MS"
+ENV_DISK_READ = "KVRES_DISK_READ_GBPS"
+ENV_DISK_LATENCY = "KVRES_DISK_LATENCY_MS"
 DEFAULT_C_ENGAGE_MS = 0.8  # docs/policies.md, T*: reference figure, used only when no model is measured
 
 logger = logging.getLogger("kvres.tiering")
@@ -456,6 +470,167 @@ def measure_block_bytes(model_path: str | os.PathLike[str], block_tokens: Sequen
     with _engine(model_path, n_ctx=n_prompt + 8) as eng:
         eng.decode(eng.tokens(n_prompt), 0)
         return [len(eng.export(n_prompt - n, n_prompt)) for n in block_tokens]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cold store's disk tier
+
+_PROBE_GEOMETRY = KVGeometry(n_layers=1, n_kv_heads=1, head_dim=32)
+_PROBE_FINGERPRINT = make_fingerprint("kvres-disk-probe", "probe", "f16", "f16", _PROBE_GEOMETRY)
+
+
+def _probe_block(n_bytes: int, seed: int) -> KVBlock:
+    payload = np.random.default_rng(seed).integers(0, 256, size=n_bytes, dtype=np.uint8).tobytes()
+    rng = Range(16 * seed, 16 * seed + 16)
+    return KVBlock(
+        fingerprint=_PROBE_FINGERPRINT, model_id="kvres-disk-probe", engine="probe", type_k="f16",
+        type_v="f16", geometry=_PROBE_GEOMETRY, session_id="disk-probe", token_range=rng,
+        token_ids=tuple(range(16)), payload=payload, positions=tuple(range(rng.start, rng.end)),
+    )
+
+
+def _drop_page_cache(path: Path) -> None:
+    """Ask the kernel to forget the (clean, fsync-ed) pages of ``path``, so the next read goes to
+    the device; a no-op where unsupported (and on tmpfs, where RAM is the device)."""
+    fadvise = getattr(os, "posix_fadvise", None)
+    if fadvise is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def measure_disk_read_cost(
+    directory: str | os.PathLike[str] | None = None,
+    block_bytes: Sequence[int] = (64 << 10, 512 << 10, 4 << 20),
+    repeats: int = 3,
+) -> tuple[float, float]:
+    """(GB/s, fixed latency s) of reading a block back from a disk tier in ``directory`` (default:
+    the system temp folder, where a cold store's disk tier goes unless configured elsewhere).
+
+    Blocks of each size are written by a real ``DiskTier`` (fsync-ed, as the cold store writes
+    them), their pages dropped from the page cache, and read back with ``DiskTier.get`` (header,
+    payload, checksum and tag: what a recall pays before the import); the median times are fitted
+    as ``latency + bytes / bandwidth``. A cold read: a block still in the page cache reads faster."""
+    if not block_bytes or min(block_bytes) < 1 or repeats < 1:
+        raise ProbeError(f"disk probe needs block_bytes >= 1 and repeats >= 1, got {block_bytes}, {repeats}")
+    parent = Path(directory) if directory is not None else Path(tempfile.gettempdir())
+    sizes: list[int] = []
+    times: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="kvres-disk-probe-", dir=parent) as tmp:
+        tier = DiskTier(Path(tmp) / "tier", budget_bytes=4 * max(block_bytes) + (1 << 20))
+        try:
+            for i, n in enumerate(block_bytes):
+                block = _probe_block(int(n), i)
+                key = BlockKey.of(block)
+                samples = []
+                for _ in range(repeats):
+                    tier.put(block)
+                    _drop_page_cache(tier.file_path(key))
+                    t0 = time.perf_counter()
+                    back = tier.get(key)
+                    samples.append(time.perf_counter() - t0)
+                    if back is None or back.payload_nbytes != n:
+                        raise ProbeError(f"disk probe: the {n}-byte block did not read back whole")
+                    tier.delete(key)
+                sizes.append(int(n))
+                times.append(float(np.median(samples)))
+        finally:
+            tier.close()
+    latency, slope = _fit_line(sizes, times) if len(set(sizes)) >= 2 else (0.0, times[0] / sizes[0])
+    if slope <= 0:  # noise swamped the size dependence: bill everything as bandwidth
+        latency, slope = 0.0, max(t / s for t, s in zip(times, sizes, strict=True))
+    gbps = 1.0 / slope / 1e9
+    if not (math.isfinite(gbps) and 0 < gbps <= MAX_PLAUSIBLE_GBPS):
+        raise ProbeError(f"disk read probe measured {gbps:.3g} GB/s, outside (0, {MAX_PLAUSIBLE_GBPS}]")
+    return gbps, max(0.0, latency)
+
+
+@dataclass(frozen=True)
+class DiskReadCost:
+    """Reading a block back from the disk tier in ``directory``: ``latency_s + bytes / gbps``;
+    ``sources`` as in ``ProbeResults`` ("measured", "cached" or "env")."""
+
+    directory: str
+    gbps: float
+    latency_s: float
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+def _disk_key(directory: Path) -> str:
+    """Which file system a folder is on (its device number and real path): the cache key."""
+    real = directory.resolve()
+    return f"{os.stat(real).st_dev}:{real}"
+
+
+def load_disk_read_cost(
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    refresh: bool = False,
+) -> DiskReadCost:
+    """The disk tier's read cost for ``directory`` (default: the system temp folder): env
+    overrides, else the probe cache (``probes-<device>.json``, per file system), else measured
+    (then cached)."""
+    env = os.environ if env is None else env
+    gbps_env = env_float(env, ENV_DISK_READ, None, strict=True)
+    latency_ms_env = env_float(env, ENV_DISK_LATENCY, None)
+    folder = Path(directory) if directory is not None else Path(tempfile.gettempdir())
+    if gbps_env is not None and latency_ms_env is not None:
+        return DiskReadCost(str(folder), gbps_env, latency_ms_env / 1e3, {"gbps": "env", "latency_s": "env"})
+    device = device_key()
+    path = cache_path(env, device)
+    key = _disk_key(folder)
+    cached = {} if refresh else _read_cache(path)
+    figures = dict(cached.get("disk", {}).get(key, {}))
+    source = "cached"
+    if "gbps" not in figures or "latency_s" not in figures:
+        figures["gbps"], figures["latency_s"] = measure_disk_read_cost(folder)
+        source = "measured"
+        data: dict[str, Any] = {"version": CACHE_VERSION, "device": device, **_read_cache(path)}
+        data.setdefault("disk", {})[key] = figures
+        _write_cache(path, data)
+    gbps = float(figures["gbps"]) if gbps_env is None else gbps_env
+    latency = float(figures["latency_s"]) if latency_ms_env is None else latency_ms_env / 1e3
+    sources = {"gbps": "env" if gbps_env is not None else source,
+               "latency_s": "env" if latency_ms_env is not None else source}
+    return DiskReadCost(str(folder), gbps, latency, sources)
+
+
+def probed_recall_costs(
+    model_path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    disk_dir: str | os.PathLike[str] | None = None,
+) -> RecallCosts | None:
+    """What a cold store needs to decide recall or recompute for the blocks of ``model_path``'s
+    backend (``kvres.policy.recall``), from the cached probes:
+
+    - "ram": re-admitting an exported block (``measure_import_cost``);
+    - "disk": reading it from the disk tier in ``disk_dir`` (``load_disk_read_cost``), then
+      re-admitting it: latencies add, and so do the seconds per byte
+      (``1 / bw = 1 / disk_bw + 1 / import_bw``);
+    - prefill: ``measure_prefill_cost``.
+
+    None when the engine figures are missing. A disk tier that cannot be probed (an unsafe or
+    unwritable folder) is left out, logged: its blocks are then always read."""
+    env = os.environ if env is None else env
+    p = load_probes(model_path, env=env)
+    if p.import_gbps is None or p.prefill_tokens_per_s is None:
+        return None
+    ram = TierCost("ram", p.import_gbps, p.import_latency_s or 0.0)
+    tiers = {"ram": ram}
+    try:
+        disk = load_disk_read_cost(disk_dir, env=env)
+    except (ProbeError, ColdStoreError, OSError) as exc:
+        logger.warning("disk tier read cost not measured (%s): disk blocks are always read", exc)
+    else:
+        tiers["disk"] = TierCost("disk", 1.0 / (1.0 / disk.gbps + 1.0 / ram.bandwidth_gbps),
+                                 disk.latency_s + ram.latency_s)
+    return RecallCosts(tiers, PrefillCost(p.prefill_tokens_per_s, p.prefill_fixed_s or 0.0))
 
 
 # ---------------------------------------------------------------------------------------------

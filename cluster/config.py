@@ -7,6 +7,8 @@ Primitives:
   ``kind`` least_loaded / pack / label, ``labels`` (node labels the backend's node must carry);
   ``placement.policy()`` is the pure ``kvres.policy.placement.PlacementPolicy``.
 - ``KvresConfig``: the whole thing; ``KvresConfig.from_env(env)`` applies ``KVRES_*`` overrides.
+- ``ConfigEnvError``: ``KVRES_CONFIG`` is not a JSON object nor a path to a file holding one, or
+  its JSON is malformed or not shaped like a configuration; the message names the variable.
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 """
@@ -22,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.policy.errors import KvresError
 from kvres.policy.placement import PlacementPolicy
 
 MiB = 1024 * 1024
@@ -32,7 +35,47 @@ class ColdStoreConfig(BaseModel):
 
     ram_budget_bytes: int = Field(256 * MiB, ge=0)
     disk_budget_bytes: int = Field(1024 * MiB, ge=0)
-    disk_dir: Path | None = None  # None: a per-node folder under the system temp dir
+    disk_dir: Path | None = None  # None: a per-node folder in the user's private cache (0700)
+
+
+class ConfigEnvError(KvresError, ValueError):
+    """``KVRES_CONFIG`` holds something kvres cannot use; the message names the variable."""
+
+
+def _config_from_env_var(source: str) -> dict[str, object]:
+    """The JSON object ``KVRES_CONFIG`` holds inline or names a file of."""
+    text = source.strip()
+    if text[:1] in ("{", "["):
+        where = "KVRES_CONFIG"
+    else:
+        path = Path(text).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigEnvError(
+                f"KVRES_CONFIG={source!r:.200} is neither a JSON object nor a path to a readable file "
+                f"({exc.strerror or exc}): KVRES_CONFIG must be a JSON object or a path to a file "
+                "holding one"
+            ) from exc
+        where = f"KVRES_CONFIG file {str(path)!r}"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigEnvError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigEnvError(
+            f"{where} holds a JSON {type(raw).__name__}, {text[:80]!r}: KVRES_CONFIG must be a JSON "
+            "object (inline) or a path to a file holding one"
+        )
+    backends = raw.get("backends", [{}])
+    if not isinstance(backends, list) or not backends or not all(isinstance(b, dict) for b in backends):
+        raise ConfigEnvError(
+            f"{where}: backends must be a non-empty list of backend objects, got {backends!r:.200}"
+        )
+    placement = raw.get("placement", {})
+    if not isinstance(placement, dict):
+        raise ConfigEnvError(f"{where}: placement must be an object, got {placement!r:.200}")
+    return raw
 
 
 class PlacementConfig(BaseModel):
@@ -68,31 +111,28 @@ class KvresConfig(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KvresConfig:
-        """``KVRES_CONFIG`` (a JSON file path or inline JSON) first, then per-field overrides
-        applied to every backend: KVRES_MODEL, KVRES_ENGINE, KVRES_N_CTX, KVRES_KV_BUDGET_TOKENS,
-        KVRES_N_THREADS, KVRES_TYPE_K, KVRES_TYPE_V; KVRES_PLACEMENT sets the placement kind."""
+        """``KVRES_CONFIG`` (a JSON object inline, or a path to a file holding one) first, then
+        per-field overrides applied to every backend: KVRES_MODEL, KVRES_ENGINE, KVRES_N_CTX,
+        KVRES_KV_BUDGET_TOKENS, KVRES_N_THREADS, KVRES_TYPE_K, KVRES_TYPE_V; KVRES_PLACEMENT sets
+        the placement kind. Without ``backends`` the configuration has the default backend; an
+        empty or malformed ``backends`` is a ``ConfigEnvError``, never the default."""
         env = os.environ if env is None else env
-        raw: dict[str, object] = {}
-        source = env.get("KVRES_CONFIG")
-        if source:
-            text = Path(source).read_text() if not source.lstrip().startswith("{") else source
-            raw = json.loads(text)
+        source = env.get("KVRES_CONFIG", "")
+        raw = _config_from_env_var(source) if source.strip() else {}
         overrides = {
             "KVRES_MODEL": "model_path", "KVRES_ENGINE": "engine", "KVRES_N_CTX": "n_ctx",
             "KVRES_KV_BUDGET_TOKENS": "kv_budget_tokens", "KVRES_N_THREADS": "n_threads",
             "KVRES_TYPE_K": "type_k", "KVRES_TYPE_V": "type_v",
         }
         patch = {field: env[var] for var, field in overrides.items() if env.get(var)}
-        backends = raw.get("backends") or [{}]
-        if not isinstance(backends, list):
-            raise ValueError(f"KVRES_CONFIG backends must be a list, got {backends!r}")
+        backends = raw.get("backends", [{}])
+        assert isinstance(backends, list)  # checked by _config_from_env_var
         raw["backends"] = [{**b, **patch} for b in backends]
         if env.get("KVRES_PLACEMENT"):
-            placement = raw.get("placement") or {}
-            if not isinstance(placement, dict):
-                raise ValueError(f"KVRES_CONFIG placement must be an object, got {placement!r}")
+            placement = raw.get("placement", {})
+            assert isinstance(placement, dict)
             raw["placement"] = {**placement, "kind": env["KVRES_PLACEMENT"]}
         return cls.model_validate(raw)
 
 
-__all__ = ["BackendConfig", "ColdStoreConfig", "KvresConfig", "PlacementConfig", "SessionPolicy"]
+__all__ = ["BackendConfig", "ColdStoreConfig", "ConfigEnvError", "KvresConfig", "PlacementConfig", "SessionPolicy"]

@@ -6,8 +6,11 @@ Primitives:
   actors: the planner, one cold store per node, the configured backends.
 - ``SessionManager``: ``open_session(model=None, policy=None, session_id=None, backend=None,
   placement=None)`` (placed by the planner from the load backends push: one Ray call whatever the
-  number of backends), ``session(session_id)``, ``backends()``, ``status(detail=True)``,
-  ``shutdown()``.
+  number of backends; a session id is ASCII letters, digits, ``.``, ``_``, ``-``, not starting
+  with ``.``, at most 128 characters, else ``InvalidSessionIdError``), ``session(session_id)``,
+  ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
+  namespace's cold blocks and store folders unless told to keep them).
+- ``ConnectError``: a kvres actor could not start; ``connect`` then leaves nothing running.
 - ``Session``: ``append(tokens or text)``, ``generate``, ``stream``, ``suspend``, ``resume``,
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``.
 
@@ -17,27 +20,32 @@ token); errors raised by the actors arrive as their kvres types.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
-import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.backend_actor import BackendActor, backend_actor_name
+from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.default_model import default_model_path
+from kvres.actors.metrics import label_secret
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
+from kvres.coldstore import new_secret, validate_session_id
 from kvres.policy import KvresError, UnknownSessionError
 from kvres.policy.placement import LoadReport, PlacementPolicy
 from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, KvresConfig, SessionPolicy
+
+log = logging.getLogger("kvres.cluster")
 
 
 class Session:
@@ -92,36 +100,122 @@ class Session:
         ray.get(self._manager.planner.forget.remote(self.session_id))
 
 
+class ConnectError(KvresError, RuntimeError):
+    """A kvres actor could not start (its own error is quoted); nothing was left running."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _start_error(kind: str, name: str, exc: BaseException) -> ConnectError:
+    """The actor's own error (the last line Ray quotes of its creation task) as a kvres error."""
+    text = _ANSI.sub("", str(getattr(exc, "error_msg", None) or exc)).strip()
+    cause = text.splitlines()[-1].strip() if text else type(exc).__name__
+    return ConnectError(
+        f"{kind} {name!r} could not start: {cause} (the actors this connect() created are stopped)"
+    )
+
+
+def _destroy_stores(stores: Sequence[Any], timeout_s: float = 60.0) -> None:
+    """Drop every block of each store and remove its folder; a failure is logged, not raised, so
+    a shutdown always goes on to stop every actor."""
+    refs = [store.destroy.remote() for store in stores]
+    if not refs:
+        return
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception as exc:  # a store already dead has nothing to remove; others: say so
+            log.warning("removing a cold store's blocks failed: %s", exc)
+    if pending:
+        log.warning("%d cold store(s) did not remove their blocks within %.0f s", len(pending), timeout_s)
+
+
+def _actor_exists(name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
 class SessionManager:
     def __init__(self, namespace: str, config: KvresConfig, started_ray: bool) -> None:
         self.namespace = namespace
         self.config = config
         self._started_ray = started_ray
-        self.planner: Any = PlannerActor.options(
-            name=PLANNER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
-        ).remote()
-        self.cold_stores = self._ensure_cold_stores()
+        self._created: list[Any] = []  # actors this manager created, undone if it fails to start
+        self._created_stores: list[Any] = []
+        self.cold_stores: dict[str, Any] = {}
         self._backends: dict[str, Any] = {}
-        for backend in config.backends:
-            self._backends[backend.name] = self._ensure_backend(backend)
-        ray.get([h.ping.remote() for h in self._backends.values()])
+        try:
+            label_secret()  # the cluster's metric labels: this driver decides if it is the first
+            self.planner: Any = self._adopt(PLANNER_NAME, lambda: PlannerActor.options(
+                name=PLANNER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
+            ).remote())
+            self.cold_stores = self._ensure_cold_stores()
+            for backend in config.backends:
+                self._backends[backend.name] = self._adopt(
+                    backend_actor_name(backend.name), functools.partial(self._ensure_backend, backend)
+                )
+            self._await_started("backend", {n: h.ping.remote() for n, h in self._backends.items()})
+        except BaseException:
+            self._undo_start()
+            raise
 
     # -- actors ----------------------------------------------------------------------------
+    def _adopt(self, name: str, create: Callable[[], Any]) -> Any:
+        """``create()`` the named actor (or get it: every option says ``get_if_exists``); one that
+        did not exist before is recorded, to be killed again if this manager fails to start."""
+        existed = _actor_exists(name, self.namespace)
+        handle = create()
+        if not existed:
+            self._created.append(handle)
+        return handle
+
+    @staticmethod
+    def _await_started(kind: str, calls: dict[str, Any]) -> None:
+        for name, ref in calls.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise _start_error(kind, name, exc) from exc
+
+    def _undo_start(self) -> None:
+        """Kill the actors this manager created (the folders of its new cold stores removed
+        first); actors it found running, which others may use, are left alone."""
+        _destroy_stores(self._created_stores)
+        for handle in self._created:
+            ray.kill(handle)
+        self._created.clear()
+        self._created_stores.clear()
+
     def _ensure_cold_stores(self) -> dict[str, Any]:
+        """One store per alive node, with the namespace's block secret (made once per namespace
+        and cluster, kept in Ray's GCS and the stores' memory only) and its disk tier in
+        ``<disk_dir>/<namespace>-<store name>`` or, without ``disk_dir``, in the user's private
+        cache on that node (``<user cache>/kvres/coldstore/<namespace>-<store name>``, 0700)."""
         stores: dict[str, Any] = {}
         cfg = self.config.cold_store
+        secret = cluster_secret(coldstore_secret_name(self.namespace), new_secret)
         for node in ray.nodes():  # type: ignore[no-untyped-call]
             if not node.get("Alive"):
                 continue
             node_id = node["NodeID"]
             name = cold_store_name(node_id)
             folder = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{self.namespace}-{name}")  # per namespace and node
-            disk = cfg.disk_dir / folder if cfg.disk_dir else Path(tempfile.gettempdir()) / folder
-            stores[name] = MeteredColdStoreActor.options(
-                name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(cfg.ram_budget_bytes, str(disk), cfg.disk_budget_bytes)
-        ray.get([s.stats.remote() for s in stores.values()])
+            disk = str(cfg.disk_dir / folder) if cfg.disk_dir else None
+            stores[name] = self._adopt(name, functools.partial(
+                MeteredColdStoreActor.options(
+                    name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
+                    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote, cfg.ram_budget_bytes, disk, cfg.disk_budget_bytes, secret=secret,
+                cache_folder=None if disk else folder,
+            ))
+            if self._created and self._created[-1] is stores[name]:
+                self._created_stores.append(stores[name])
+        self._await_started("cold store", {n: s.stats.remote() for n, s in stores.items()})
         return stores
 
     def _ensure_backend(self, cfg: BackendConfig) -> Any:
@@ -182,6 +276,8 @@ class SessionManager:
         """Open a session on ``backend``, or where ``placement`` (default: the configuration's)
         puts it among the backends of ``model``. A constant number of Ray calls: the planner's
         answer (or registration) and the backend's opening."""
+        if session_id is not None:
+            validate_session_id(session_id)  # before anything is placed or registered
         policy = policy or self.config.default_policy
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         placed = backend is None
@@ -234,11 +330,23 @@ class SessionManager:
             "sessions": ray.get(self.planner.directory.remote()),
         }
 
-    def shutdown(self) -> None:
-        """Stop kvres's actors (and the local Ray cluster if ``connect`` started it)."""
-        for handle in [*self._backends.values(), *self.cold_stores.values(), self.planner]:
+    def shutdown(self, keep_blocks: bool = False) -> None:
+        """Stop kvres's actors (and the local Ray cluster if ``connect`` started it).
+
+        First the backends (no block is written after that), then, unless ``keep_blocks``, every
+        block in the namespace's cold stores is dropped, their folders removed and the namespace's
+        block secret forgotten: nothing of its sessions stays on disk. With ``keep_blocks=True``
+        the blocks and the secret stay, for a later ``connect`` of the namespace on the same
+        standing cluster; blocks kept by an embedded cluster cannot be authenticated once it has
+        ended, and are refused (and deleted) when read."""
+        for handle in self._backends.values():
             ray.kill(handle)
         self._backends.clear()
+        if not keep_blocks:
+            _destroy_stores(list(self.cold_stores.values()))
+            forget_secret(coldstore_secret_name(self.namespace))
+        for handle in [*self.cold_stores.values(), self.planner]:
+            ray.kill(handle)
         if self._started_ray:
             ray.shutdown()
 
@@ -254,4 +362,9 @@ def connect(
         # no address: start an embedded local cluster ("local"), never a stray one found running
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
-    return SessionManager(namespace, config, started)
+    try:
+        return SessionManager(namespace, config, started)
+    except BaseException:
+        if started:
+            ray.shutdown()  # the embedded cluster this call started ends with it
+        raise

@@ -1,34 +1,44 @@
-"""Block codec: a fixed prefix, a msgpack header and the raw payload; never pickle.
+"""Block codec: a fixed prefix with an HMAC tag, a msgpack header and the raw payload; never pickle.
 
 Primitives:
-- ``encode_block(block) -> bytes``: the whole encoded block (one concatenation copy).
-- ``encode_head(block, payload_crc=None) -> bytes``: prefix + header only, for writers that send
-  the payload separately and so never copy it. Its length does not depend on the checksum, so a
-  writer may place the payload first and the header once the checksum (computed concurrently) is
-  known.
-- ``decode_block(data, expected_fingerprint=None) -> KVBlock``: validates everything; the payload of
-  the result is a zero-copy ``memoryview`` slice of ``data``.
-- ``decode_head(data) -> (BlockHeader, payload_offset)`` and ``block_from_parts(header, payload)``:
-  the same validation in two steps, for readers that read the header before the payload.
-- ``head_length(prefix) -> int``: validates the 20-byte fixed prefix and returns prefix + header size.
+- ``encode_block(block, secret=None) -> bytes``: the whole encoded block (one concatenation copy).
+- ``encode_head(block, payload_crc=None, secret=None) -> bytes``: prefix + header only, for writers
+  that send the payload separately and so never copy it. ``head_size(block)`` is its length, which
+  depends on neither the checksum nor the tag, so a writer may place the payload first and the
+  header once both (computed while the device writes the payload back) are known.
+- ``decode_block(data, expected_fingerprint=None, secret=None) -> KVBlock``: validates everything;
+  the payload of the result is a zero-copy ``memoryview`` slice of ``data``.
+- ``decode_head(data) -> (BlockHeader, payload_offset)`` and ``block_from_parts(header, payload,
+  secret=None)``: the same validation in two steps, for readers that read the header before the
+  payload; the tag is checked in the second, once the payload is there.
+- ``head_length(prefix) -> int``: validates the fixed prefix and returns prefix + header size.
 - ``encoded_size(block) -> int``.
 
 Layout (little endian)::
 
     offset 0   8 bytes  magic  b"KVRESBLK"
-           8   u16      format version (FORMAT_VERSION)
+           8   u16      format version (FORMAT_VERSION, 2)
           10   u16      reserved, 0
           12   u32      header length H
           16   u32      crc32 of the header bytes
-          20   H bytes  msgpack map: v, fp, model_id, engine, type_k, type_v, geom [L, heads, dim],
+          20   32 bytes tag: HMAC-SHA256 under the store's secret of bytes [0, 20), the header
+                        and the payload (every byte of the block but the tag's own)
+          52   H bytes  msgpack map: v, fp, model_id, engine, type_k, type_v, geom [L, heads, dim],
                         sid, range [start, end], tokens, pos, meta, plen, pcrc (4 bytes, big
                         endian crc32 of the payload)
-        20+H   plen     payload
+        52+H   plen     payload
 
-The header checksum is verified before msgpack parses anything; the payload checksum before the
-block is returned. Every failure is a ``BlockCorruptError`` subclass (``BlockVersionError``,
-``BlockLengthError``, ``BlockChecksumError``) or, when the caller names a fingerprint the block
-does not have, ``BlockFingerprintError``.
+The header checksum is verified before msgpack parses anything; the payload checksum, then the
+tag, before the block is returned. The checksums tell damage (``BlockChecksumError``) from
+tampering: bytes whose checksums are right but whose tag does not verify under the secret were
+altered on purpose, forged, or written under another secret (``BlockAuthError``). Every failure is
+a ``BlockCorruptError`` subclass (``BlockVersionError``, ``BlockLengthError``,
+``BlockChecksumError``, ``BlockAuthError``) or, when the caller names a fingerprint the block does
+not have, ``BlockFingerprintError``. Version 1 blocks (no tag) are refused with a
+``BlockVersionError``: their owners recompute them from the token log.
+
+``secret=None`` keys the tag with the empty key (``auth.UNKEYED``): integrity without
+authentication, for stores used outside a cluster.
 """
 
 from __future__ import annotations
@@ -41,8 +51,10 @@ import msgpack
 
 from kvres.policy.ranges import Range
 
+from .auth import TAG_BYTES, block_tag, check_secret, tags_equal
 from .block import KVBlock, KVGeometry
 from .errors import (
+    BlockAuthError,
     BlockChecksumError,
     BlockCorruptError,
     BlockEncodeError,
@@ -53,9 +65,12 @@ from .errors import (
 from .keys import validate_fingerprint, validate_session_id
 
 MAGIC = b"KVRESBLK"
-FORMAT_VERSION = 1
-PREFIX = struct.Struct("<8sHHII")
-PREFIX_SIZE = PREFIX.size  # 20
+FORMAT_VERSION = 2
+LEAD = struct.Struct("<8sH")  # magic and version: where every format version has them
+PREFIX = struct.Struct(f"<8sHHII{TAG_BYTES}s")
+PREFIX_SIZE = PREFIX.size  # 52
+SIGNED_PREFIX = struct.Struct("<8sHHII")  # the prefix up to the tag
+TAG_OFFSET = SIGNED_PREFIX.size  # 20: the tag covers every byte before and after it
 MAX_HEADER_BYTES = 64 << 20
 MAX_STR_LEN = 1024
 
@@ -68,11 +83,14 @@ _HEADER_KEYS = frozenset(
 @dataclass(frozen=True)
 class BlockHeader:
     """A decoded, validated header: the block's fields (``block``, with an empty payload) and what
-    the payload must be (``payload_len`` bytes with CRC ``payload_crc``); the payload is not read."""
+    the payload must be (``payload_len`` bytes with CRC ``payload_crc``); the payload is not read.
+    ``signed`` holds the bytes before the payload that the tag covers, ``tag`` the stored tag."""
 
     block: KVBlock
     payload_len: int
     payload_crc: int
+    signed: bytes = b""
+    tag: bytes = b""
 
     @property
     def session_id(self) -> str:
@@ -98,12 +116,7 @@ def payload_view(payload: bytes | bytearray | memoryview) -> memoryview:
     return view
 
 
-def encode_head(block: KVBlock, payload_crc: int | None = None) -> bytes:
-    """Prefix + msgpack header of ``block``; the payload goes right after it.
-
-    ``payload_crc`` is ``zlib.crc32`` of the payload when the caller has it (or will have it:
-    the length of the result is the same for every value).
-    """
+def _pack_header(block: KVBlock, payload: memoryview, payload_crc: int | None) -> bytes:
     validate_session_id(block.session_id)
     validate_fingerprint(block.fingerprint)
     for name in ("model_id", "engine", "type_k", "type_v"):
@@ -112,7 +125,6 @@ def encode_head(block: KVBlock, payload_crc: int | None = None) -> bytes:
             raise BlockEncodeError(
                 f"KVBlock.{name} must be a str of at most {MAX_STR_LEN} characters, got {value!r:.80}"
             )
-    payload = payload_view(block.payload)
     if payload_crc is not None and not 0 <= payload_crc < 1 << 32:
         raise BlockEncodeError(f"payload_crc must be a crc32 in [0, 2**32), got {payload_crc}")
     geom = block.geometry
@@ -144,42 +156,68 @@ def encode_head(block: KVBlock, payload_crc: int | None = None) -> bytes:
             f"block {block.session_id!r} {block.token_range}: header is {len(packed)} bytes, "
             f"the limit is {MAX_HEADER_BYTES}"
         )
-    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(packed), zlib.crc32(packed)) + packed
+    return packed
+
+
+def encode_head(block: KVBlock, payload_crc: int | None = None, secret: bytes | None = None) -> bytes:
+    """Prefix (with the tag under ``secret``) + msgpack header of ``block``; the payload goes
+    right after it.
+
+    ``payload_crc`` is ``zlib.crc32`` of the payload when the caller has it; the tag is computed
+    over ``block.payload``, so it must hold the bytes that will follow.
+    """
+    key = check_secret(secret)
+    payload = payload_view(block.payload)
+    packed = _pack_header(block, payload, payload_crc)
+    lead = SIGNED_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(packed), zlib.crc32(packed))
+    return b"".join((lead, block_tag(key, lead, packed, payload), packed))
+
+
+def head_size(block: KVBlock) -> int:
+    """Bytes of ``encode_head(block)`` whatever the checksum and tag (validates the header)."""
+    return PREFIX_SIZE + len(_pack_header(block, payload_view(block.payload), 0))
 
 
 def encoded_size(block: KVBlock) -> int:
     """Bytes ``encode_block(block)`` produces."""
-    return len(encode_head(block)) + block.payload_nbytes
+    return head_size(block) + block.payload_nbytes
 
 
-def encode_block(block: KVBlock) -> bytes:
-    """The encoded block: prefix, msgpack header, raw payload."""
-    return b"".join((encode_head(block), payload_view(block.payload)))
+def encode_block(block: KVBlock, secret: bytes | None = None) -> bytes:
+    """The encoded block: prefix with its tag, msgpack header, raw payload."""
+    return b"".join((encode_head(block, secret=secret), payload_view(block.payload)))
 
 
-def _read_prefix(view: memoryview) -> tuple[int, int]:
-    """Validate the fixed prefix; return (header length, header crc)."""
-    if view.nbytes < PREFIX_SIZE:
+def _read_prefix(view: memoryview) -> tuple[int, int, bytes]:
+    """Validate the fixed prefix; return (header length, header crc, tag)."""
+    if view.nbytes < LEAD.size:
         raise BlockLengthError(
             f"block truncated: {view.nbytes} bytes, the fixed prefix alone needs {PREFIX_SIZE}"
         )
-    magic, version, reserved, header_len, header_crc = PREFIX.unpack_from(view, 0)
+    magic, version = LEAD.unpack_from(view, 0)
     if magic != MAGIC:
         raise BlockCorruptError(f"not a kvres block: magic {bytes(magic)!r}, expected {MAGIC!r}")
     if version != FORMAT_VERSION:
         raise BlockVersionError(
-            f"block format version {version} is not supported; this build reads version {FORMAT_VERSION}"
+            f"block format version {version} is not supported; this build reads version "
+            f"{FORMAT_VERSION} (authenticated blocks) only, so the block is refused and its owner "
+            "recomputes it"
         )
+    if view.nbytes < PREFIX_SIZE:
+        raise BlockLengthError(
+            f"block truncated: {view.nbytes} bytes, the fixed prefix alone needs {PREFIX_SIZE}"
+        )
+    _, _, reserved, header_len, header_crc, tag = PREFIX.unpack_from(view, 0)
     if reserved != 0:
         raise BlockCorruptError(f"reserved prefix field is {reserved}, expected 0")
     if header_len > MAX_HEADER_BYTES:
         raise BlockCorruptError(f"header length {header_len} exceeds the limit {MAX_HEADER_BYTES}")
-    return int(header_len), int(header_crc)
+    return int(header_len), int(header_crc), bytes(tag)
 
 
 def head_length(prefix: bytes | bytearray | memoryview) -> int:
     """Bytes of prefix + header, from the first ``PREFIX_SIZE`` bytes of an encoded block."""
-    header_len, _ = _read_prefix(payload_view(prefix))
+    header_len, _, _ = _read_prefix(payload_view(prefix))
     return PREFIX_SIZE + header_len
 
 
@@ -246,7 +284,7 @@ def decode_head(data: bytes | bytearray | memoryview) -> tuple[BlockHeader, int]
     ``data`` may hold only the prefix and header (the payload is not inspected).
     """
     view = payload_view(data)
-    header_len, header_crc = _read_prefix(view)
+    header_len, header_crc, tag = _read_prefix(view)
     end = PREFIX_SIZE + header_len
     if view.nbytes < end:
         raise BlockLengthError(
@@ -257,34 +295,43 @@ def decode_head(data: bytes | bytearray | memoryview) -> tuple[BlockHeader, int]
         raise BlockChecksumError(
             f"header checksum mismatch: stored {header_crc:#010x}, computed {zlib.crc32(raw):#010x}"
         )
-    return _parse_header(raw), end
+    header = _parse_header(raw)
+    return replace(header, signed=bytes(view[:TAG_OFFSET]) + bytes(raw), tag=tag), end
 
 
 def block_from_parts(
-    header: BlockHeader, payload: bytes | bytearray | memoryview, *, verify: bool = True
+    header: BlockHeader, payload: bytes | bytearray | memoryview, secret: bytes | None = None
 ) -> KVBlock:
-    """A ``KVBlock`` from a validated header and its payload; checks length and checksum."""
+    """A ``KVBlock`` from a validated header and its payload; checks length, checksum and tag."""
+    key = check_secret(secret)
     view = payload_view(payload)
     if view.nbytes != header.payload_len:
         raise BlockLengthError(
             f"payload of {header.session_id!r} {header.token_range} is {view.nbytes} bytes, "
             f"header says {header.payload_len}"
         )
-    if verify and zlib.crc32(view) != header.payload_crc:
+    if zlib.crc32(view) != header.payload_crc:
         raise BlockChecksumError(
             f"payload checksum mismatch for {header.session_id!r} {header.token_range}: stored "
             f"{header.payload_crc:#010x}, computed {zlib.crc32(view):#010x}"
+        )
+    if not tags_equal(block_tag(key, header.signed, view), header.tag):
+        raise BlockAuthError(
+            f"block {header.session_id!r} {header.token_range} fails authentication: its checksums "
+            "are right but its HMAC tag does not verify under this store's secret (altered, forged "
+            "or written under another secret); it is refused and its owner recomputes it"
         )
     return replace(header.block, payload=payload if isinstance(payload, (bytes, bytearray)) else view)
 
 
 def decode_block(
-    data: bytes | bytearray | memoryview, expected_fingerprint: str | None = None
+    data: bytes | bytearray | memoryview, expected_fingerprint: str | None = None,
+    secret: bytes | None = None,
 ) -> KVBlock:
     """Decode and validate one encoded block; the payload is a zero-copy view of ``data``.
 
-    Raises a ``BlockCorruptError`` subclass for damaged bytes, and ``BlockFingerprintError`` when
-    ``expected_fingerprint`` is given and the block has another.
+    Raises a ``BlockCorruptError`` subclass for damaged or unauthenticated bytes, and
+    ``BlockFingerprintError`` when ``expected_fingerprint`` is given and the block has another.
     """
     view = payload_view(data)
     header, offset = decode_head(view)
@@ -295,7 +342,7 @@ def decode_block(
             f"block {header.session_id!r} {header.token_range} is {kind}: {view.nbytes} bytes, "
             f"header + payload need exactly {expected_total}"
         )
-    block = block_from_parts(header, view[offset:])
+    block = block_from_parts(header, view[offset:], secret)
     if expected_fingerprint is not None:
         block.check_fingerprint(expected_fingerprint)
     return block

@@ -1,27 +1,33 @@
 """Disk tier: one encoded block per file, atomic writes, an LRU index rebuilt from the files.
 
 Primitives:
-- ``DiskTier(path, budget_bytes, fsync=True, defer_dir_sync=True)``: ``put(block) -> list[BlockKey]``
-  (blocks dropped to make room, coldest first), ``get(key)``, ``pop(key)``, ``delete(key)``,
-  ``keys()``, ``keys_for_session(session_id)``, ``drop_session(session_id)``, ``used_bytes``,
-  ``budget_bytes``, ``flush()``, ``close()``; ``startup_dropped`` / ``startup_discarded`` tell what
-  start-up removed (over budget / damaged).
+- ``DiskTier(path, budget_bytes, fsync=True, defer_dir_sync=True, secret=None)``:
+  ``put(block) -> list[BlockKey]`` (blocks dropped to make room, coldest first), ``get(key)``,
+  ``pop(key)``, ``delete(key)``, ``keys()``, ``keys_for_session(session_id)``, ``session_ids()``,
+  ``drop_session(session_id)``, ``used_bytes``, ``budget_bytes``, ``flush()``, ``close()``,
+  ``destroy()`` (delete every block and the folder); ``startup_dropped`` / ``startup_discarded``
+  tell what start-up removed (over budget / damaged).
 
-Layout under ``path`` (created 0700)::
+Layout under ``path`` (created 0700 and checked by ``safe_dir.private_dir``: a symlink, another
+user's folder, one open to group or others, or one inside a folder others can change is refused
+with ``UnsafeStoreDirError``)::
 
     .lock                                  flock: one process per directory (StoreLockedError)
     tmp/<random>.part                      writes in progress; removed at start-up
     blocks/<session_id>/<start>-<end>.<fingerprint>.kvb
 
-A put writes a temp file (0600) through ``fileio.AtomicFileWriter`` (fsync, rename, directory
+Every file is an encoded block (``codec.py``) whose tag is keyed with ``secret``: a file altered
+or forged by someone without the secret is refused at read (``BlockAuthError``, deleted like a
+damaged one). A put writes a temp file (0600) through ``fileio.AtomicFileWriter`` (fsync, rename, directory
 fsync; see there for the deferred directory fsync). Header and payload are written with
 ``pwritev`` and never concatenated: small payloads go in one ``pwritev`` after their checksum;
-payloads of 1 MiB and more are written first, their writeback started, and their checksum computed
-while the device works, then the header is written before the fsync. A process killed at any
+payloads of 1 MiB and more are written first, their writeback started, and their checksum and tag
+computed while the device works, then the header is written before the fsync. A process killed at any
 point leaves either the whole block or none of it.
 
 At start-up the index is rebuilt from the file names (least recently written first), checking
-each file's header and size; damaged files are deleted (``startup_discarded``), and if the files
+each file's header and size (the tag needs the payload: it is checked when the block is read);
+damaged files are deleted (``startup_discarded``), and if the files
 exceed the budget the oldest are dropped (``startup_dropped``). Reads verify the payload checksum
 and return the payload as a writable ``memoryview`` owned by the caller; a damaged file is deleted
 and its ``BlockCorruptError`` raised, so the caller recomputes from the token log.
@@ -44,6 +50,7 @@ import numpy as np
 
 from kvres.policy.ranges import Range
 
+from .auth import check_secret
 from .block import KVBlock
 from .codec import (
     PREFIX_SIZE,
@@ -51,6 +58,7 @@ from .codec import (
     decode_head,
     encode_head,
     head_length,
+    head_size,
     payload_view,
 )
 from .errors import (
@@ -65,6 +73,7 @@ from .errors import (
 )
 from .fileio import AtomicFileWriter, pwrite_all, start_writeback
 from .keys import BlockKey, validate_session_id
+from .safe_dir import private_dir
 
 _FILE_RE = re.compile(r"(\d+)-(\d+)\.([A-Za-z0-9_-]+)\.kvb")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -76,16 +85,16 @@ class DiskTier:
 
     def __init__(
         self, path: str | os.PathLike[str], budget_bytes: int, *, fsync: bool = True,
-        defer_dir_sync: bool = True,
+        defer_dir_sync: bool = True, secret: bytes | None = None,
     ) -> None:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"DiskTier budget_bytes must be an int >= 0, got {budget_bytes!r}")
-        self.path = Path(path)
+        self._secret = check_secret(secret)
+        self.path = private_dir(path)
         self.budget_bytes = budget_bytes
         self.fsync = fsync
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock_fd: int | None = os.open(
-            self.path / ".lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600
+            self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, 0o600
         )
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,8 +106,12 @@ class DiskTier:
             ) from exc
         self._blocks_dir = self.path / "blocks"
         self._tmp_dir = self.path / "tmp"
-        self._blocks_dir.mkdir(mode=0o700, exist_ok=True)
-        self._tmp_dir.mkdir(mode=0o700, exist_ok=True)
+        try:
+            private_dir(self._blocks_dir)
+            private_dir(self._tmp_dir)
+        except BaseException:
+            self._release_lock()
+            raise
         self._writer = AtomicFileWriter(self._tmp_dir, fsync=fsync, defer_dir_sync=defer_dir_sync)
         self._index: OrderedDict[BlockKey, int] = OrderedDict()  # LRU order, value = file bytes
         self._used = 0
@@ -128,6 +141,9 @@ class DiskTier:
         validate_session_id(session_id)
         return sorted(k for k in self._index if k.session_id == session_id)
 
+    def session_ids(self) -> set[str]:
+        return {k.session_id for k in self._index}
+
     def file_path(self, key: BlockKey) -> Path:
         """Where ``key`` is (or would be) stored; every component is validated by BlockKey."""
         rng = key.token_range
@@ -142,9 +158,33 @@ class DiskTier:
         try:
             self._writer.close()
         finally:
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def destroy(self) -> int:
+        """Delete every block, then the tier's own files and folders, and close the tier; return
+        how many blocks were deleted. Files kvres did not make are left alone, and so is the folder
+        that holds them."""
+        self._check_open()
+        count = len(self._index)
+        for key in list(self._index):
+            self._delete(key)
+        for folder in (self._blocks_dir, self._tmp_dir):
+            for entry in folder.iterdir():
+                if folder is self._tmp_dir and entry.suffix == ".part":
+                    entry.unlink(missing_ok=True)
+                elif entry.is_dir() and not entry.is_symlink():
+                    self._rmdir_if_empty(entry)
+        self._writer.close()
+        (self.path / ".lock").unlink(missing_ok=True)  # still held: nobody opens the folder meanwhile
+        self._release_lock()
+        for folder in (self._blocks_dir, self._tmp_dir, self.path):
+            self._rmdir_if_empty(folder)
+        return count
 
     def __enter__(self) -> DiskTier:
         return self
@@ -243,7 +283,7 @@ class DiskTier:
         """
         self._check_open()
         key = BlockKey.of(block)
-        head_len = len(encode_head(block, payload_crc=0))  # validates; the length is final
+        head_len = head_size(block)  # validates; the length is final
         payload = payload_view(block.payload)
         size = head_len + payload.nbytes
         if size > self.budget_bytes:
@@ -268,14 +308,14 @@ class DiskTier:
     def _block_filler(self, block: KVBlock, payload: memoryview, head_len: int) -> Callable[[int], None]:
         """A ``fill(fd)`` writing header and payload without concatenating them."""
         if payload.nbytes < OVERLAP_CHECKSUM_MIN_BYTES:
-            head = memoryview(encode_head(block, payload_crc=zlib.crc32(payload)))
+            head = memoryview(encode_head(block, zlib.crc32(payload), self._secret))
             return lambda fd: pwrite_all(fd, (head, payload), 0)
 
         def fill(fd: int) -> None:
             pwrite_all(fd, (payload,), head_len)
             if self.fsync:
                 start_writeback(fd, head_len, payload.nbytes)  # the device works while we checksum
-            head = encode_head(block, payload_crc=zlib.crc32(payload))
+            head = encode_head(block, zlib.crc32(payload), self._secret)
             pwrite_all(fd, (memoryview(head),), 0)
 
         return fill
@@ -350,7 +390,7 @@ class DiskTier:
                 done += n
         finally:
             os.close(fd)
-        return block_from_parts(header, view)
+        return block_from_parts(header, view, self._secret)
 
     def _forget(self, key: BlockKey) -> None:
         self._used -= self._index.pop(key)

@@ -3,8 +3,9 @@
 Primitives:
 - ``ColdStoreError``: base (a ``kvres.policy.KvresError``).
 - ``BlockCorruptError``: bad magic, version, length, checksum or header; refined by
-  ``BlockVersionError``, ``BlockLengthError`` (truncated or trailing bytes) and
-  ``BlockChecksumError``.
+  ``BlockVersionError``, ``BlockLengthError`` (truncated or trailing bytes),
+  ``BlockChecksumError`` and ``BlockAuthError`` (the HMAC tag does not verify: altered, forged,
+  or written under another secret).
 - ``BlockFingerprintError``: the block belongs to another model, KV type or geometry.
 - ``BlockEncodeError``: a block cannot be encoded (e.g. ``meta`` that msgpack cannot carry).
 - ``InvalidSessionIdError`` / ``InvalidKeyError``: a session id or key that is unsafe as a path.
@@ -13,6 +14,9 @@ Primitives:
   was committed and the RAM tier is untouched.
 - ``DiskReadError``: a stored file could not be read (I/O error, not damaged content).
 - ``StoreLockedError``: another process holds the disk tier's directory.
+- ``UnsafeStoreDirError``: a store folder that is a symlink, not this user's, open to group or
+  others, or inside a folder others can change (``path`` and ``reason`` attributes).
+- ``InvalidSecretError``: a block-authentication secret that is not bytes or too short.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ class BlockLengthError(BlockCorruptError):
 
 class BlockChecksumError(BlockCorruptError):
     """The header or payload checksum does not match the bytes."""
+
+
+class BlockAuthError(BlockCorruptError):
+    """The block's HMAC tag does not verify under the store's secret: its bytes were altered (with
+    their checksums recomputed), forged, or written under another secret. Never imported."""
 
 
 class BlockFingerprintError(ColdStoreError, BlockMismatchError):
@@ -86,3 +95,19 @@ class DiskReadError(ColdStoreError):
 
 class StoreLockedError(ColdStoreError):
     """Another process already uses this disk-tier directory."""
+
+
+class UnsafeStoreDirError(ColdStoreError, ValueError):
+    """A cold-store folder kvres refuses to use; ``path`` and ``reason`` say which and why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cold-store folder {path} refused: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+class InvalidSecretError(ColdStoreError, ValueError):
+    """A block-authentication secret kvres cannot use (the message never shows the secret)."""

@@ -2,11 +2,13 @@
 
 Primitives:
 - ``TieredStore(ram, disk=None, promote_on_get=False)`` and ``TieredStore.open(ram_budget_bytes,
-  disk_path=None, disk_budget_bytes=0, ...)``:
+  disk_path=None, disk_budget_bytes=0, ..., secret=None)`` (``secret`` keys the disk tier's block
+  tags):
   ``put(block, priority=0) -> PutResult``, ``get(key, promote=None)``,
   ``get_range(session_id, token_range, fingerprint)`` (refuses a block of another fingerprint),
-  ``delete(key)``, ``list_session(session_id)``, ``drop_session(session_id)``, ``tier_of(key)``,
-  ``stats() -> StoreStats``, ``drain_dropped()``, ``flush()``, ``close()``.
+  ``delete(key)``, ``list_session(session_id)``, ``session_ids()``, ``drop_session(session_id)``,
+  ``tier_of(key)``, ``stats() -> StoreStats``, ``drain_dropped()``, ``flush()``, ``close()``,
+  ``destroy()`` (every block gone, the disk tier's folder removed).
   It implements ``kvres.coldstore.ColdStore`` (batched calls included).
 - ``StoreStats``: bytes and blocks per tier, budgets, hits, misses, spills, promotions, drops.
 
@@ -108,12 +110,14 @@ class TieredStore(ColdStore):
         copy_payloads: bool = False,
         fsync: bool = True,
         defer_dir_sync: bool = True,
+        secret: bytes | None = None,
     ) -> TieredStore:
         ram = RamTier(ram_budget_bytes, copy_payloads=copy_payloads)
         disk = (
             None
             if disk_path is None
-            else DiskTier(disk_path, disk_budget_bytes, fsync=fsync, defer_dir_sync=defer_dir_sync)
+            else DiskTier(disk_path, disk_budget_bytes, fsync=fsync, defer_dir_sync=defer_dir_sync,
+                          secret=secret)
         )
         return cls(ram, disk, promote_on_get=promote_on_get)
 
@@ -125,6 +129,16 @@ class TieredStore(ColdStore):
     def close(self) -> None:
         if self.disk is not None:
             self.disk.close()
+
+    def destroy(self) -> int:
+        """Remove every block of both tiers and the disk tier's folder (see ``DiskTier.destroy``),
+        closing the store; return how many blocks were removed."""
+        count = len(self.ram)
+        for key in self.ram:
+            self.ram.delete(key)
+        if self.disk is not None:
+            count += self.disk.destroy()
+        return count
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -241,6 +255,11 @@ class TieredStore(ColdStore):
 
     def __contains__(self, key: object) -> bool:
         return key in self.ram or (self.disk is not None and key in self.disk)
+
+    def session_ids(self) -> set[str]:
+        """Every session with a block in either tier."""
+        ids = {key.session_id for key in self.ram}
+        return ids | self.disk.session_ids() if self.disk is not None else ids
 
     def list_session(self, session_id: str) -> list[BlockKey]:
         keys = self.ram.keys_for_session(session_id)

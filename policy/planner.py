@@ -11,8 +11,8 @@ Primitives:
   policy needs and the backend lacks: ``remove_middle`` always, ``position_shift`` only when the
   policy re-bases (a plan that keeps gaps moves no cell).
 - ``plan_streaming(ranges, block_size, budget_tokens, policy, scores=None, capabilities=None)
-  -> StreamingPlan``: the
-  same plan for a streaming session without flags, straight from its resident ranges. Without
+  -> StreamingPlan``: the same plan for a streaming session without flags, straight from its
+  resident ranges (with ``capabilities``, under the same gate and tail rule). Without
   scores it takes time proportional to the ranges, the protected blocks and the evicted blocks,
   not to the session's length: a session that grew by one block since its last plan costs one
   block's work. With scores it walks every block in plain Python (for small sessions).

@@ -4,7 +4,9 @@ Primitives:
 - ``KVTier(type_k, type_v)``; ``KV_TIER_LADDER`` (f16/f16, q8_0/q8_0, q4_0/q4_0) and ``V_LADDER``
   (f16, q8_0, q4_0 under a held K); ``tier_ladder(explicit_type_k)``;
   ``tier_supported(tier, head_dim_k, head_dim_v)``: a quantized type's block must divide the head
-  dimension (llama.cpp refuses the context otherwise, e.g. q8_0 on stories260K's head_dim 8).
+  dimension (llama.cpp refuses the context otherwise, e.g. q8_0 on stories260K's head_dim 8);
+  ``tier_can_shift(tier)``: whether cells of that cache can move positions (not with a quantized
+  K: llama.cpp 0.3.36 cannot apply the K-shift to it), i.e. whether re-basing policies can run.
 - ``ProfileFactory``: ``(type_k, type_v) -> LayerKVProfile``; ``layout_profile_factory(layout, cells)``
   (a ``kvres.policy.kv_layout.ModelKVLayout`` priced per tier) and ``metadata_profile_factory(meta)``
   build one; ``tier_kv_bytes(factory, tier, n_ctx)``; ``head_dims_from_metadata(meta)``.
@@ -18,7 +20,8 @@ Primitives:
 - ``t_resident_s``, ``drop_fraction`` (the drop model), ``tstar_bytes``, ``fits``: the formulas of
   docs/policies.md, T*, in SI units (GB/s = 1e9 bytes/s, seconds, bytes).
 - ``choose_tier(...) -> TierDecision | None``: first tier with ``kv_bytes(i) <= budget + T*``, floor
-  fallback, explicit-type handling; ``TierDecision`` holds every term (``summary()`` for the log).
+  fallback, explicit-type handling; ``TierDecision`` holds every term (``summary()`` for the log),
+  and ``position_shift``: whether the chosen cache can shift positions.
 - ``TierConfig``: target drop and spill cap (read from the environment by ``kvres.actors.tier_env``).
 - ``TieringError`` (a ValueError).
 
@@ -46,7 +49,7 @@ import numpy as np
 from .capacity import LayerKVProfile, resolve_context_for_budget
 from .errors import KvresError
 from .kv_layout import CacheCells, ModelKVLayout, layout_from_metadata
-from .kv_types import KV_TYPES, kv_type_fits_head
+from .kv_types import KV_TYPES, QUANTIZED_KV_TYPES, kv_type_fits_head
 
 MIB = 1024 * 1024
 GB = 1e9
@@ -93,6 +96,13 @@ DEFAULT_TIER = KV_TIER_LADDER[0]
 def tier_supported(tier: KVTier, head_dim_k: int, head_dim_v: int) -> bool:
     """Whether a KV cache of ``tier`` can be built for these head dimensions."""
     return kv_type_fits_head(tier.type_k, head_dim_k) and kv_type_fits_head(tier.type_v, head_dim_v)
+
+
+def tier_can_shift(tier: KVTier) -> bool:
+    """Whether a cache of ``tier`` can move cells to other positions (re-basing, admitting after a
+    gap). Not with a quantized K cache: llama.cpp 0.3.36 crashes applying the RoPE K-shift to it, so
+    only policies that keep position gaps (``rebase=False``) run there."""
+    return tier.type_k not in QUANTIZED_KV_TYPES
 
 
 def head_dims_from_metadata(meta: Mapping[str, Any]) -> tuple[int, int]:
@@ -289,6 +299,12 @@ class TierDecision:
     def spills(self) -> bool:
         return self.chosen_spill_bytes > 0
 
+    @property
+    def position_shift(self) -> bool:
+        """Whether the chosen cache can shift positions (``tier_can_shift``): False for a quantized
+        K, where only gap-keeping (``rebase=False``) streaming and scored policies can run."""
+        return tier_can_shift(self.chosen)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: tiers as "k/v" names."""
         out = asdict(self)
@@ -298,6 +314,7 @@ class TierDecision:
         out["spill_bytes"] = list(self.spill_bytes)
         out["unsupported"] = [t.name for t in self.unsupported]
         out["top_tier_spill_bytes"] = self.top_tier_spill_bytes
+        out["position_shift"] = self.position_shift
         return out
 
     def summary(self) -> str:
@@ -318,6 +335,8 @@ class TierDecision:
             f"W_active={self.weights_active_bytes / MIB:.1f} MiB "
             f"chosen spill={self.chosen_spill_bytes / MIB:.1f} MiB "
             f"drop={self.predicted_drop:.3f} resident_tokens={self.resident_budget_tokens}"
+            + ("" if self.position_shift else
+               f" position_shift=false (quantized K {self.chosen.type_k}: rebase=False policies only)")
             + (f" explicit type_k={self.explicit_type_k}" if self.explicit_type_k else "")
             + (f" unsupported={','.join(t.name for t in self.unsupported)}" if self.unsupported else "")
         )

@@ -9,6 +9,7 @@ import re
 import time
 import urllib.request
 
+from kvres.actors.metrics import session_label
 from kvres.cluster import SessionPolicy
 from kvres.cluster.cli import main
 from kvres.cluster.cluster_view import ClusterView
@@ -156,7 +157,7 @@ def test_every_metric_of_the_dashboard_is_on_the_metrics_endpoint(manager, metri
     for gauge in ("ray_kvres_backend_resident_tokens", "ray_kvres_cold_bytes", "ray_kvres_resident_tokens"):
         assert re.search(rf"^{gauge}\{{", body, re.M), f"{gauge} vanished from the endpoint at rest"
     resident = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-                if line.startswith("ray_kvres_resident_tokens{") and f'session="{busy.session_id}"' in line]
+                if line.startswith("ray_kvres_resident_tokens{") and f'session="{session_label(busy.session_id)}"' in line]
     assert resident == [busy.stats()["resident_tokens"]]
     for s in (streaming, idle, busy):
         s.close()

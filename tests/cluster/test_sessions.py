@@ -94,6 +94,8 @@ def _metric(body: str, name: str, session: str) -> float | None:
 
 
 def test_metrics_endpoint_matches_session_stats(manager, metrics_port) -> None:
+    from kvres.actors.metrics import session_label
+
     session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
     session.append(PROMPT)
     session.generate(64)
@@ -106,11 +108,12 @@ def test_metrics_endpoint_matches_session_stats(manager, metrics_port) -> None:
     deadline = time.time() + 30
     while True:
         body = _scrape(metrics_port)
-        got = {name: _metric(body, name, session.session_id) for name in want}
+        got = {name: _metric(body, name, session_label(session.session_id)) for name in want}
         if got == want or time.time() > deadline:
             break
         time.sleep(0.5)
     assert got == want
+    assert session.session_id not in body  # labels carry a keyed hash, never the id
     assert re.search(r"^ray_kvres_plan_latency_ms_bucket", body, re.M)
     ram_bytes = sum(
         ray.get(store.stats.remote())["ram_bytes"] for store in manager.cold_stores.values()

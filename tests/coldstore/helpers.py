@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from kvres.coldstore import KVBlock, KVGeometry, make_fingerprint
+from kvres.coldstore.auth import block_tag
+from kvres.coldstore.codec import FORMAT_VERSION, MAGIC, SIGNED_PREFIX
 from kvres.policy.ranges import Range
 
 GEOMETRY = KVGeometry(n_layers=2, n_kv_heads=2, head_dim=8)
@@ -44,3 +47,11 @@ def payload_of(size: int, seed: int = 0) -> bytes:
     import numpy as np
 
     return np.random.default_rng(seed).integers(0, 256, size=size, dtype=np.uint8).tobytes()
+
+
+def seal(raw_header: bytes, payload: bytes = b"", secret: bytes | None = None,
+         version: int = FORMAT_VERSION) -> bytes:
+    """An encoded block around any header bytes, with right checksum and tag: what a writer who
+    holds ``secret`` would make (for tests of what lies past the prefix checks)."""
+    lead = SIGNED_PREFIX.pack(MAGIC, version, 0, len(raw_header), zlib.crc32(raw_header))
+    return lead + block_tag(secret, lead, raw_header, payload) + raw_header + payload

@@ -24,10 +24,10 @@ from kvres.coldstore import (
     encode_block,
     encoded_size,
 )
-from kvres.coldstore.codec import MAGIC, PREFIX, PREFIX_SIZE, decode_head, encode_head
+from kvres.coldstore.codec import MAGIC, PREFIX_SIZE, decode_head, encode_head
 from kvres.policy.errors import BlockMismatchError
 
-from .helpers import FINGERPRINT, OTHER_FINGERPRINT, make_block, payload_of
+from .helpers import FINGERPRINT, OTHER_FINGERPRINT, make_block, payload_of, seal
 
 SIZES = [0, 1, 7, 4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
@@ -135,8 +135,7 @@ def test_bad_magic_is_a_corrupt_error(encoded: bytes) -> None:
 
 
 def _with_header(header: object, payload: bytes = b"") -> bytes:
-    raw = msgpack.packb(header, use_bin_type=True)
-    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw)) + raw + payload
+    return seal(msgpack.packb(header, use_bin_type=True), payload)
 
 
 def _header_of(data: bytes) -> dict[str, object]:
@@ -147,7 +146,7 @@ def _header_of(data: bytes) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("field", "value", "error"),
     [
-        ("v", 2, BlockVersionError),
+        ("v", 1, BlockVersionError),
         ("sid", "../etc", BlockCorruptError),
         ("sid", 5, BlockCorruptError),
         ("range", [5, 1], BlockCorruptError),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvres.coldstore import ColdStoreError, KVBlock, decode_block, encode_block
 from kvres.coldstore.codec import FORMAT_VERSION, MAGIC, PREFIX, PREFIX_SIZE, decode_head
 
-from .helpers import make_block
+from .helpers import make_block, seal
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VALID = encode_block(make_block(bytes(range(256)) * 4))
@@ -38,7 +38,8 @@ def test_random_bytes(data: bytes) -> None:
 @given(st.binary(max_size=256))
 def test_random_bytes_after_a_valid_prefix(tail: bytes) -> None:
     _decode_only_typed_errors(MAGIC + tail)
-    _decode_only_typed_errors(PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(tail), zlib.crc32(tail)) + tail)
+    _decode_only_typed_errors(PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(tail), zlib.crc32(tail), b"") + tail)
+    _decode_only_typed_errors(seal(tail))
 
 
 @FUZZ
@@ -76,13 +77,10 @@ _value = st.recursive(
 def test_well_checksummed_headers_with_random_fields(changes: dict[str, object], payload: bytes) -> None:
     """Headers whose checksum is right but whose fields are anything: schema validation must hold."""
     header = {**VALID_HEADER, **changes}
-    raw = msgpack.packb(header, use_bin_type=True)
-    data = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw)) + raw + payload
-    _decode_only_typed_errors(data)
+    _decode_only_typed_errors(seal(msgpack.packb(header, use_bin_type=True), payload))
 
 
 @FUZZ
 @given(_value)
 def test_well_checksummed_arbitrary_msgpack(obj: object) -> None:
-    raw = msgpack.packb(obj, use_bin_type=True)
-    _decode_only_typed_errors(PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(raw), zlib.crc32(raw)) + raw)
+    _decode_only_typed_errors(seal(msgpack.packb(obj, use_bin_type=True)))

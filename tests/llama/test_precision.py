@@ -68,6 +68,32 @@ def test_a_quantized_k_cache_cannot_shift(make_llama: Callable[..., LlamaExecuto
     assert np.all(np.isfinite(executor.append("s", [300])))
 
 
+def test_a_quantized_k_cache_keeps_gaps_without_shifting(
+    make_llama: Callable[..., LlamaExecutor], quant_model: Path
+) -> None:
+    """What a rebase=False session does on a q8_0 K cache: middle ranges evicted without
+    re-basing, turns appended (batched with another session) after the gaps, past n_ctx. The next
+    token goes at the sequence's last position + 1, so no cell moves; the logits follow f16's."""
+    tokens = [(7 * i + 3) % 60 + 259 for i in range(300)]
+    logits = {}
+    for kv in ("f16", "q8_0"):
+        executor = make_llama(model=quant_model, n_ctx=160, type_k=kv, type_v=kv)
+        executor.open_session("s")
+        executor.open_session("other")
+        executor.append("s", tokens[:100])
+        logits[kv] = []
+        for turn in range(8):
+            n = 100 + 20 * turn
+            executor.evict_range("s", Range(n - 40, n - 20), rebase=False)
+            out = executor.append_many([("s", tokens[n : n + 20]), ("other", tokens[turn : turn + 4])])
+            logits[kv].append(out[0])
+        resident = np.flatnonzero(executor.cache_positions("s") >= 0)
+        assert executor.cache_positions("s")[resident].tolist() == resident.tolist()  # never shifted
+        assert resident[-1] == 259 > executor.n_ctx
+    for f16, q8 in zip(logits["f16"], logits["q8_0"], strict=True):
+        assert int(np.argmax(q8)) == int(np.argmax(f16)) and np.max(np.abs(q8 - f16)) < 0.2
+
+
 def test_a_quantized_v_cache_still_shifts(make_llama: Callable[..., LlamaExecutor], quant_model: Path) -> None:
     gap = make_llama(model=quant_model, type_k="f16", type_v="q8_0")
     rebased = make_llama(model=quant_model, type_k="f16", type_v="q8_0")

@@ -52,6 +52,23 @@ def test_unevictable_active_session_reports_over_budget() -> None:
     assert "budget of 50" in plan.diagnostics[-1]
 
 
+def test_gap_keeping_sessions_shrink_on_a_backend_that_cannot_shift() -> None:
+    """A quantized K cache (no position_shift): rebase=False streaming and scored sessions are
+    shrunk without re-basing; rebase=True ones get the no-op naming position_shift."""
+    no_shift = CAPS.without("position_shift")
+    gaps = StreamPolicy(True, sink_tokens=4, recent_tokens=32, rebase=False)
+    for scores in (None, tuple(float(i % 3) for i in range(8))):
+        s = view("a", 128, 1, active=True, incoming_tokens=16, budget_tokens=96, stream_policy=gaps,
+                 evictable=True, scores=scores)
+        plan = plan_backend(BackendPlanInput([s], 10_000, no_shift))
+        assert [(a.kind, a.rebase) for a in plan.actions] == [("evict", False)]
+        assert plan.resident_after["a"] + 16 <= 96 and not plan.over_budget
+    rebased = view("a", 128, 1, active=True, incoming_tokens=16, budget_tokens=96, stream_policy=STREAM,
+                   evictable=True)
+    plan = plan_backend(BackendPlanInput([rebased], 10_000, no_shift))
+    assert plan.actions == [] and any("needs position_shift" in d for d in plan.diagnostics)
+
+
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match="-1"):
         plan_backend(BackendPlanInput([], -1, CAPS))

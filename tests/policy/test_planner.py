@@ -23,7 +23,7 @@ from kvres.policy import (
 )
 from kvres.policy import planner as planner_module
 from kvres.policy.blocks import BlockTable
-from kvres.policy.planner import plan_streaming
+from kvres.policy.planner import missing_capabilities, plan_streaming
 
 FULL = Capabilities(remove_middle=True, position_shift=True)
 
@@ -66,6 +66,41 @@ def test_streaming_needs_remove_middle_and_position_shift() -> None:
         plan = plan_hot_set(PlanInput(blocks_of(256), 96, policy, FULL.without(missing)))
         assert plan.is_noop and plan.over_budget
         assert any(missing in d and "no-op" in d for d in plan.diagnostics)
+
+
+def test_a_plan_that_keeps_gaps_needs_no_position_shift() -> None:
+    """rebase=False moves no cell: a backend that cannot shift (a quantized K cache) still runs
+    streaming and scored plans; rebase=True there is the no-op naming position_shift."""
+    no_shift = FULL.without("position_shift")
+    gaps = StreamPolicy(True, 4, 32, rebase=False)
+    plan = plan_hot_set(PlanInput(blocks_of(256), 96, gaps, no_shift))
+    assert plan.hot_tokens == 96 and not plan.over_budget and not plan.rebase_positions
+    assert plan.evict_cold == plan_hot_set(PlanInput(blocks_of(256), 96, gaps, FULL)).evict_cold
+    scored = plan_hot_set(PlanInput(blocks_of(256), 96, gaps, no_shift, scores=list(range(16, 0, -1))))
+    assert scored.hot_tokens == 96 and starts(scored.evict_cold) == list(range(64, 224, 16))
+    rebased = plan_hot_set(PlanInput(blocks_of(256), 96, StreamPolicy(True, 4, 32), no_shift))
+    assert rebased.is_noop and rebased.over_budget
+    assert rebased.diagnostics == ["streaming policy with rebase=True needs position_shift; backend "
+                                   "lacks it: no-op plan"]
+    assert missing_capabilities(gaps, no_shift) == ()
+    assert missing_capabilities(StreamPolicy(True, 4, 32), no_shift) == ("position_shift",)
+    assert missing_capabilities(gaps, Capabilities()) == ("remove_middle",)
+    assert missing_capabilities(StreamPolicy(), Capabilities()) == ()  # not streaming: nothing asked
+
+
+def test_without_position_shift_the_newest_block_stays() -> None:
+    """With no recent window the newest block would go first by score; a backend that cannot
+    shift keeps it, since the next token must follow the last cell."""
+    gaps = StreamPolicy(True, 0, 0, rebase=False)
+    scores = [1.0, 1.0, 1.0, 0.0]  # the newest block scores lowest
+    shifting = plan_hot_set(PlanInput(blocks_of(64), 48, gaps, FULL, scores=scores))
+    assert starts(shifting.evict_cold) == [48]
+    kept_tail = plan_hot_set(PlanInput(blocks_of(64), 48, gaps, FULL.without("position_shift"), scores=scores))
+    assert starts(kept_tail.evict_cold) == [0] and kept_tail.protected_tokens == 16
+    fast = plan_streaming([Range(0, 64)], 16, 48, gaps, scores, capabilities=FULL.without("position_shift"))
+    assert fast.evict_ranges == (Range(0, 16),)
+    lru = plan_hot_set(PlanInput(blocks_of(64)[::-1], 16, capabilities=FULL.without("position_shift")))
+    assert starts(lru.keep_hot) == [48]  # not streaming either: the newest block by position stays
 
 
 def test_eviction_without_remove_middle_is_a_noop_with_diagnostic() -> None:
@@ -134,7 +169,8 @@ def plan_inputs(draw: st.DrawFn) -> PlanInput:
         draw(st.lists(st.floats(0, 10), min_size=len(blocks), max_size=len(blocks)))
         if with_scores else None
     )
-    stream = StreamPolicy(draw(st.booleans()), draw(st.integers(0, 20)), draw(st.integers(0, 60)))
+    stream = StreamPolicy(draw(st.booleans()), draw(st.integers(0, 20)), draw(st.integers(0, 60)),
+                          rebase=draw(st.booleans()))
     caps = Capabilities(remove_middle=draw(st.booleans()), position_shift=draw(st.booleans()))
     return PlanInput(blocks, draw(st.integers(0, sum(sizes) + 10)), stream, caps, scores)
 
@@ -158,7 +194,10 @@ def test_protected_blocks_are_never_evicted(inp: PlanInput) -> None:
     if inp.stream_policy.enabled and plan.evict_cold:
         ordered = sorted(b.range for b in inp.blocks)
         assert ordered[0] not in {b.range for b in plan.evict_cold} or inp.stream_policy.sink_tokens == 0
-        assert ordered[-1] not in {b.range for b in plan.evict_cold} or inp.stream_policy.recent_tokens == 0
+        assert ordered[-1] not in {b.range for b in plan.evict_cold} or (
+            inp.stream_policy.recent_tokens == 0 and inp.capabilities.position_shift)
+    if not inp.capabilities.position_shift and inp.blocks:  # the next token follows the last cell
+        assert max(b.range for b in inp.blocks) not in {b.range for b in plan.evict_cold}
 
 
 @settings(max_examples=300, deadline=None)
@@ -197,13 +236,15 @@ def sorted_plan(inp: PlanInput) -> tuple[set[Range], bool]:
     caps, policy = inp.capabilities, inp.stream_policy
     protected = [b.protected for b in blocks]
     if policy.enabled:
-        if not (caps.remove_middle and caps.position_shift):
+        if not caps.remove_middle or (policy.rebase and not caps.position_shift):
             return set(), total > inp.budget_tokens
         before = 0
         for i in sorted(range(len(blocks)), key=lambda i: blocks[i].range.start):
             after = total - before - blocks[i].tokens
             protected[i] |= before < policy.sink_tokens or after < policy.recent_tokens
             before += blocks[i].tokens
+    if blocks and caps.remove_middle and not caps.position_shift:
+        protected[max(range(len(blocks)), key=lambda i: blocks[i].range.start)] = True
     if total <= inp.budget_tokens or not caps.remove_middle:
         return set(), total > inp.budget_tokens
     scores = list(inp.scores) if inp.scores is not None else [0.0] * len(blocks)
@@ -287,8 +328,9 @@ def test_plan_streaming_is_plan_hot_set_from_ranges(case, data) -> None:
     table = BlockTable.from_ranges(ranges, block_size)
     scores = data.draw(st.none() | st.lists(st.sampled_from([0.0, 0.25, 1.0, 3.5]), min_size=len(table),
                                             max_size=len(table)))
-    plan = plan_hot_set(PlanInput(table, budget, policy, FULL, scores))
-    fast = plan_streaming(ranges, block_size, budget, policy, scores)
+    caps = data.draw(st.sampled_from([None, FULL, FULL.without("position_shift"), FULL.without("remove_middle")]))
+    plan = plan_hot_set(PlanInput(table, budget, policy, caps or FULL, scores))
+    fast = plan_streaming(ranges, block_size, budget, policy, scores, capabilities=caps)
     assert list(fast.evict_ranges) == plan.evict_ranges
     assert (fast.hot_tokens, fast.protected_tokens, fast.over_budget) == (
         plan.hot_tokens, plan.protected_tokens, plan.over_budget)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from kvres.actors.config import BackendConfig
 from kvres.actors.engines import make_executor, resolve_kv_tier
 
@@ -31,3 +33,31 @@ def test_auto_tier_on_applies_types_and_resident_budget(stories_model, caplog, t
     explicit = BackendConfig(model_path=stories_model, n_ctx=1024, kv_budget_tokens=512, type_v="f16")
     kept, none = resolve_kv_tier(explicit, stories_model, env=env)
     assert none is None and kept is explicit  # an explicit V type disables the choice
+
+
+def test_auto_tier_on_with_f16_fitting_probes_logs_and_changes_nothing(
+    stories_model, monkeypatch, caplog, tmp_path
+) -> None:
+    """The seed's promise: when the f16 cache of the whole context fits, turning the choice on
+    changes nothing: no probe runs, no record is logged, the config object comes back as is (and
+    a memory-budgeted config resolves exactly as with the choice off)."""
+    from kvres.actors import kv_tier_choice, probes
+
+    def boom(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a probe ran although f16 fits")
+
+    for module, name in ((probes, "load_probes"), (kv_tier_choice, "load_probes"),
+                         (kv_tier_choice, "choose_kv_types"), (probes, "measure_host_ram_gbps")):
+        monkeypatch.setattr(module, name, boom)
+    on = {"KVRES_KV_AUTO_TIER": "1", "KVRES_CACHE_DIR": str(tmp_path)}
+    config = BackendConfig(model_path=stories_model, n_ctx=1024, kv_budget_tokens=1024)
+    with caplog.at_level(logging.DEBUG):
+        tuned, decision = resolve_kv_tier(config, stories_model, env=on)
+    assert decision is None and tuned is config
+    assert [r for r in caplog.records if r.name.startswith("kvres")] == []
+    memory = BackendConfig(model_path=stories_model, n_ctx=1024, kv_budget_tokens=1024, kv_memory_bytes=64 << 20)
+    with caplog.at_level(logging.DEBUG):
+        tuned, decision = resolve_kv_tier(memory, stories_model, env=on)
+    assert decision is None and tuned == resolve_kv_tier(memory, stories_model, env={})[0]
+    assert not any(r.name == "kvres.tiering" for r in caplog.records)
+    assert not list(tmp_path.iterdir())  # no probe cache written either

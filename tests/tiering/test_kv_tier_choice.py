@@ -65,6 +65,11 @@ def test_on_reference_host_chooses_q8_and_logs(caplog: pytest.LogCaptureFixture)
     assert (got.type_k, got.type_v, got.resident_budget_tokens) == ("q8_0", "q8_0", QWEN_CTX)
     assert got.decision is not None and got.decision.binding_link == "pcie"
     assert any(r.levelno == logging.WARNING and "KV tier q8_0/q8_0" in r.getMessage() for r in caplog.records)
+    # a quantized K cannot shift positions: the decision and its log record say so
+    assert not got.decision.position_shift
+    [record] = [r for r in caplog.records if "KV tier" in r.getMessage()]
+    assert "position_shift=false" in record.getMessage()
+    assert record.kvres_tier_decision["position_shift"] is False  # type: ignore[attr-defined]
 
 
 def test_on_explicit_k_walks_v(caplog: pytest.LogCaptureFixture) -> None:
@@ -75,6 +80,7 @@ def test_on_explicit_k_walks_v(caplog: pytest.LogCaptureFixture) -> None:
     )
     assert got[:2] == ("f16", "q8_0") and got.decision is not None
     assert got.decision.target_drop == 0.05 and got.decision.explicit_type_k == "f16"
+    assert got.decision.position_shift  # only V is quantized: K still shifts
 
 
 def test_on_stories260k_from_the_gguf(stories_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

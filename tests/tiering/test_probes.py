@@ -164,3 +164,76 @@ def test_recall_vs_recompute_with_real_costs(stories_model: Path, tmp_path: Path
     # the same block behind a slow, high-latency tier (a cold disk) is recomputed instead
     disk = TierCost("disk", bandwidth_gbps=0.05, latency_s=d.recompute_s * 2)
     assert recall_or_recompute(len(blob), 64, disk, prefill).action == "recompute"
+
+
+# -- the disk tier's read cost ------------------------------------------------------------------
+
+def test_disk_read_cost_of_a_real_disk_tier(tmp_path: Path) -> None:
+    """Blocks written by a real DiskTier, dropped from the page cache, read back and decoded."""
+    gbps, latency = probes.measure_disk_read_cost(tmp_path, block_bytes=(16 << 10, 256 << 10), repeats=2)
+    assert np.isfinite(gbps) and gbps > 0 and np.isfinite(latency) and latency >= 0
+    assert list(tmp_path.iterdir()) == []  # the probe's tier is gone
+    with pytest.raises(ProbeError, match="repeats >= 1"):
+        probes.measure_disk_read_cost(tmp_path, repeats=0)
+
+
+def test_disk_read_cost_cached_per_file_system_and_env_overridable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(probes, "measure_disk_read_cost", lambda d: calls.append(d) or (0.8, 2e-4))
+    env = _env(tmp_path / "cache")
+    first = probes.load_disk_read_cost(tmp_path, env=env)
+    assert (first.gbps, first.latency_s, first.sources["gbps"]) == (0.8, 2e-4, "measured")
+    again = probes.load_disk_read_cost(tmp_path, env=env)
+    assert (again.gbps, again.sources["latency_s"]) == (0.8, "cached") and calls == [tmp_path]
+    assert "disk" in json.loads(Path(probes.cache_path(env)).read_text())
+    pinned = probes.load_disk_read_cost(tmp_path, env={**env, "KVRES_DISK_READ_GBPS": "0.2",
+                                                       "KVRES_DISK_LATENCY_MS": "15"})
+    assert (pinned.gbps, pinned.latency_s, dict(pinned.sources)) == (0.2, 0.015, {"gbps": "env", "latency_s": "env"})
+    with pytest.raises(EnvValueError, match="KVRES_DISK_READ_GBPS"):
+        probes.load_disk_read_cost(tmp_path, env={**env, "KVRES_DISK_READ_GBPS": "0"})
+    assert probes.load_probes(env={**env, "KVRES_HOST_RAM_GBPS": "10"}, engine_probes=False)  # shares the file
+    assert probes.load_disk_read_cost(tmp_path, env=env).sources["gbps"] == "cached" and len(calls) == 1
+
+
+def _spilled_store(tmp_path: Path):
+    """Six 64 KiB blocks of one session, the three oldest spilled from RAM to the disk tier."""
+    from kvres.coldstore import BlockKey, TieredStore
+    from tests.coldstore.helpers import make_block, payload_of
+
+    blocks = [make_block(payload_of(64 << 10, i), start=16 * i, n_tokens=16) for i in range(6)]
+    store = TieredStore.open(3 * (64 << 10) + 8192, tmp_path / "disk", 1 << 22)
+    for block in blocks:
+        store.put(block)
+    keys = [BlockKey.of(b) for b in blocks]
+    return store, keys, [b.payload_nbytes for b in blocks]
+
+
+def test_probed_recall_costs_price_both_tiers_and_a_slow_disk_is_recomputed(
+    stories_model: Path, tmp_path: Path
+) -> None:
+    """probed_recall_costs gives "ram" and "disk"; pop_many reads a block only where its tier's
+    cost beats recomputing its tokens, so with a slow disk the disk blocks come back None (the
+    backend recomputes them) and are removed unread, while RAM blocks are read."""
+    env = _env(tmp_path / "cache", KVRES_HOST_RAM_GBPS="11.5", KVRES_C_ENGAGE_MS="0.1")
+    measured = probes.probed_recall_costs(stories_model, env=env, disk_dir=tmp_path)
+    assert measured is not None and set(measured.tiers) == {"ram", "disk"}
+    disk, ram = measured.tiers["disk"], measured.tiers["ram"]
+    assert 0 < disk.bandwidth_gbps < ram.bandwidth_gbps and disk.latency_s >= ram.latency_s
+
+    slow = probes.probed_recall_costs(stories_model, disk_dir=tmp_path, env={
+        **env, "KVRES_DISK_READ_GBPS": "0.001", "KVRES_DISK_LATENCY_MS": "1000"})
+    fast = probes.probed_recall_costs(stories_model, disk_dir=tmp_path, env={
+        **env, "KVRES_DISK_READ_GBPS": "1000", "KVRES_DISK_LATENCY_MS": "0"})
+    assert slow is not None and fast is not None
+    for costs, disk_read in ((slow, False), (fast, True)):
+        store, keys, nbytes = _spilled_store(tmp_path / f"store-{disk_read}")
+        tiers = store.tiers(keys)
+        assert tiers.count("disk") == 3 and tiers.count("ram") == 3
+        worth = [costs.worth_reading(n, 16, t or "") for n, t in zip(nbytes, tiers, strict=True)]
+        assert all(w == disk_read for w, t in zip(worth, tiers, strict=True) if t == "disk")
+        got = store.pop_many(keys, nbytes, costs)
+        assert [b is not None for b in got] == worth
+        assert not any(k in store for k in keys)  # read or not, every popped block is gone
+        store.close()

@@ -26,6 +26,7 @@ from kvres.policy.tiering import (
     head_dims_from_metadata,
     metadata_profile_factory,
     t_resident_s,
+    tier_can_shift,
     tier_kv_bytes,
     tier_ladder,
     tier_supported,
@@ -338,3 +339,22 @@ def test_decision_logged_at_warning_with_terms(caplog: pytest.LogCaptureFixture)
     terms = rec.kvres_tier_decision  # type: ignore[attr-defined]
     assert terms["chosen"] == "q8_0/q8_0" and terms["top_tier_spill_bytes"] == 1630 * MIB
     assert terms["binding_link"] == "pcie"
+    assert terms["position_shift"] is False
+    assert "position_shift=false (quantized K q8_0: rebase=False policies only)" in msg
+
+
+def test_a_quantized_k_tier_records_that_it_cannot_shift() -> None:
+    """llama.cpp cannot K-shift a quantized K cache: a decision that picks one says so, so an
+    operator sees that only rebase=False streaming / scored policies run on that backend."""
+    assert tier_can_shift(KVTier("f16", "q4_0")) and tier_can_shift(KVTier("f32", "f16"))
+    assert not tier_can_shift(KVTier("q8_0", "f16")) and not tier_can_shift(KVTier("q4_0", "q4_0"))
+    f16 = tier_kv_bytes(QWEN14B.profile, KV_TIER_LADDER[0], QWEN_CTX)
+    quantized = _choose(budget=f16 - 1630 * MIB, weights=QWEN14B_Q8_ACTIVE)
+    kept = _choose(budget=f16, weights=QWEN14B_Q8_ACTIVE)
+    v_only = _choose(budget=0.8 * f16, weights=QWEN14B_Q8_ACTIVE, explicit_type_k="f16")
+    assert quantized is not None and kept is not None and v_only is not None
+    assert quantized.chosen.type_k == "q8_0" and not quantized.position_shift
+    assert quantized.as_dict()["position_shift"] is False and "position_shift=false" in quantized.summary()
+    assert kept.chosen == KVTier("f16", "f16") and kept.position_shift
+    assert kept.as_dict()["position_shift"] is True and "position_shift" not in kept.summary()
+    assert v_only.chosen.type_v != "f16" and v_only.position_shift  # a quantized V still shifts
