@@ -59,14 +59,13 @@ from .metrics import RayMetrics
 
 
 def default_store_dir(cache_folder: str) -> Path:
-    """This user's private cache folder for a store: created 0700 level by level, checked by
-    ``private_dir`` (no symlink, this user's, no group or other access)."""
+    """This user's private cache folder for a store: missing levels created 0700; ``coldstore``
+    and the store's folder checked by ``private_dir`` (no symlink, this user's, no group or other
+    access; ``<user cache>/kvres`` itself, which also caches models, need only be this user's)."""
     if not cache_folder or cache_folder.startswith(".") or "/" in cache_folder or "\0" in cache_folder:
         raise UnsafeStoreDirError(repr(cache_folder), "a cache folder must be one plain folder name")
-    root = Path(platformdirs.user_cache_dir("kvres"))
-    private_dir(root)
-    private_dir(root / "coldstore")
-    return private_dir(root / "coldstore" / cache_folder)
+    stores = private_dir(Path(platformdirs.user_cache_dir("kvres")) / "coldstore")
+    return private_dir(stores / cache_folder)
 
 
 class ColdStoreServer(ColdStore):
@@ -100,7 +99,10 @@ class ColdStoreServer(ColdStore):
                     return f"{n / scale:.1f} {unit}"
             return f"{n} B"
 
-        st = self._store.stats()
+        store: TieredStore | None = self.__dict__.get("_store")
+        if store is None:
+            return f"{type(self).__name__}(not started)"
+        st = store.stats()
         return (f"{type(self).__name__}(ram {size(st.ram_bytes)} in {st.ram_blocks} blocks "
                 f"of {size(st.ram_budget_bytes)}, disk {size(st.disk_bytes)} in {st.disk_blocks} blocks "
                 f"of {size(st.disk_budget_bytes)})")

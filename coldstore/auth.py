@@ -6,8 +6,14 @@ Primitives:
 - ``check_secret(secret) -> bytes | None``: ``None`` (no secret), or ``bytes`` of at least
   ``MIN_SECRET_BYTES``; anything else is an ``InvalidSecretError`` (whose message gives the type
   and length, never the value).
-- ``block_tag(secret, *parts) -> bytes``: HMAC-SHA256 of the parts, back to back, keyed with
-  ``secret`` (``UNKEYED`` when it is None).
+- ``payload_mac(secret, payload)``: an HMAC-SHA256 keyed with ``secret`` (``UNKEYED`` when it is
+  None) that has taken the payload's length (8 bytes, little endian) and the payload; a writer
+  can start it while it computes the payload's checksum in another thread.
+- ``finish_tag(mac, *parts) -> bytes``: the tag once the parts after the payload are known (the
+  mac is copied, so it can be finished again).
+- ``block_tag(secret, payload, *parts) -> bytes``: both at once. A block's tag is
+  ``block_tag(secret, payload, prefix[:20], header)``: the payload's length first fixes where
+  every part ends, so no two blocks share a tagged message.
 - ``tags_equal(a, b) -> bool``: constant-time comparison.
 
 ``UNKEYED`` (the empty key) is what a store without a secret uses: its tags then detect damage but
@@ -20,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import struct
 
 from .errors import InvalidSecretError
 
@@ -47,11 +54,24 @@ def check_secret(secret: object) -> bytes | None:
     return bytes(secret)
 
 
-def block_tag(secret: bytes | None, *parts: bytes | bytearray | memoryview) -> bytes:
+def payload_mac(secret: bytes | None, payload: bytes | bytearray | memoryview) -> hmac.HMAC:
     mac = hmac.new(UNKEYED if secret is None else secret, digestmod=hashlib.sha256)
+    mac.update(struct.pack("<Q", memoryview(payload).nbytes))
+    mac.update(payload)
+    return mac
+
+
+def finish_tag(mac: hmac.HMAC, *parts: bytes | bytearray | memoryview) -> bytes:
+    mac = mac.copy()
     for part in parts:
         mac.update(part)
     return mac.digest()
+
+
+def block_tag(
+    secret: bytes | None, payload: bytes | bytearray | memoryview, *parts: bytes | bytearray | memoryview
+) -> bytes:
+    return finish_tag(payload_mac(secret, payload), *parts)
 
 
 def tags_equal(a: bytes, b: bytes) -> bool:

@@ -21,17 +21,20 @@ Layout (little endian)::
           10   u16      reserved, 0
           12   u32      header length H
           16   u32      crc32 of the header bytes
-          20   32 bytes tag: HMAC-SHA256 under the store's secret of bytes [0, 20), the header
-                        and the payload (every byte of the block but the tag's own)
+          20   32 bytes tag: HMAC-SHA256 under the store's secret of the payload's length (u64),
+                        the payload, bytes [0, 20) and the header (every byte of the block but
+                        the tag's own; the payload first, so a writer can start the tag while it
+                        computes the payload's checksum)
           52   H bytes  msgpack map: v, fp, model_id, engine, type_k, type_v, geom [L, heads, dim],
                         sid, range [start, end], tokens, pos, meta, plen, pcrc (4 bytes, big
                         endian crc32 of the payload)
         52+H   plen     payload
 
-The header checksum is verified before msgpack parses anything; the payload checksum, then the
-tag, before the block is returned. The checksums tell damage (``BlockChecksumError``) from
-tampering: bytes whose checksums are right but whose tag does not verify under the secret were
-altered on purpose, forged, or written under another secret (``BlockAuthError``). Every failure is
+The header checksum is verified before msgpack parses anything; the tag before the block is
+returned. A tag that verifies proves header and payload intact, so the payload checksum is
+computed only when it does not, to tell damage (``BlockChecksumError``) from tampering: bytes
+whose checksums are right but whose tag does not verify under the secret were altered on purpose,
+forged, or written under another secret (``BlockAuthError``). Every failure is
 a ``BlockCorruptError`` subclass (``BlockVersionError``, ``BlockLengthError``,
 ``BlockChecksumError``, ``BlockAuthError``) or, when the caller names a fingerprint the block does
 not have, ``BlockFingerprintError``. Version 1 blocks (no tag) are refused with a
@@ -43,6 +46,7 @@ authentication, for stores used outside a cluster.
 
 from __future__ import annotations
 
+import hmac
 import struct
 import zlib
 from dataclasses import dataclass, replace
@@ -51,7 +55,7 @@ import msgpack
 
 from kvres.policy.ranges import Range
 
-from .auth import TAG_BYTES, block_tag, check_secret, tags_equal
+from .auth import TAG_BYTES, block_tag, check_secret, finish_tag, payload_mac, tags_equal
 from .block import KVBlock, KVGeometry
 from .errors import (
     BlockAuthError,
@@ -159,18 +163,23 @@ def _pack_header(block: KVBlock, payload: memoryview, payload_crc: int | None) -
     return packed
 
 
-def encode_head(block: KVBlock, payload_crc: int | None = None, secret: bytes | None = None) -> bytes:
+def encode_head(
+    block: KVBlock, payload_crc: int | None = None, secret: bytes | None = None,
+    payload_tag: hmac.HMAC | None = None,
+) -> bytes:
     """Prefix (with the tag under ``secret``) + msgpack header of ``block``; the payload goes
     right after it.
 
-    ``payload_crc`` is ``zlib.crc32`` of the payload when the caller has it; the tag is computed
-    over ``block.payload``, so it must hold the bytes that will follow.
+    ``payload_crc`` is ``zlib.crc32`` of the payload and ``payload_tag`` its
+    ``auth.payload_mac(secret, payload)`` when the caller has them (both may be computed at once,
+    in two threads); otherwise they are computed here from ``block.payload``.
     """
     key = check_secret(secret)
     payload = payload_view(block.payload)
     packed = _pack_header(block, payload, payload_crc)
     lead = SIGNED_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(packed), zlib.crc32(packed))
-    return b"".join((lead, block_tag(key, lead, packed, payload), packed))
+    mac = payload_mac(key, payload) if payload_tag is None else payload_tag
+    return b"".join((lead, finish_tag(mac, lead, packed), packed))
 
 
 def head_size(block: KVBlock) -> int:
@@ -310,18 +319,20 @@ def block_from_parts(
             f"payload of {header.session_id!r} {header.token_range} is {view.nbytes} bytes, "
             f"header says {header.payload_len}"
         )
-    if zlib.crc32(view) != header.payload_crc:
+    if tags_equal(block_tag(key, view, header.signed), header.tag):
+        return replace(header.block, payload=payload if isinstance(payload, (bytes, bytearray)) else view)
+    # The tag alone proves the bytes intact; the checksum only tells damage from tampering.
+    crc = zlib.crc32(view)
+    if crc != header.payload_crc:
         raise BlockChecksumError(
             f"payload checksum mismatch for {header.session_id!r} {header.token_range}: stored "
-            f"{header.payload_crc:#010x}, computed {zlib.crc32(view):#010x}"
+            f"{header.payload_crc:#010x}, computed {crc:#010x}"
         )
-    if not tags_equal(block_tag(key, header.signed, view), header.tag):
-        raise BlockAuthError(
-            f"block {header.session_id!r} {header.token_range} fails authentication: its checksums "
-            "are right but its HMAC tag does not verify under this store's secret (altered, forged "
-            "or written under another secret); it is refused and its owner recomputes it"
-        )
-    return replace(header.block, payload=payload if isinstance(payload, (bytes, bytearray)) else view)
+    raise BlockAuthError(
+        f"block {header.session_id!r} {header.token_range} fails authentication: its checksums "
+        "are right but its HMAC tag does not verify under this store's secret (altered, forged "
+        "or written under another secret); it is refused and its owner recomputes it"
+    )
 
 
 def decode_block(

@@ -22,7 +22,8 @@ damaged one). A put writes a temp file (0600) through ``fileio.AtomicFileWriter`
 fsync; see there for the deferred directory fsync). Header and payload are written with
 ``pwritev`` and never concatenated: small payloads go in one ``pwritev`` after their checksum;
 payloads of 1 MiB and more are written first, their writeback started, and their checksum and tag
-computed while the device works, then the header is written before the fsync. A process killed at any
+computed while the device works (the checksum in a helper thread beside the tag), then the header
+is written before the fsync. A process killed at any
 point leaves either the whole block or none of it.
 
 At start-up the index is rebuilt from the file names (least recently written first), checking
@@ -44,13 +45,14 @@ import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from kvres.policy.ranges import Range
 
-from .auth import check_secret
+from .auth import check_secret, payload_mac
 from .block import KVBlock
 from .codec import (
     PREFIX_SIZE,
@@ -93,6 +95,7 @@ class DiskTier:
         self.path = private_dir(path)
         self.budget_bytes = budget_bytes
         self.fsync = fsync
+        self._hasher: ThreadPoolExecutor | None = None  # checksums big payloads beside their tag
         self._lock_fd: int | None = os.open(
             self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, 0o600
         )
@@ -161,6 +164,9 @@ class DiskTier:
             self._release_lock()
 
     def _release_lock(self) -> None:
+        if self._hasher is not None:
+            self._hasher.shutdown()
+            self._hasher = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -315,7 +321,11 @@ class DiskTier:
             pwrite_all(fd, (payload,), head_len)
             if self.fsync:
                 start_writeback(fd, head_len, payload.nbytes)  # the device works while we checksum
-            head = encode_head(block, zlib.crc32(payload), self._secret)
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvres-crc")
+            crc = self._hasher.submit(zlib.crc32, payload)  # both release the GIL: two cores
+            mac = payload_mac(self._secret, payload)
+            head = encode_head(block, crc.result(), self._secret, payload_tag=mac)
             pwrite_all(fd, (memoryview(head),), 0)
 
         return fill

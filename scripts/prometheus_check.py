@@ -60,16 +60,19 @@ def _expected(manager: Any, traffic: dict[str, Any]) -> list[tuple[str, str, flo
     """(what, PromQL, value kvres itself reports) for every number the dashboard shows."""
     import ray
 
+    from kvres.actors.metrics import session_label
+
     checks: list[tuple[str, str, float]] = []
     for session in traffic["sessions"]:
         stats = session.stats()
         sid = session.session_id
+        label = session_label(sid)  # the hashed label the metrics carry
         # a suspended or closed session's series ages out: no series reads as 0
         checks.append((f"resident tokens of {sid} ({stats['state']})",
-                       f'sum(ray_kvres_resident_tokens{{session="{sid}"}}) or vector(0)', stats["resident_tokens"]))
+                       f'sum(ray_kvres_resident_tokens{{session="{label}"}}) or vector(0)', stats["resident_tokens"]))
         for name in ("evictions", "spills", "admissions", "suspends"):
             if stats["counters"].get(name):
-                checks.append((f"{name} of {sid}", f'sum(ray_kvres_{name}_total{{session="{sid}"}})',
+                checks.append((f"{name} of {sid}", f'sum(ray_kvres_{name}_total{{session="{label}"}})',
                                stats["counters"][name]))
     for backend in manager.status()["backends"]:
         name = backend["backend"]

@@ -25,7 +25,7 @@ from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
 from kvres.cluster.config import ConfigEnvError
 from kvres.cluster.session import ConnectError
 from kvres.coldstore import BlockKey, InvalidSessionIdError, new_secret
-from tests.coldstore.helpers import make_block, payload_of
+from tests.coldstore.helpers import forge, make_block, payload_of
 from tests.conftest import shared_model_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,8 +76,8 @@ def test_kvres_config_file_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("{oops")
     with pytest.raises(ConfigEnvError, match=f"KVRES_CONFIG file '{bad}' is not valid JSON"):
         KvresConfig.from_env({"KVRES_CONFIG": str(bad)})
-    bad.write_text('{"backends": [{"n_ctx": 512}, {"name": "two", "n_ctx": 512}]}')
-    assert [b.n_ctx for b in KvresConfig.from_env({"KVRES_CONFIG": str(bad)}).backends] == [512, 512]
+    bad.write_text('{"backends": [{"n_ctx": 4096}, {"name": "two", "n_ctx": 4096}]}')
+    assert [b.n_ctx for b in KvresConfig.from_env({"KVRES_CONFIG": str(bad)}).backends] == [4096, 4096]
     assert len(KvresConfig.from_env({"KVRES_CONFIG": "{}"}).backends) == 1  # no backends: the default
 
 
@@ -98,8 +98,8 @@ def test_failed_connect_on_a_running_cluster_stops_what_it_created(manager, tmp_
     with pytest.raises(pydantic.ValidationError, match="model_path"):
         BackendConfig(model_path=tmp_path)  # a directory never gets as far as a backend
     config = KvresConfig(
-        backends=[BackendConfig(name="good", model_path=shared_model_path(), n_ctx=256, n_threads=1),
-                  BackendConfig(name="broken", model_path=_not_a_model(tmp_path), n_ctx=256, n_threads=1)],
+        backends=[BackendConfig(name="good", model_path=shared_model_path(), n_ctx=256, kv_budget_tokens=256, n_threads=1),
+                  BackendConfig(name="broken", model_path=_not_a_model(tmp_path), n_ctx=256, kv_budget_tokens=256, n_threads=1)],
         cold_store=ColdStoreConfig(ram_budget_bytes=1 << 20, disk_budget_bytes=1 << 20, disk_dir=tmp_path / "cold"),
     )
     namespace = f"kvres-failed-{uuid.uuid4().hex[:6]}"
@@ -117,17 +117,40 @@ def test_failed_embedded_connect_shuts_its_ray_down(tmp_path: Path) -> None:
     """In a fresh process: connect() starts an embedded Ray, a backend cannot start; afterwards
     Ray is shut down and no process it started is left."""
     script = f"""
-import json, psutil, ray
+import json, os, time, ray
 from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
-config = KvresConfig(backends=[BackendConfig(name="broken", model_path={str(_not_a_model(tmp_path))!r}, n_ctx=256)],
+
+def descendants():
+    children = {{}}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, ppid = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(pid))
+    found, todo = [], [os.getpid()]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+config = KvresConfig(backends=[BackendConfig(name="broken", model_path={str(_not_a_model(tmp_path))!r}, n_ctx=256, kv_budget_tokens=256)],
                      cold_store=ColdStoreConfig(disk_dir={str(tmp_path / "cold")!r}))
 try:
     connect(namespace="embedded", config=config, num_cpus=1, include_dashboard=False)
 except Exception as exc:
     error = f"{{type(exc).__name__}}: {{exc}}"
-left = [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
-psutil.wait_procs(left, timeout=20)
-left = [p.name() for p in left if p.is_running() and p.status() != "zombie"]
+deadline = time.time() + 20
+while descendants() and time.time() < deadline:
+    time.sleep(0.2)
+left = []
+for pid in descendants():
+    try:
+        left.append(open(f"/proc/{{pid}}/comm").read().strip())
+    except OSError:
+        pass
 print(json.dumps({{"error": error, "initialized": ray.is_initialized(), "left": left}}))
 """
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -154,7 +177,7 @@ def test_shutdown_removes_the_namespaces_blocks_unless_kept(manager) -> None:
     import shutil
 
     config = KvresConfig(
-        backends=[BackendConfig(name="tiny", model_path=shared_model_path(), n_ctx=256, n_threads=1)],
+        backends=[BackendConfig(name="tiny", model_path=shared_model_path(), n_ctx=256, kv_budget_tokens=256, n_threads=1)],
         cold_store=ColdStoreConfig(ram_budget_bytes=0, disk_budget_bytes=4 << 20),  # blocks go to disk
     )
     namespace = f"kvres-keep-{uuid.uuid4().hex[:6]}"
@@ -167,6 +190,7 @@ def test_shutdown_removes_the_namespaces_blocks_unless_kept(manager) -> None:
         assert stat.S_IMODE(folders[name].stat().st_mode) == 0o700
         ray.get(store.put.remote(block))
         first.shutdown(keep_blocks=True)
+        assert _wait_gone(namespace)
         files = [p for p in folders[name].rglob("*.kvb")]
         assert len(files) == 1
         secret = cluster_secret(coldstore_secret_name(namespace), new_secret)
@@ -176,15 +200,12 @@ def test_shutdown_removes_the_namespaces_blocks_unless_kept(manager) -> None:
         store = second.cold_stores[name]
         got = ray.get(store.get.remote(key))  # authenticated with the namespace's secret from the GCS
         assert got is not None and bytes(got.payload) == bytes(block.payload)
-        data = bytearray(files[0].read_bytes())
-        data[-100] ^= 0xFF  # damaged
-        files[0].write_bytes(bytes(data))
+        files[0].write_bytes(forge(files[0].read_bytes(), flip_payload_at=100))  # checksums right
         assert ray.get(store.get_many.remote([key])) == [None]
         assert ray.get(store.stats.remote())["corrupt"] == 1
         ray.get(store.put.remote(block))
         second.shutdown()
-        assert not folders[name].exists()
-        assert _named_actors(namespace) == [] or _wait_gone(namespace)
+        assert not folders[name].exists() and _wait_gone(namespace)
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import msgpack
+
 from kvres.coldstore import KVBlock, KVGeometry, make_fingerprint
 from kvres.coldstore.auth import block_tag
-from kvres.coldstore.codec import FORMAT_VERSION, MAGIC, SIGNED_PREFIX
+from kvres.coldstore.codec import FORMAT_VERSION, MAGIC, PREFIX_SIZE, SIGNED_PREFIX, TAG_OFFSET, decode_head
 from kvres.policy.ranges import Range
 
 GEOMETRY = KVGeometry(n_layers=2, n_kv_heads=2, head_dim=8)
@@ -54,4 +56,18 @@ def seal(raw_header: bytes, payload: bytes = b"", secret: bytes | None = None,
     """An encoded block around any header bytes, with right checksum and tag: what a writer who
     holds ``secret`` would make (for tests of what lies past the prefix checks)."""
     lead = SIGNED_PREFIX.pack(MAGIC, version, 0, len(raw_header), zlib.crc32(raw_header))
-    return lead + block_tag(secret, lead, raw_header, payload) + raw_header + payload
+    return lead + block_tag(secret, payload, lead, raw_header) + raw_header + payload
+
+
+def forge(data: bytes, *, flip_payload_at: int | None = None, **fields: object) -> bytes:
+    """What someone without the secret can make of an encoded block: payload bytes or header
+    fields changed, every checksum recomputed, the genuine block's tag kept."""
+    _, offset = decode_head(data)
+    header = dict(msgpack.unpackb(data[PREFIX_SIZE:offset], raw=False), **fields)
+    payload = bytearray(data[offset:])
+    if flip_payload_at is not None:
+        payload[flip_payload_at] ^= 0x5A
+    header["pcrc"] = zlib.crc32(payload).to_bytes(4, "big")
+    forged = bytearray(seal(msgpack.packb(header, use_bin_type=True), bytes(payload)))
+    forged[TAG_OFFSET:PREFIX_SIZE] = data[TAG_OFFSET:PREFIX_SIZE]
+    return bytes(forged)

@@ -26,7 +26,7 @@ from kvres.coldstore import (
 )
 from kvres.coldstore.codec import MAGIC, PREFIX_SIZE, decode_head
 
-from .helpers import make_block, payload_of, seal
+from .helpers import forge, make_block, payload_of
 
 SECRET = new_secret()
 OTHER = new_secret()
@@ -35,18 +35,6 @@ OTHER = new_secret()
 def _header(data: bytes) -> dict[str, object]:
     _, offset = decode_head(data)
     return dict(msgpack.unpackb(data[PREFIX_SIZE:offset], raw=False))
-
-
-def _payload(data: bytes) -> bytes:
-    return data[decode_head(data)[1]:]
-
-
-def _reseal_with_right_checksums(data: bytes, header: dict[str, object], payload: bytes) -> bytes:
-    """What an attacker without the secret can do: any bytes, every checksum right, the old tag."""
-    raw = msgpack.packb({**header, "pcrc": zlib.crc32(payload).to_bytes(4, "big")}, use_bin_type=True)
-    forged = bytearray(seal(raw, payload))
-    forged[20:PREFIX_SIZE] = data[20:PREFIX_SIZE]  # keep the genuine block's tag
-    return bytes(forged)
 
 
 def test_round_trip_under_a_secret_and_refused_under_another() -> None:
@@ -62,9 +50,7 @@ def test_round_trip_under_a_secret_and_refused_under_another() -> None:
 
 def test_altered_payload_with_valid_checksums_is_refused() -> None:
     data = encode_block(make_block(payload_of(4096, seed=1)), SECRET)
-    payload = bytearray(_payload(data))
-    payload[100] ^= 0xFF  # altered KV
-    forged = _reseal_with_right_checksums(data, _header(data), bytes(payload))
+    forged = forge(data, flip_payload_at=100)  # altered KV
     decode_head(forged)  # checksums hold: only the tag tells
     with pytest.raises(BlockAuthError):
         decode_block(forged, secret=SECRET)
@@ -73,7 +59,7 @@ def test_altered_payload_with_valid_checksums_is_refused() -> None:
 def test_altered_header_fields_with_valid_checksums_are_refused() -> None:
     data = encode_block(make_block(payload_of(256)), SECRET)
     for field, value in (("tokens", [7, 7, 7, 7]), ("pos", [10, 11, 12, 13]), ("meta", {})):
-        forged = _reseal_with_right_checksums(data, {**_header(data), field: value}, _payload(data))
+        forged = forge(data, **{field: value})
         with pytest.raises(BlockAuthError):
             decode_block(forged, secret=SECRET)
 
@@ -108,9 +94,7 @@ def test_disk_tier_refuses_a_forged_file_and_deletes_it(tmp_path: Path, size: in
         path = disk.file_path(key)
         data = path.read_bytes()
         assert bytes(decode_block(data, secret=SECRET).payload) == bytes(block.payload)
-        payload = bytearray(_payload(data))
-        payload[size // 2] ^= 0x5A
-        path.write_bytes(_reseal_with_right_checksums(data, _header(data), bytes(payload)))
+        path.write_bytes(forge(data, flip_payload_at=size // 2))
         with pytest.raises(BlockAuthError):
             disk.get(key)
         assert not path.exists() and key not in disk

@@ -36,7 +36,8 @@ def test_streaming_session_on_openvino(stories_gguf: Path, tmp_path: Path, mode:
     assert len(h.generate("s", 40)) == 40
     stats = h.session_stats("s")
     assert stats["resident_tokens"] <= 128 and stats["counters"]["evictions"] > 0
-    assert stats["resident_ranges"][0] == (0, 16)
+    assert stats["resident_ranges"][0][0] == 0  # the sinks stay
+    assert stats["counters"]["recalls"] > 0  # each new append brought spilled blocks back to be ranked
 
 
 @pytest.mark.parametrize("mode", ["state", "recompute"])
