@@ -44,3 +44,24 @@ def test_passkey_runs_every_engine_and_policy_through_sessions(tmp_path) -> None
     assert len(saved["records"]) == len(result["records"]) == 3 * (2 * 13 + 3)
     assert "| 10% |" in (tmp_path / "passkey.md").read_text()
     assert (tmp_path / "passkey.png").stat().st_size > 0
+
+
+def test_concurrency_writes_json_and_png(tmp_path) -> None:
+    from benchmarks.concurrency.__main__ import main
+
+    result = main(["--sessions", "1,2", "--tokens", "8", "--prompt", "16", "--repeats", "1",
+                   "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "concurrency.json").read_text())
+    assert [r["sessions"] for r in saved["rows"]] == [1, 2] == [r["sessions"] for r in result["rows"]]
+    assert all(r["tokens_per_s"] > 0 and r["engine_tokens_per_s"] > 0 for r in saved["rows"])
+    assert (tmp_path / "concurrency.png").stat().st_size > 0
+
+
+def test_suspend_resume_writes_json_and_png(tmp_path) -> None:
+    from benchmarks.suspend_resume.__main__ import main
+
+    main(["--lengths", "64", "--repeats", "1", "--threads", "1", "--out", str(tmp_path)])
+    row = json.loads((tmp_path / "suspend_resume.json").read_text())["rows"][0]
+    assert row["tokens"] == 64 and row["recomputed_tokens"] == 0  # every block came back by import
+    assert row["cycle_over_engine"] > 0 and row["reprefill_over_resume"] > 0
+    assert (tmp_path / "suspend_resume.png").stat().st_size > 0
