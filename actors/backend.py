@@ -681,12 +681,30 @@ class BackendHost:
             s.cold.extend(refs)
             self._count(session_id, "spills", len(ordered))
             self._count(session_id, "spilled_bytes", sum(ref.nbytes for ref in refs))
+            self._cap_spill(session_id)
         for rng in ordered:
             executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")
         if s.h2o is not None:
             s.h2o.drop(ordered)  # an evicted key's accumulated attention goes with it
         self._refresh_resident(session_id)
+
+    def _cap_spill(self, session_id: str) -> None:
+        """Keep a session's spilled bytes under its policy's ``spill_cap_bytes``: the oldest
+        spills go first (deleted from their stores; their tokens stay in the log)."""
+        s = self._sessions[session_id]
+        cap = s.policy.spill_cap_bytes
+        if cap is None or self._store is None:
+            return
+        held = sum(ref.nbytes for ref in s.cold)
+        dropped: list[ColdRef] = []
+        while s.cold and held > cap:
+            ref = s.cold.pop(0)
+            held -= ref.nbytes
+            dropped.append(ref)
+        if dropped:
+            self._store.release(dropped)
+            self._count(session_id, "spill_dropped", len(dropped))
 
     # -- suspend / resume ------------------------------------------------------------------
     def suspend(self, session_id: str) -> SuspendRecord:
@@ -807,6 +825,10 @@ class BackendHost:
         resident = self.executor.resident_ranges(session_id) if live else []
         refs = list(s.cold) + (list(s.suspended.blocks) if s.suspended else [])
         tiers = self._store.tiers_of(refs) if self._store is not None else [None] * len(refs)
+        # blocks the store dropped for its own budget are gone: forget their refs
+        gone = {ref for ref, tier in zip(refs, tiers, strict=True) if tier is None}
+        if gone:
+            s.cold = [ref for ref in s.cold if ref not in gone]
         cold: dict[str, dict[str, int]] = {}
         for ref, tier in zip(refs, tiers, strict=True):
             if tier is None:

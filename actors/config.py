@@ -40,6 +40,7 @@ class SessionPolicy(BaseModel):
     observation_window: int = Field(16, ge=1, le=4096)
     rebase: bool = True  # close position gaps after eviction (False: keep them)
     spill: bool = True
+    spill_cap_bytes: int | None = Field(None, ge=0)  # most a session keeps spilled; oldest out first
 
     @property
     def kvres_evicts(self) -> bool:

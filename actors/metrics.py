@@ -48,7 +48,8 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 _process_secret: bytes | None = None
 
-COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "recalls", "recalled_tokens", "recall_us",
+COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
+            "recall_us",
             "recomputed_tokens", "suspends", "resumes")
 
 

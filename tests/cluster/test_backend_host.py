@@ -155,3 +155,18 @@ def test_drop_policy_evicts_without_spilling(stores) -> None:
     assert stats["counters"]["evictions"] > 0 and stats["counters"]["spills"] == 0
     assert stats["cold"] == {} and stats["resident_tokens"] <= 128
     assert stats["token_count"] == 400  # dropped KV, kept tokens: the log still has everything
+
+
+def test_spilled_bytes_stay_under_the_sessions_cap(stores) -> None:
+    """The oldest spills go first; the store holds no more than the cap for the session, and its
+    stats count only what is still there."""
+    h = host(stores)
+    capped = SessionPolicy.streaming(128, recent_tokens=32).model_copy(update={"spill_cap_bytes": 200})
+    h.open_session("s", capped)
+    h.append("s", tokens(400))
+    h.generate("s", 200)
+    stats = h.session_stats("s")
+    held = sum(v["bytes"] for v in stats["cold"].values())
+    assert 0 < held <= 200 and stats["counters"]["spill_dropped"] > 0
+    assert sum(len(st.list_session("s")) for st in stores.values()) == sum(v["blocks"] for v in stats["cold"].values())
+    h.close("s")
