@@ -35,7 +35,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,6 @@ from kvres.policy import (
     subtract_range,
 )
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, plan_backend
-from kvres.policy.blocks import BlockTable
 from kvres.policy.planner import missing_capabilities
 from kvres.policy.recall import RecallCosts
 from kvres.policy.scorers import scorer_for
@@ -460,7 +459,7 @@ class BackendHost:
     def _view(self, session_id: str, incoming: int, active: bool) -> SessionView:
         s = self._sessions[session_id]
         p = s.policy
-        return SessionView(
+        view = SessionView(
             session_id=session_id,
             resident_ranges=tuple(self.executor.resident_ranges(session_id)),
             last_used=s.last_used,
@@ -470,14 +469,14 @@ class BackendHost:
             stream_policy=StreamPolicy(p.kvres_evicts, p.sink_tokens, p.recent_tokens, p.rebase),
             evictable=p.kvres_evicts,
             block_size=p.block_size,
-            scores=self._retrieved_scores(s, p.block_size, session_id) if s.retrieved else None,
         )
-
-    def _retrieved_scores(self, s: _Session, block_size: int, session_id: str) -> tuple[float, ...]:
-        """Blocks recalled this turn outrank the rest (which go by recency, as streaming would)."""
-        blocks = BlockTable.from_ranges(sorted(self.executor.resident_ranges(session_id)), block_size)
-        return tuple(float(any(r.start < blocks.ends[i] and blocks.starts[i] < r.end for r in s.retrieved))
-                     for i in range(len(blocks)))
+        if not s.retrieved:
+            return view
+        # blocks recalled this turn outrank the rest (which go by recency, as streaming would)
+        blocks = view.blocks()
+        scores = tuple(float(any(r.start < blocks.ends[i] and blocks.starts[i] < r.end for r in s.retrieved))
+                       for i in range(len(blocks)))
+        return replace(view, scores=scores)
 
     def _with_scores(self, view: SessionView) -> SessionView:
         s = self._sessions[view.session_id]
