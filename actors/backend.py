@@ -484,7 +484,7 @@ class BackendHost:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
-        return SessionView(**{**view.__dict__, "scores": tuple(self._block_scores(view.session_id, ranges))})
+        return replace(view, scores=tuple(self._block_scores(view.session_id, ranges)))
 
     def _block_scores(self, session_id: str, ranges: list[Range]) -> list[float]:
         """One score per range by the session's scorer (``kvres.policy.scorers``): SnapKV over the
