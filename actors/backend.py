@@ -32,6 +32,7 @@ foreign block) loses tokens; missing KV is recomputed from the log.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvres.coldstore import ColdStoreError
+from kvres.coldstore import ColdStoreError, validate_session_id
 from kvres.policy import (
     BlockMismatchError,
     CapabilityError,
@@ -62,11 +63,13 @@ from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, SessionPolicy
 from .executor import EngineManagedExecutor, Executor
+from .journal import Journal, MemoryJournal, SessionRecord
 from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
 from .scheduler import Job, StepLoop
 from .store_ports import ColdRef, StorePort
 
+log = logging.getLogger("kvres.backend")
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 
 
@@ -97,17 +100,7 @@ class ProbedRecallCosts:
         return self._costs
 
 
-@dataclass
-class SuspendRecord:
-    session_id: str
-    token_log: list[int]
-    resident_ranges: list[Range]
-    blocks: list[ColdRef]
-    cold: list[ColdRef]
-    policy: SessionPolicy
-    last_logits: npt.NDArray[np.float32] | None
-    counters: dict[str, int]
-    fingerprint: str
+SuspendRecord = SessionRecord  # what a suspend hands over: the session's record
 
 
 @dataclass
@@ -123,6 +116,8 @@ class _Session:
     h2o: H2OAccumulator | None = None  # scored by H2O: attention every processed row gave each key
     scored_upto: int = 0  # token-log length whose rows the H2O accumulator has seen
     compressing: bool = False  # this turn recalled cold blocks: compress after the append
+    committed: SessionRecord | None = None  # as of its last commit (what a failed call rolls back to)
+    exact: bool = True  # recomputing its resident ranges from the log gives the KV they hold
     retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
 
 
@@ -136,6 +131,7 @@ class BackendHost:
         metrics: Metrics | None = None,
         recall_costs: Callable[[], RecallCosts | None] | None = None,
         on_change: Callable[[], None] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -145,6 +141,8 @@ class BackendHost:
         self._metrics = metrics or NullMetrics()
         self._recall_costs = recall_costs
         self._on_change = on_change
+        self._journal = journal or MemoryJournal()
+        self._dirty: set[str] = set()  # sessions changed outside a call of theirs: commit after the step
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
@@ -157,13 +155,14 @@ class BackendHost:
     def _get(self, session_id: str, *, live: bool = True) -> _Session:
         s = self._sessions.get(session_id)
         if s is None:
-            raise UnknownSessionError(session_id)
+            s = self._rebuild(session_id)
         if live and s.suspended is not None:
             raise KvresError(f"session {session_id!r} is suspended; resume it first")
         return s
 
     def _count(self, session_id: str, name: str, value: int = 1) -> None:
-        self._sessions[session_id].counters[name] += value
+        counters = self._sessions[session_id].counters
+        counters[name] = counters.get(name, 0) + value
         self._metrics.count(name, self.name, session_id, value)
 
     def _refresh_resident(self, session_id: str) -> int:
@@ -187,6 +186,110 @@ class BackendHost:
             live = [s for s in self._sessions.values() if s.suspended is None]
             return sum(s.resident for s in live), len(live), len(self._sessions) - len(live)
 
+    # -- durability -------------------------------------------------------------------------
+    def _snapshot(self, session_id: str) -> SessionRecord:
+        s = self._sessions[session_id]
+        if s.suspended is not None:
+            record = replace(s.suspended, counters=dict(s.counters), backend=self.name, state="suspended",
+                             exact=s.exact)
+        else:
+            record = SessionRecord(
+                session_id, list(self.executor.token_log(session_id)), list(self.executor.resident_ranges(session_id)),
+                [], list(s.cold), s.policy, s.last_logits, dict(s.counters), self.fingerprint,
+                backend=self.name, state="live", exact=s.exact,
+            )
+        if s.committed is not None:
+            record.request_id, record.result = s.committed.request_id, s.committed.result
+            record.generation = s.committed.generation
+        record.generation += 1
+        return record
+
+    def _commit(
+        self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None
+    ) -> SessionRecord:
+        """Write the session's record to the journal (``backend`` overrides who serves it: ""
+        while it moves); a call's commit also records its request id and result."""
+        record = self._snapshot(session_id)
+        if request_id is not None:
+            record.request_id, record.result = request_id, result
+        if backend is not None:
+            record.backend = backend
+        self._journal.save(record)
+        self._sessions[session_id].committed = record
+        self._dirty.discard(session_id)
+        return record
+
+    def _flush_dirty(self) -> None:
+        """Commit sessions changed by others' calls (evicted, suspended for room); a session with
+        a call of its own running is committed by that call."""
+        if not self._dirty:
+            return
+        running = self._busy()
+        for sid in list(self._dirty):
+            if sid not in self._sessions:
+                self._dirty.discard(sid)
+            elif sid not in running:
+                try:
+                    self._commit(sid)
+                except Exception:
+                    log.exception("journal write for session %r failed; retried after the next step", sid)
+
+    def _rebuild(self, session_id: str) -> _Session:
+        """A session the journal says this backend serves but this process does not hold (the
+        backend was restarted): it comes back suspended, and its next call resumes it (parked
+        blocks imported, the rest recomputed from its token log)."""
+        try:
+            validate_session_id(session_id)
+        except ColdStoreError:
+            raise UnknownSessionError(session_id) from None
+        record = self._journal.load(session_id)
+        if record is None or record.backend != self.name:
+            raise UnknownSessionError(session_id)
+        if record.fingerprint != self.fingerprint:
+            raise KvresError(
+                f"session {session_id!r} was made with model fingerprint {record.fingerprint!r}; backend "
+                f"{self.name!r} now runs {self.fingerprint!r} and cannot rebuild it"
+            )
+        s = _Session(record.policy, next(self._clock), dict(record.counters), list(record.cold),
+                     record.last_logits, suspended=record, committed=record, exact=record.exact)
+        self._sessions[session_id] = s
+        self._count(session_id, "rebuilds")
+        s.suspended = replace(record, counters=dict(s.counters))
+        log.warning("backend %r rebuilt session %r from its journal (%d tokens, %s)", self.name, session_id,
+                    len(record.token_log), "was live" if record.state == "live" else "was suspended")
+        return s
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        """A call that fails commits nothing: its session goes back to its last commit."""
+        if not job.done:
+            try:
+                self._roll_back(job.session_id)
+            except Exception:
+                log.exception("rolling back session %r after a failed call failed", job.session_id)
+        job.finish(error)
+
+    def _roll_back(self, session_id: str) -> None:
+        """Undo what a failed call did to a live session: back to its committed record (suspended
+        by it, so the next call resumes it: parked blocks imported, the rest recomputed), blocks it
+        spilled since released. Nothing to do when none of the call's tokens landed."""
+        s = self._sessions.get(session_id)
+        record = None if s is None else s.committed
+        if s is None or record is None or s.suspended is not None:
+            return
+        landed = len(self.executor.token_log(session_id)) != len(record.token_log) or record.state != "live"
+        if not landed and s.cold == record.cold:
+            return
+        keep = set(record.cold) | set(record.blocks)
+        spilled = [ref for ref in s.cold if ref not in keep]
+        if spilled and self._store is not None:
+            self._store.release(spilled)
+        self.executor.close_session(session_id)
+        self._count(session_id, "rollbacks")
+        s.suspended = replace(record, counters=dict(s.counters), state="suspended")
+        s.cold, s.last_logits, s.resident, s.exact = list(record.cold), record.last_logits, 0, record.exact
+        s.h2o, s.scored_upto, s.compressing, s.retrieved = None, 0, False, []
+        self._publish()
+
     def _busy(self) -> set[str]:
         return {job.session_id for job in self._loop.pending()}
 
@@ -202,7 +305,7 @@ class BackendHost:
     # -- session lifecycle -----------------------------------------------------------------
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         with self._lock:
-            if session_id in self._sessions:
+            if session_id in self._sessions or self._journal.load(session_id) is not None:
                 raise SessionExistsError(session_id)
             policy = policy or SessionPolicy()
             self._check_policy(policy)
@@ -213,13 +316,25 @@ class BackendHost:
                     raise
                 # every slot serves a running call: the session starts suspended (holding no
                 # engine slot) and comes in as soon as one frees
-                record = SuspendRecord(session_id, [], [], [], [], policy, None,
+                record = SessionRecord(session_id, [], [], [], [], policy, None,
                                        dict.fromkeys(COUNTERS, 0), self.fingerprint)
                 self._sessions[session_id] = _Session(policy, next(self._clock), suspended=record)
+                self._commit_new(session_id)
                 return
             self._open_on_engine(session_id, policy)
             self._sessions[session_id] = _Session(policy, next(self._clock))
+            self._commit_new(session_id)
             self._publish()
+
+    def _commit_new(self, session_id: str) -> None:
+        """A new session's first record; if it cannot be written the session is not opened."""
+        try:
+            self._commit(session_id)
+        except BaseException:
+            s = self._sessions.pop(session_id)
+            if s.suspended is None:
+                self.executor.close_session(session_id)
+            raise
 
     def _check_policy(self, policy: SessionPolicy) -> None:
         engine_managed = isinstance(self.executor, EngineManagedExecutor)
@@ -276,6 +391,7 @@ class BackendHost:
             if self._store is not None:
                 self._store.release(s.cold + (s.suspended.blocks if s.suspended else []))
             del self._sessions[session_id]
+            self._journal.delete(session_id)
             self._metrics.set_resident(self.name, session_id, 0)
             self._publish()
             self._loop.poke()
@@ -293,36 +409,69 @@ class BackendHost:
             if self._loop.pending(job.session_id):
                 raise SessionBusyError(f"session {job.session_id!r} already has a call running")
             s.last_used = next(self._clock)
+            done = s.committed
+            if job.request_id is not None and done is not None and done.request_id == job.request_id:
+                job.replay(done.result)  # a retry of a call that committed: its answer, not a rerun
+                return job
             return self._loop.submit(job)
 
-    def append(self, session_id: str, tokens: Sequence[int]) -> int:
-        """Append tokens (prefilled in chunks that fit the budget); returns the log length."""
+    def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
+        """Append tokens (prefilled in chunks that fit the budget); returns the log length. All of
+        them are committed or none; a call repeated with the same ``request_id`` after it committed
+        returns its answer without appending again."""
         toks = token_ids(tokens)
         if not toks:
             raise ValueError("append needs at least one token")
-        return self._submit(Job(session_id, "append", feed=toks)).wait()
+        return self._submit(Job(session_id, "append", feed=toks, request_id=request_id)).wait()
 
     def stream(
-        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+        request_id: str | None = None,
     ) -> Iterator[int]:
-        return self._generate_job(session_id, max_tokens, temperature, seed, streaming=True).tokens()
+        return self._generate_job(session_id, max_tokens, temperature, seed, True, request_id).tokens()
 
     def generate(
-        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+        request_id: str | None = None,
     ) -> list[int]:
-        return self._generate_job(session_id, max_tokens, temperature, seed, streaming=False).wait_tokens()
+        """Generate up to ``max_tokens`` tokens; like an append, all of them are committed or none."""
+        return self._generate_job(session_id, max_tokens, temperature, seed, False, request_id).wait_tokens()
 
     def _generate_job(
-        self, session_id: str, max_tokens: int, temperature: float, seed: int | None, streaming: bool
+        self, session_id: str, max_tokens: int, temperature: float, seed: int | None, streaming: bool,
+        request_id: str | None,
     ) -> Job:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         sampler = TokenSampler(temperature, seed)
-        return self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler, streaming=streaming))
+        return self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler, streaming=streaming,
+                                request_id=request_id))
+
+    def _complete(self, job: Job) -> None:
+        """The call is done: commit the session (with the call's id and answer), then answer."""
+        job.result = len(self.executor.token_log(job.session_id))
+        answer = job.result if job.kind == "append" else list(job.produced)
+        try:
+            self._commit(job.session_id, job.request_id, answer)
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        job.finish()
 
     def _step(self, jobs: list[Job]) -> bool:
         """One engine step for ``jobs`` (under the lock): admit suspended sessions where a slot
-        frees, make room between steps, then one ``append_many`` for everything that fits."""
+        frees, make room between steps, then one ``append_many`` for everything that fits. A call
+        that fails is rolled back; sessions others' calls changed are committed after the step."""
+        try:
+            return self._step_jobs(jobs)
+        except BaseException as exc:  # a bug in a step must not leave a call half applied
+            for job in jobs:
+                self._fail(job, exc)
+            return True
+        finally:
+            self._flush_dirty()
+
+    def _step_jobs(self, jobs: list[Job]) -> bool:
         if isinstance(self.executor, EngineManagedExecutor):
             for job in jobs:
                 self._run_engine_managed(self.executor, job)
@@ -335,7 +484,7 @@ class BackendHost:
         for job in jobs:
             s = self._sessions.get(job.session_id)
             if s is None:
-                job.finish(UnknownSessionError(job.session_id))
+                self._fail(job, UnknownSessionError(job.session_id))
                 progressed = True
                 continue
             if s.suspended is not None:
@@ -354,7 +503,7 @@ class BackendHost:
                 try:
                     self._recall(job.session_id, len(job.feed))
                 except Exception as exc:
-                    job.finish(exc)
+                    self._fail(job, exc)
                     progressed = True
                     continue
             want = 1 if job.kind == "generate" else self._chunk(s.policy, len(job.feed))
@@ -369,11 +518,11 @@ class BackendHost:
                 self._make_room({**incoming, job.session_id: n}, ahead={job.session_id: ahead}, busy=busy)
             except BackendFullError as exc:
                 if not batch:
-                    job.finish(exc)
+                    self._fail(job, exc)
                     progressed = True
                 continue  # otherwise it waits for the jobs ahead of it
             except Exception as exc:
-                job.finish(exc)
+                self._fail(job, exc)
                 progressed = True
                 continue
             toks = [job.sampler.sample(s.last_logits)] if job.sampler is not None and s.last_logits is not None \
@@ -388,7 +537,7 @@ class BackendHost:
         except Exception as exc:
             for job, _ in batch:
                 self._refresh_resident(job.session_id)
-                job.finish(exc)
+                self._fail(job, exc)
             return True
         generated = sum(1 for job, _ in batch if job.kind == "generate")
         self._metrics.count_tokens(self.name, "generated", generated)
@@ -411,10 +560,9 @@ class BackendHost:
                 if (s.policy.kind == "scored" or s.compressing) and self._compress_now(s, job, done):
                     self._compress(job.session_id)
             except Exception as exc:
-                job.finish(exc)
-            if done:
-                job.result = len(self.executor.token_log(job.session_id))
-                job.finish()
+                self._fail(job, exc)
+            if done and not job.done:
+                self._complete(job)
             finished |= job.done
         if finished:
             self._publish()
@@ -429,16 +577,15 @@ class BackendHost:
             if job.kind == "append":
                 executor.append(job.session_id, job.feed)
                 self._metrics.count_tokens(self.name, "prompt", len(job.feed))
-                job.result = len(executor.token_log(job.session_id))
             else:
                 assert job.sampler is not None
                 tokens = executor.generate(job.session_id, job.remaining, job.sampler.temperature, job.sampler.seed)
                 for token in tokens:
                     job.emit(token)
                 self._metrics.count_tokens(self.name, "generated", len(tokens))
-            job.finish()
+            self._complete(job)
         except Exception as exc:
-            job.finish(exc)
+            self._fail(job, exc)
 
     def _admit(self, job: Job, busy: set[str]) -> bool:
         """Bring a suspended session in for its job if a slot can be had (an idle session may be
@@ -684,6 +831,10 @@ class BackendHost:
         for rng in ordered:
             executor.evict_range(session_id, rng, rebase=rebase)
             self._count(session_id, "evictions")
+        first = ordered[-1].start if ordered else None
+        if first is not None and any(r.end > first for r in executor.resident_ranges(session_id)):
+            s.exact = False  # later tokens attended to what left: their KV cannot be recomputed as it is
+        self._dirty.add(session_id)
         if s.h2o is not None:
             s.h2o.drop(ordered)  # an evicted key's accumulated attention goes with it
         self._refresh_resident(session_id)
@@ -707,9 +858,12 @@ class BackendHost:
 
     # -- suspend / resume ------------------------------------------------------------------
     def suspend(self, session_id: str) -> SuspendRecord:
-        """Export all of the session's KV to the cold store and free it on the engine."""
+        """Export all of the session's KV to the cold store and free it on the engine (a session
+        already suspended stays as it is)."""
         with self._lock:
-            s = self._get(session_id)
+            s = self._get(session_id, live=False)
+            if s.suspended is not None:
+                return s.suspended
             if self._loop.pending(session_id):
                 raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
             if self._store is None:
@@ -719,22 +873,26 @@ class BackendHost:
             if resident and self.executor.capabilities().kv_export:
                 executor = self._kv_executor("suspend")
                 refs = self._store.park([executor.export_range(session_id, r) for r in resident])
-            record = SuspendRecord(
+            s.suspended = SessionRecord(
                 session_id, self.executor.token_log(session_id), resident, refs, list(s.cold),
                 s.policy, s.last_logits, dict(s.counters), self.fingerprint,
             )
             self.executor.close_session(session_id)
-            s.suspended = record
             s.resident = 0
+            try:
+                s.suspended = self._commit(session_id)
+            except Exception:
+                self._dirty.add(session_id)  # parked all the same; the journal catches up later
+                log.exception("journal write for suspended session %r failed", session_id)
             self._publish()
             self._loop.poke()
-            return record
+            return s.suspended
 
     def detach(self, session_id: str) -> SuspendRecord:
         """Suspend and forget the session here (it moves to another backend)."""
         with self._lock:
-            s = self._get(session_id, live=False)
-            record = s.suspended or self.suspend(session_id)
+            self.suspend(session_id)
+            record = self._commit(session_id, backend="")  # on its way: no backend rebuilds it
             del self._sessions[session_id]
             self._metrics.set_resident(self.name, session_id, 0)
             self._publish()
@@ -753,7 +911,7 @@ class BackendHost:
                 return 0  # already live
         elif session_id in self._sessions:
             raise SessionExistsError(session_id)
-        if self._store is None:
+        if self._store is None and record.blocks:
             raise KvresError(f"backend {self.name!r} has no cold store: cannot resume {session_id!r}")
         previous = self._sessions.pop(session_id, None)
         try:
@@ -765,7 +923,7 @@ class BackendHost:
                 self._sessions[session_id] = previous  # still suspended, nothing lost
             raise
         s = _Session(record.policy, next(self._clock), dict(record.counters), list(record.cold),
-                     record.last_logits)
+                     record.last_logits, committed=previous.committed if previous else record, exact=record.exact)
         self._sessions[session_id] = s
         try:
             recomputed = self._restore(session_id, record) if record.resident_ranges else 0
@@ -777,18 +935,28 @@ class BackendHost:
                 del self._sessions[session_id]
             raise
         self._refresh_resident(session_id)
+        if recomputed and not s.exact:
+            self._count(session_id, "inexact_recomputed_tokens", recomputed)
+            log.warning("session %r: %d tokens recomputed from its log differ from the KV they replace "
+                        "(it evicted tokens that later ones had attended to); its continuation may differ "
+                        "from an uninterrupted run", session_id, recomputed)
+        try:
+            self._commit(session_id)
+        except Exception:
+            self._dirty.add(session_id)
+            log.exception("journal write for resumed session %r failed", session_id)
         self._publish()
         return recomputed
 
     def _restore(self, session_id: str, record: SuspendRecord) -> int:
         """Import the parked blocks worth reading (one ``pop_many`` per store, which also frees
         them), recompute the rest from the token log."""
-        assert self._store is not None
         executor = self._kv_executor("resume")
         can_shift = executor.capabilities().position_shift
         # without position_shift, a recomputed range after a gap may be impossible: read every block
         costs = self._recall_costs() if self._recall_costs is not None and can_shift else None
-        for block in self._store.take(record.blocks, costs):
+        parked = self._store.take(record.blocks, costs) if self._store is not None and record.blocks else []
+        for block in parked:
             if block is None:
                 continue  # gone, unreadable or cheaper to recompute: recomputed below
             try:

@@ -13,6 +13,7 @@ Primitives:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from .backend import BackendHost, ProbedRecallCosts, SuspendRecord
 from .config import BackendConfig, SessionPolicy
 from .default_model import default_model_path
 from .engines import make_executor, resolve_kv_tier
+from .journal import RayJournal
 from .load_reports import LoadReporter
 from .metrics import RayMetrics
 from .store_ports import RayStorePort, cold_store_name
@@ -48,6 +50,7 @@ class BackendServer:
             metrics=RayMetrics(),
             recall_costs=ProbedRecallCosts(str(model)) if config.engine == "llama" else None,
             on_change=lambda: self._reports.changed(self.host),
+            journal=RayJournal(namespace),
         )
         self._reports.changed(self.host)
 
@@ -67,29 +70,34 @@ class BackendServer:
         return self.node_id
 
     @ray.method(concurrency_group="control")
+    def pid(self) -> int:
+        """The worker process serving this actor (what an operator or a fault test signals)."""
+        return os.getpid()
+
+    @ray.method(concurrency_group="control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         self.host.open_session(session_id, policy)
 
     @ray.method(concurrency_group="calls")
-    def append(self, session_id: str, tokens: Sequence[int]) -> int:
-        return self.host.append(session_id, tokens)
+    def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
+        return self.host.append(session_id, tokens, request_id)
 
     @ray.method(concurrency_group="calls")
-    def append_text(self, session_id: str, text: str) -> list[int]:
+    def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
         add_bos = self.host.token_count(session_id) == 0
         tokens = self.host.executor.tokenize(text, add_bos)
-        self.host.append(session_id, tokens)
+        self.host.append(session_id, tokens, request_id)
         return tokens
 
     @ray.method(concurrency_group="calls")
     def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None) -> list[int]:
-        return self.host.generate(session_id, max_tokens, temperature, seed)
+                 seed: int | None = None, request_id: str | None = None) -> list[int]:
+        return self.host.generate(session_id, max_tokens, temperature, seed, request_id)
 
     @ray.method(num_returns="streaming", concurrency_group="calls")
     def stream(self, session_id: str, max_tokens: int, temperature: float = 0.0,
-               seed: int | None = None) -> Iterator[int]:
-        yield from self.host.stream(session_id, max_tokens, temperature, seed)
+               seed: int | None = None, request_id: str | None = None) -> Iterator[int]:
+        yield from self.host.stream(session_id, max_tokens, temperature, seed, request_id)
 
     @ray.method(concurrency_group="control")
     def suspend(self, session_id: str) -> None:

@@ -156,6 +156,9 @@ class ColdStoreServer(ColdStore):
         self._changed()
         return dropped
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def session_ids(self) -> list[str]:
         """Every session with a block here, sorted."""
         return sorted(self._store.session_ids())

@@ -50,7 +50,7 @@ _process_secret: bytes | None = None
 
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
             "recall_us",
-            "recomputed_tokens", "suspends", "resumes")
+            "recomputed_tokens", "suspends", "resumes", "rebuilds", "rollbacks", "inexact_recomputed_tokens")
 
 
 class MetricsConfigError(KvresError, ValueError):

@@ -3,7 +3,8 @@ session) and the cluster's load view, pushed by the backends, from which it answ
 placement in one call, without asking any backend.
 
 Primitives:
-- ``PlannerServer``:
+- ``PlannerServer(namespace=None)``: with a namespace its directory is kept in Ray's GCS
+  (``kvres.actors.journal.RayDirectory``), so a restarted planner starts with it; without, in memory.
   - load: ``report_load(LoadReport)`` (a backend's rate-limited push), ``seed(reports)`` (backends
     known from a configuration, empty until they report), ``load()`` (every backend's last
     report and pending placements, and cluster totals).
@@ -22,6 +23,7 @@ Primitives:
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -32,6 +34,8 @@ import ray
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.errors import SessionExistsError
 from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
+
+from .journal import Directory, MemoryDirectory, RayDirectory
 
 PLANNER_NAME = "kvres-planner"
 
@@ -54,8 +58,9 @@ def _counted(method: F) -> F:
 
 
 class PlannerServer:
-    def __init__(self) -> None:
-        self._directory: dict[str, str] = {}
+    def __init__(self, namespace: str | None = None) -> None:
+        self._durable: Directory = RayDirectory(namespace) if namespace is not None else MemoryDirectory()
+        self._directory: dict[str, str] = self._durable.items()
         self._view = LoadView()
         self._calls: Counter[str] = Counter()
         self._seconds: defaultdict[str, float] = defaultdict(float)
@@ -99,6 +104,7 @@ class PlannerServer:
             self._view.seed(seeds)
         backend = self._view.place(session_id, time.time(), model, PlacementPolicy.of(placement),
                                    session_kind, demand_tokens)
+        self._durable.put(session_id, backend)
         self._directory[session_id] = backend
         return backend
 
@@ -107,11 +113,13 @@ class PlannerServer:
     def register(self, session_id: str, backend: str) -> None:
         if self._directory.get(session_id) != backend:
             self._view.forget_session(session_id)  # placed elsewhere, now moved: not pending there
+            self._durable.put(session_id, backend)
         self._directory[session_id] = backend
 
     @_counted
     def forget(self, session_id: str) -> None:
-        self._directory.pop(session_id, None)
+        if self._directory.pop(session_id, None) is not None:
+            self._durable.delete(session_id)
         self._view.forget_session(session_id)
 
     @_counted
@@ -126,6 +134,9 @@ class PlannerServer:
     @_counted
     def plan(self, backend: str, inp: BackendPlanInput) -> BackendPlan:
         return plan_backend(inp)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def stats(self) -> dict[str, Any]:
         return {"calls": dict(self._calls), "seconds": dict(self._seconds), "cpu_s": time.process_time()}

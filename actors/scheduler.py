@@ -35,8 +35,9 @@ class Job:
     remaining: int = 0  # generate: tokens not yet produced
     sampler: TokenSampler | None = None
     streaming: bool = False  # generate: hand each token out as it comes (else all at the end)
+    request_id: str | None = None  # the caller's id for the call (a retry carries the same one)
     result: int = 0  # append: the session's log length when done
-    produced: list[int] = field(default_factory=list)
+    produced: list[int] = field(default_factory=list)  # generate: every token so far
     started: bool = False  # the loop has taken its first step
     error: BaseException | None = None
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
@@ -48,10 +49,20 @@ class Job:
 
     def emit(self, token: int) -> None:
         self.remaining -= 1
+        self.produced.append(token)
         if self.streaming:
             self._out.put(token)
+
+    def replay(self, answer: object) -> None:
+        """Finish with the answer a committed earlier run of the same call gave."""
+        if self.kind == "append":
+            assert isinstance(answer, int)
+            self.result = answer
         else:
-            self.produced.append(token)
+            assert isinstance(answer, list)
+            for token in answer:
+                self.emit(int(token))
+        self.finish()
 
     def finish(self, error: BaseException | None = None) -> None:
         if self._done.is_set():

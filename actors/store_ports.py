@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -24,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
+from kvres.policy.errors import ColdStoreLostError
 from kvres.policy.recall import RecallCosts
 
 logger = logging.getLogger("kvres.coldstore")
+STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
 STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 
 
@@ -118,7 +121,25 @@ class RayStorePort(StorePort):
             while self._outbox:  # calls keep the order they were made in
                 self._sent.wait()
         self._reap()
-        return ray.get(getattr(self._actor(), method).remote(*args))
+        try:
+            return ray.get(getattr(self._actor(), method).remote(*args))
+        except ray.exceptions.RayActorError as exc:
+            first = f"{type(exc).__name__}"
+        # the store died (Ray restarts it: its disk tier survives, RAM blocks are gone): wait for
+        # it, looked up by name again, and repeat the call once
+        self._handle = None
+        deadline = time.monotonic() + STORE_RESTART_WAIT_S
+        while True:
+            try:
+                return ray.get(getattr(self._actor(), method).remote(*args), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ValueError) as exc:
+                self._handle = None
+                if time.monotonic() >= deadline:
+                    raise ColdStoreLostError(
+                        f"cold store {self.name!r} died ({first}) and did not answer again within "
+                        f"{STORE_RESTART_WAIT_S:.0f} s ({type(exc).__name__}); the call {method!r} was not done"
+                    ) from None
+            time.sleep(0.2)
 
     def _send(self, method: str, *args: Any) -> None:
         """Submit without waiting (from the sender thread); a failure is logged when noticed."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.backend_actor import BackendActor, backend_actor_name
@@ -39,11 +40,13 @@ from kvres.actors.metrics import label_secret
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
 from kvres.coldstore import new_secret, validate_session_id
-from kvres.policy import KvresError, UnknownSessionError
-from kvres.policy.placement import LoadReport, PlacementPolicy
+from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
+from kvres.policy.errors import BackendLostError, PlannerLostError
+from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
 from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, KvresConfig, SessionPolicy
+from .remote_calls import answer, call, wait_until_answers
 
 log = logging.getLogger("kvres.cluster")
 
@@ -61,28 +64,56 @@ class Session:
     def _actor(self) -> Any:
         return self._manager.backend_handle(self.backend)
 
+    def _call(self, method: str, *args: Any, retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
+        return self._manager.backend_call(self.backend, method, *args, retry_ok=retry_ok)
+
     def append(self, tokens_or_text: str | Sequence[int]) -> list[int]:
-        """Append token ids, or text (tokenized by the backend's model); returns the token ids."""
+        """Append token ids, or text (tokenized by the backend's model); returns the token ids.
+        All of them are committed or none; if the backend dies during the call it is repeated
+        once it is back, and never applied twice."""
+        request = uuid.uuid4().hex
         if isinstance(tokens_or_text, str):
-            return list(ray.get(self._actor.append_text.remote(self.session_id, tokens_or_text)))
+            return list(self._call("append_text", self.session_id, tokens_or_text, request))
         tokens = token_ids(tokens_or_text)
-        ray.get(self._actor.append.remote(self.session_id, tokens))
+        self._call("append", self.session_id, tokens, request)
         return tokens
 
     def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        return list(ray.get(self._actor.generate.remote(self.session_id, max_tokens, temperature, seed)))
+        """Up to ``max_tokens`` tokens, committed together (like an append)."""
+        seed = _seed_for(temperature, seed)
+        return list(self._call("generate", self.session_id, max_tokens, temperature, seed, uuid.uuid4().hex))
 
     def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> Iterator[int]:
-        """Tokens as they are produced (a Ray streaming generator underneath)."""
-        for ref in self._actor.stream.remote(self.session_id, max_tokens, temperature, seed):
-            yield int(ray.get(ref))
+        """Tokens as they are produced (a Ray streaming generator underneath), committed when the
+        stream ends. If the backend dies midway the stream goes on from the same request once it
+        is back: the same sampler and seed give the same tokens, and none is handed out twice."""
+        seed = _seed_for(temperature, seed)
+        request = uuid.uuid4().hex
+        delivered = 0
+        for attempt in (1, 2):
+            produced = 0
+            try:
+                for ref in self._actor.stream.remote(self.session_id, max_tokens, temperature, seed, request):
+                    token = int(answer(ref))
+                    produced += 1
+                    if produced > delivered:
+                        delivered = produced
+                        yield token
+                return
+            except RayActorError as exc:
+                if attempt == 2:
+                    raise BackendLostError(
+                        f"backend {self.backend!r} died twice during one stream ({type(exc).__name__}); "
+                        f"{delivered} tokens were handed out and not committed: repeat the call"
+                    ) from None
+                self._manager.revive_backend(self.backend)
 
     def suspend(self) -> None:
-        ray.get(self._actor.suspend.remote(self.session_id))
+        self._call("suspend", self.session_id)
 
     def resume(self) -> int:
         """Bring the session back; returns how many tokens had to be recomputed."""
-        return int(ray.get(self._actor.resume.remote(self.session_id)))
+        return int(self._call("resume", self.session_id) or 0)
 
     def migrate(self, backend: str) -> None:
         """Move to another backend (on another node where there is one); KV travels through the
@@ -90,14 +121,21 @@ class Session:
         self._manager.migrate(self, backend)
 
     def stats(self) -> dict[str, Any]:
-        return dict(ray.get(self._actor.session_stats.remote(self.session_id)))
+        return dict(self._call("session_stats", self.session_id))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return str(ray.get(self._actor.detokenize.remote(list(tokens))))
+        return str(self._call("detokenize", list(tokens)))
 
     def close(self) -> None:
-        ray.get(self._actor.close.remote(self.session_id))
-        ray.get(self._manager.planner.forget.remote(self.session_id))
+        self._call("close", self.session_id, retry_ok=(UnknownSessionError,))
+        self._manager.planner_call("forget", self.session_id)
+
+
+def _seed_for(temperature: float, seed: int | None) -> int | None:
+    """A sampled call gets a seed here when it has none, so a retry samples the same tokens."""
+    if temperature > 0 and seed is None:
+        return int.from_bytes(os.urandom(4), "little")
+    return seed
 
 
 class ConnectError(KvresError, RuntimeError):
@@ -151,9 +189,7 @@ class SessionManager:
         self._backends: dict[str, Any] = {}
         try:
             label_secret()  # the cluster's metric labels: this driver decides if it is the first
-            self.planner: Any = self._adopt(PLANNER_NAME, lambda: PlannerActor.options(
-                name=PLANNER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
-            ).remote())
+            self.planner: Any = self._adopt(PLANNER_NAME, self._ensure_planner)
             self.cold_stores = self._ensure_cold_stores()
             for backend in config.backends:
                 self._backends[backend.name] = self._adopt(
@@ -210,6 +246,7 @@ class SessionManager:
                 MeteredColdStoreActor.options(
                     name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    max_restarts=-1,
                 ).remote, cfg.ram_budget_bytes, disk, cfg.disk_budget_bytes, secret=secret,
                 cache_folder=None if disk else folder,
             ))
@@ -223,11 +260,54 @@ class SessionManager:
             cfg = cfg.model_copy(update={"model_path": default_model_path()})
         options: dict[str, Any] = {
             "name": backend_actor_name(cfg.name), "namespace": self.namespace, "get_if_exists": True,
-            "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus,
+            "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus, "max_restarts": -1,
         }
         if cfg.node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(cfg.node_id, soft=False)
         return BackendActor.options(**options).remote(cfg, self.namespace)
+
+    def _ensure_planner(self) -> Any:
+        return PlannerActor.options(
+            name=PLANNER_NAME, namespace=self.namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
+            max_restarts=-1,
+        ).remote(self.namespace)
+
+    # -- calls that survive an actor's death ------------------------------------------------
+    # Every kvres actor restarts when it dies (Ray restarts it, with the arguments it was created
+    # with); one killed for good is created again from this configuration. A call that met a death
+    # waits for the actor to answer again and is repeated once (see remote_calls).
+    def backend_call(self, name: str, method: str, *args: Any,
+                     retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
+        return call(lambda: getattr(self.backend_handle(name), method).remote(*args),
+                    lambda: self.revive_backend(name), BackendLostError, f"backend {name!r}", retry_ok=retry_ok)
+
+    def planner_call(self, method: str, *args: Any, retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
+        return call(lambda: getattr(self.planner, method).remote(*args), self.revive_planner,
+                    PlannerLostError, "the planner", retry_ok=retry_ok)
+
+    def revive_backend(self, name: str) -> None:
+        cfg = next((b for b in self.config.backends if b.name == name), None)
+
+        def ping() -> Any:
+            try:
+                self._backends[name] = ray.get_actor(backend_actor_name(name), namespace=self.namespace)
+            except ValueError:
+                if cfg is None:
+                    raise
+                self._backends[name] = self._ensure_backend(cfg)  # killed for good: start it again
+            return self._backends[name].ping.remote()
+
+        wait_until_answers(ping, BackendLostError, f"backend {name!r}")
+
+    def revive_planner(self) -> None:
+        def ping() -> Any:
+            try:
+                self.planner = ray.get_actor(PLANNER_NAME, namespace=self.namespace)
+            except ValueError:
+                self.planner = self._ensure_planner()
+            return self.planner.directory.remote()
+
+        wait_until_answers(ping, PlannerLostError, "the planner")
 
     def backend_handle(self, name: str) -> Any:
         try:
@@ -249,21 +329,25 @@ class SessionManager:
         """One call to the planner, however many backends there are: it chooses from the load
         the backends push (``kvres.policy.placement``) and registers the session there. The
         first call also hands it this configuration's backends, so a backend that has not
-        reported yet counts as empty."""
-        seeds: list[LoadReport] = []
-        if not getattr(self, "_placement_seeded", False):
-            seeds = [
-                LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
-                           model=str(b.model_path or default_model_path()), node=b.node_id or "")
-                for b in self.config.backends
-            ]
+        reported yet counts as empty; so does a call that finds the planner without them (it was
+        restarted)."""
+        seeds = [
+            LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
+                       model=str(b.model_path or default_model_path()), node=b.node_id or "")
+            for b in self.config.backends
+        ]
         demand = (policy.budget_tokens or 0) if policy.kind != "none" else 0
-        backend = str(ray.get(self.planner.place.remote(
-            session_id, None if model is None else os.fspath(model),
-            PlacementPolicy.of(placement, self.config.placement.policy()), policy.kind, demand, seeds,
-        )))
+        args = (session_id, None if model is None else os.fspath(model),
+                PlacementPolicy.of(placement, self.config.placement.policy()), policy.kind, demand)
+        try:
+            placed = self.planner_call("place", *args, [] if getattr(self, "_placement_seeded", False) else seeds,
+                                       retry_ok=(SessionExistsError,))
+        except PlacementError:
+            placed = self.planner_call("place", *args, seeds, retry_ok=(SessionExistsError,))
+        if placed is None:  # the planner placed it, then died before answering
+            placed = self.planner_call("where", session_id)
         self._placement_seeded = True
-        return backend
+        return str(placed)
 
     def open_session(
         self,
@@ -283,51 +367,50 @@ class SessionManager:
         placed = backend is None
         if backend is None:
             backend = self._place(model, policy, session_id, placement)
-        handle = self.backend_handle(backend)
+        self.backend_handle(backend)  # a known backend, or a KvresError naming the known ones
         try:
-            ray.get(handle.open_session.remote(session_id, policy))
+            self.backend_call(backend, "open_session", session_id, policy, retry_ok=(SessionExistsError,))
         except BaseException:
             if placed:
-                ray.get(self.planner.forget.remote(session_id))  # never opened: not pending there
+                self.planner_call("forget", session_id)  # never opened: not pending there
             raise
         if not placed:
-            ray.get(self.planner.register.remote(session_id, backend))
+            self.planner_call("register", session_id, backend)
         return Session(self, session_id, backend)
 
     def session(self, session_id: str) -> Session:
-        backend: str | None = ray.get(self.planner.where.remote(session_id))
+        backend: str | None = self.planner_call("where", session_id)
         if backend is None:
             raise UnknownSessionError(session_id)
         return Session(self, session_id, backend)
 
     def migrate(self, session: Session, backend: str) -> None:
-        target = self.backend_handle(backend)
+        self.backend_handle(backend)
         if backend == session.backend:
             return
-        source = self.backend_handle(session.backend)
-        record = ray.get(source.detach.remote(session.session_id))
+        record = answer(self.backend_handle(session.backend).detach.remote(session.session_id))
         try:
-            ray.get(target.resume.remote(session.session_id, record))
+            answer(self.backend_handle(backend).resume.remote(session.session_id, record))
         except Exception:
-            ray.get(source.resume.remote(session.session_id, record))  # nothing lost: back home
+            answer(self.backend_handle(session.backend).resume.remote(session.session_id, record))  # back home
             raise
-        ray.get(self.planner.register.remote(session.session_id, backend))
+        self.planner_call("register", session.session_id, backend)
         session.backend = backend
 
     def status(self, detail: bool = True) -> dict[str, Any]:
         """The cluster: ``load`` is the planner's load view (one call, whatever the size);
         ``backends`` each backend's own stats (one call per backend, sent together), or with
-        ``detail=False`` the load view's rows."""
-        load = self.planner.load.remote()
-        stats = [h.stats.remote() for h in self._backends.values()] if detail else []
-        stores = [s.stats.remote() for s in self.cold_stores.values()]
-        view = ray.get(load)
+        ``detail=False`` the load view's rows. An actor that is down (restarting) shows as
+        ``{"error": ...}`` in its row instead of failing the whole status."""
+        stats = {n: h.stats.remote() for n, h in self._backends.items()} if detail else {}
+        stores = {n: s.stats.remote() for n, s in self.cold_stores.items()}
+        view = self.planner_call("load")
         return {
             "namespace": self.namespace,
-            "backends": ray.get(stats) if detail else view["backends"],
+            "backends": [_row(ref, backend=name) for name, ref in stats.items()] if detail else view["backends"],
             "load": view,
-            "cold_stores": dict(zip(self.cold_stores, ray.get(stores), strict=True)),
-            "sessions": ray.get(self.planner.directory.remote()),
+            "cold_stores": {name: _row(ref) for name, ref in stores.items()},
+            "sessions": self.planner_call("directory"),
         }
 
     def shutdown(self, keep_blocks: bool = False) -> None:
@@ -351,10 +434,25 @@ class SessionManager:
             ray.shutdown()
 
 
+def _row(ref: Any, **names: str) -> dict[str, Any]:
+    try:
+        return dict(answer(ref))
+    except RayActorError as exc:
+        return {**names, "error": f"{type(exc).__name__}: actor down (restarting)"}
+
+
 def connect(
     address: str | None = None, namespace: str = "kvres", config: KvresConfig | None = None,
     **ray_init: Any,
 ) -> SessionManager:
+    """Attach to the Ray cluster at ``address`` (or ``RAY_ADDRESS``) and find or start kvres's
+    actors there; returns the driver's ``SessionManager``.
+
+    Without an address an embedded local cluster is started, and it ends when this driver exits:
+    every session on it ends with it (this is logged). For sessions that outlive drivers run a
+    standing cluster (``kvres start``, or ``ray start --head``) and connect to its address: kvres's
+    actors are detached there, restart when they die, and any driver may exit.
+    """
     config = config or KvresConfig.from_env()
     started = False
     if not ray.is_initialized():
@@ -362,6 +460,9 @@ def connect(
         # no address: start an embedded local cluster ("local"), never a stray one found running
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
+        if started:
+            log.warning("kvres started an embedded Ray cluster for this driver: its sessions end when the driver "
+                        "exits (run `kvres start` and connect(address=...) for a standing cluster)")
     try:
         return SessionManager(namespace, config, started)
     except BaseException:

@@ -6,7 +6,9 @@ Primitives:
   ``RangeError`` (also a ValueError): a range outside the session or in the wrong residency state,
   ``CapabilityError``: the backend cannot do what was asked,
   ``ModelLoadError``: a model file is missing or not what it claims to be,
-  ``BlockMismatchError``: a KV block made by another model / KV type / geometry.
+  ``BlockMismatchError``: a KV block made by another model / KV type / geometry,
+  ``ActorLostError``: a kvres actor died or could not be reached in time (``BackendLostError``,
+  ``PlannerLostError``, ``ColdStoreLostError`` say which); the message says what to do.
 """
 
 from __future__ import annotations
@@ -45,3 +47,19 @@ class ModelLoadError(KvresError, ValueError):
 
 class BlockMismatchError(KvresError, ValueError):
     """A KV block belongs to another model, KV type or geometry than the executor's."""
+
+
+class ActorLostError(KvresError, RuntimeError):
+    """A kvres actor died during a call, or did not come back in time after dying."""
+
+
+class BackendLostError(ActorLostError):
+    """A backend died; its sessions are rebuilt from their journal when it comes back."""
+
+
+class PlannerLostError(ActorLostError):
+    """The planner died; its directory is rebuilt from Ray's GCS when it comes back."""
+
+
+class ColdStoreLostError(ActorLostError):
+    """A cold store died; blocks on its disk tier survive, the others are recomputed from the log."""

@@ -1,0 +1,199 @@
+"""What a session owns, kept outside the process that serves it.
+
+Primitives:
+- ``SessionRecord``: a session as it was at its last commit: token log, policy, last logits,
+  resident ranges, block references (the parked KV of a suspended session, the spilled KV of a
+  live one), counters, the backend that serves it, the last request it answered (id and result,
+  so a retried call is answered, not run twice) and whether recomputing its KV from the log is
+  exact. A suspend hands one over to whoever resumes the session.
+- ``Journal``: ``save(record)``, ``load(session_id)``, ``delete(session_id)``, ``session_ids()``.
+  ``MemoryJournal`` keeps records in this process (a backend without Ray); ``RayJournal(namespace)``
+  keeps them in Ray's GCS key-value store, which outlives every kvres actor and driver (it ends with
+  the cluster).
+- ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``,
+  ``RayDirectory(namespace)``.
+
+A backend commits a session's record when a call of it completes (before the call returns), when
+it is suspended or resumed, and when it is opened; a restarted backend rebuilds a session from its
+record on first use: parked blocks are imported, the rest recomputed from the token log.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.policy import Range
+
+from .config import SessionPolicy
+from .store_ports import ColdRef
+
+JOURNAL_KV_NAMESPACE = "kvres-journal"
+DIRECTORY_KV_NAMESPACE = "kvres-directory"
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    token_log: list[int]
+    resident_ranges: list[Range]
+    blocks: list[ColdRef]  # parked by a suspend: the resident ranges' KV
+    cold: list[ColdRef]  # spilled by eviction
+    policy: SessionPolicy
+    last_logits: npt.NDArray[np.float32] | None
+    counters: dict[str, int]
+    fingerprint: str
+    backend: str = ""
+    state: Literal["live", "suspended"] = "suspended"
+    request_id: str | None = None  # the last call this record commits
+    result: Any = None  # what that call returned
+    exact: bool = True  # recomputing the resident ranges from the log gives the KV they hold
+    generation: int = 0  # commits so far (a record never goes back to an older one)
+    notes: list[str] = field(default_factory=list)
+
+
+def encode_record(record: SessionRecord) -> bytes:
+    return pickle.dumps(record, protocol=5)
+
+
+def decode_record(data: bytes) -> SessionRecord:
+    record = pickle.loads(data)
+    if not isinstance(record, SessionRecord):
+        raise TypeError(f"journal entry holds a {type(record).__name__}, not a SessionRecord")
+    return record
+
+
+class Journal(ABC):
+    @abstractmethod
+    def save(self, record: SessionRecord) -> None: ...
+
+    @abstractmethod
+    def load(self, session_id: str) -> SessionRecord | None: ...
+
+    @abstractmethod
+    def delete(self, session_id: str) -> None: ...
+
+    @abstractmethod
+    def session_ids(self) -> list[str]: ...
+
+
+class MemoryJournal(Journal):
+    def __init__(self) -> None:
+        self._records: dict[str, bytes] = {}
+
+    def save(self, record: SessionRecord) -> None:
+        self._records[record.session_id] = encode_record(record)
+
+    def load(self, session_id: str) -> SessionRecord | None:
+        data = self._records.get(session_id)
+        return None if data is None else decode_record(data)
+
+    def delete(self, session_id: str) -> None:
+        self._records.pop(session_id, None)
+
+    def session_ids(self) -> list[str]:
+        return list(self._records)
+
+
+class _GcsTable:
+    """String keys to bytes in one namespace of Ray's GCS key-value store (needs a connected worker)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def put(self, key: str, value: bytes) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=self.namespace)
+
+    def get(self, key: str) -> bytes | None:
+        from ray.experimental import internal_kv
+
+        value = internal_kv._internal_kv_get(key, namespace=self.namespace)
+        return None if value is None else bytes(value)
+
+    def delete(self, key: str) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(key, namespace=self.namespace)
+
+    def names(self) -> list[str]:
+        from ray.experimental import internal_kv
+
+        return [k.decode() if isinstance(k, bytes) else str(k)
+                for k in internal_kv._internal_kv_list("", namespace=self.namespace)]
+
+
+class RayJournal(Journal):
+    def __init__(self, namespace: str) -> None:
+        self._table = _GcsTable(f"{JOURNAL_KV_NAMESPACE}/{namespace}")
+
+    def save(self, record: SessionRecord) -> None:
+        self._table.put(record.session_id, encode_record(record))
+
+    def load(self, session_id: str) -> SessionRecord | None:
+        data = self._table.get(session_id)
+        return None if data is None else decode_record(data)
+
+    def delete(self, session_id: str) -> None:
+        self._table.delete(session_id)
+
+    def session_ids(self) -> list[str]:
+        return self._table.names()
+
+    def clear(self) -> None:
+        for key in self._table.names():
+            self._table.delete(key)
+
+
+class Directory(ABC):
+    @abstractmethod
+    def put(self, session_id: str, backend: str) -> None: ...
+
+    @abstractmethod
+    def delete(self, session_id: str) -> None: ...
+
+    @abstractmethod
+    def items(self) -> dict[str, str]: ...
+
+
+class MemoryDirectory(Directory):
+    def __init__(self) -> None:
+        self._map: dict[str, str] = {}
+
+    def put(self, session_id: str, backend: str) -> None:
+        self._map[session_id] = backend
+
+    def delete(self, session_id: str) -> None:
+        self._map.pop(session_id, None)
+
+    def items(self) -> dict[str, str]:
+        return dict(self._map)
+
+
+class RayDirectory(Directory):
+    def __init__(self, namespace: str) -> None:
+        self._table = _GcsTable(f"{DIRECTORY_KV_NAMESPACE}/{namespace}")
+
+    def put(self, session_id: str, backend: str) -> None:
+        self._table.put(session_id, backend.encode())
+
+    def delete(self, session_id: str) -> None:
+        self._table.delete(session_id)
+
+    def items(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key in self._table.names():
+            value = self._table.get(key)
+            if value is not None:
+                out[key] = value.decode()
+        return out
+
+    def clear(self) -> None:
+        for key in self._table.names():
+            self._table.delete(key)
