@@ -678,17 +678,100 @@ class BackendHost:
         return "snapkv" if caps.attention_capture else "keynorm" if caps.key_access else ""
 
     def _recall(self, session_id: str, incoming: int) -> None:
-        """A new turn of a spilling session: its cold blocks come back by exact import (as many
-        as the backend's free room takes, the most recent first) before the new tokens are
-        prefilled, so they see them; after the append the session is compressed once, scored by
-        the new tokens' attention, and the recalled blocks it keeps rank first for the turn."""
+        """A new turn of a spilling session brings back the cold blocks it attends to, before its
+        tokens are prefilled (so they see them). Where the engine scores blocks it has not imported
+        (``Executor.recall_attention``), the turn's tokens are decoded once in a scoring pass over
+        the resident tokens and the cold blocks placed as if recalled; SnapKV ranks resident and
+        cold blocks together by that attention, the plan cuts them to the budget (the turn's room
+        kept), and one ``exchange`` imports the cold blocks it keeps and spills the resident ones it
+        drops. Otherwise the blocks are imported first (as many as the free room takes, the most
+        recent first) and the session is compressed once after the append, by the new tokens'
+        attention. The recalled blocks that stay rank first for the rest of the turn."""
         s = self._sessions[session_id]
         s.retrieved = []
         if not (s.policy.kvres_evicts and s.policy.spill and s.cold and self._store is not None):
             return
-        if s.policy.kind != "scored" and not self._recall_scorer():
+        scorer = s.policy.scorer if s.policy.kind == "scored" else self._recall_scorer()
+        if s.policy.kind != "scored" and not scorer:
             return  # nothing could tell which recalled blocks matter: leave them cold
         executor = self._kv_executor("recall")
+        t0 = time.perf_counter()
+        turn = next((job.feed for job in self._loop.pending(session_id) if job.kind == "append"), None)
+        recalled: list[Range] = []
+        if scorer == "snapkv" and turn:
+            from kvres.policy.ranges import merge_ranges
+            from kvres.policy.recall import choose_recalls
+
+            p = s.policy
+            resident = executor.resident_ranges(session_id)
+            log_len = len(executor.token_log(session_id))
+            # the scoring pass holds the resident tokens, the cold blocks and the turn
+            fits = self.config.n_ctx - sum(len(r) for r in resident) - len(turn)
+            candidates: list[ColdRef] = []
+            for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
+                if len(ref.key.token_range) <= fits:
+                    candidates.append(ref)
+                    fits -= len(ref.key.token_range)
+            found: dict[ColdRef, Any] = {}
+            by_store: dict[str, list[ColdRef]] = {}
+            for ref in candidates:
+                by_store.setdefault(ref.store, []).append(ref)
+            for store, refs in by_store.items():  # read, not taken: only the blocks brought back leave
+                for ref, block in zip(refs, self._store.at(store).get_many([r.key for r in refs]), strict=True):
+                    if block is not None:
+                        found[ref] = block
+            gone = {ref for ref in candidates if ref not in found}
+            if gone:
+                s.cold = [ref for ref in s.cold if ref not in gone]
+                self._store.release(list(gone))
+            refs = sorted(found, key=lambda r: r.key.token_range.start)
+            try:
+                capture = executor.recall_attention(session_id, [found[r] for r in refs], turn,
+                                                    p.observation_window, p.rebase)
+            except (KvresError, ColdStoreError, ValueError) as exc:
+                log.debug("session %r: recall by import first (%s)", session_id, exc)
+                capture = None
+            if capture is not None:
+                cold = [r.key.token_range for r in refs]
+                view = SessionView(
+                    session_id, tuple(merge_ranges([*resident, *cold, Range(log_len, log_len + len(turn))])),
+                    s.last_used, active=True, budget_tokens=p.budget_tokens,
+                    stream_policy=StreamPolicy(True, p.sink_tokens, p.recent_tokens, p.rebase),
+                    evictable=True, block_size=p.block_size,
+                )
+                table = view.blocks()
+                key_scores = scorer_for("snapkv", p.observation_window).score(capture)
+                ranked = block_scores(key_scores, capture.key_positions,
+                                      [Range(int(a), int(b)) for a, b in zip(table.starts, table.ends, strict=True)])
+                plan = self._plan(BackendPlanInput([replace(view, scores=tuple(float(x) for x in ranked))],
+                                                   self.config.kv_budget_tokens, executor.capabilities()))
+                dropped = [r for action in plan.actions if action.kind == "evict" for r in action.ranges]
+                choice = choose_recalls(resident, cold, block_scores(key_scores, capture.key_positions, cold).tolist(),
+                                        dropped, self._free_tokens({}) - incoming)
+                back = [refs[i] for i in choice.imports]
+                if back or choice.evict:
+                    exported = executor.exchange(session_id, choice.evict, [found[r] for r in back], p.rebase)
+                    taken = set(back)
+                    s.cold = [ref for ref in s.cold if ref not in taken]
+                    self._store.take(back)  # read above: this only removes them
+                    if exported:
+                        parked = self._store.park(exported)
+                        s.cold.extend(parked)
+                        self._count(session_id, "spills", len(parked))
+                        self._count(session_id, "spilled_bytes", sum(ref.nbytes for ref in parked))
+                        self._cap_spill(session_id)
+                    self._count(session_id, "evictions", len(choice.evict))
+                    if s.h2o is not None:
+                        s.h2o.drop(choice.evict)
+                    recalled = [ref.key.token_range for ref in back]
+                s.retrieved = recalled
+                self._refresh_resident(session_id)
+                self._count(session_id, "recalls", len(recalled))
+                self._count(session_id, "recalled_tokens", sum(len(r) for r in recalled))
+                self._count(session_id, "recall_us", int((time.perf_counter() - t0) * 1e6))
+                return
+            if not s.cold:
+                return
         room = self._free_tokens({}) - incoming
         chosen: list[ColdRef] = []
         for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
@@ -697,10 +780,8 @@ class BackendHost:
                 room -= len(ref.key.token_range)
         if not chosen:
             return
-        t0 = time.perf_counter()
         taken = set(chosen)
         s.cold = [ref for ref in s.cold if ref not in taken]
-        recalled: list[Range] = []
         for block in self._store.take(sorted(chosen, key=lambda r: r.key.token_range.start)):
             if block is None:
                 continue
@@ -1012,6 +1093,7 @@ class BackendHost:
             "resident_ranges": [(r.start, r.end) for r in resident],
             "resident_tokens": sum(len(r) for r in resident),
             "peak_resident_tokens": s.peak,
+            "recompute_exact": s.exact,
             "cold": cold,
             "counters": dict(s.counters),
         }

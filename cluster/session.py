@@ -36,6 +36,7 @@ from kvres.actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.default_model import default_model_path
+from kvres.actors.journal import RayDirectory, RayJournal
 from kvres.actors.metrics import label_secret
 from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.store_ports import cold_store_name
@@ -196,11 +197,19 @@ class SessionManager:
                     backend_actor_name(backend.name), functools.partial(self._ensure_backend, backend)
                 )
             self._await_started("backend", {n: h.ping.remote() for n, h in self._backends.items()})
+            self._collect_orphans()
         except BaseException:
             self._undo_start()
             raise
 
     # -- actors ----------------------------------------------------------------------------
+    def _collect_orphans(self) -> None:
+        """Have every cold store drop the blocks of sessions the journal no longer holds (left by
+        a crash, or closed while their store was down); sent without waiting for the answer."""
+        live = RayJournal(self.namespace).session_ids()
+        for store in self.cold_stores.values():
+            store.collect_orphans.remote(live)
+
     def _adopt(self, name: str, create: Callable[[], Any]) -> Any:
         """``create()`` the named actor (or get it: every option says ``get_if_exists``); one that
         did not exist before is recorded, to be killed again if this manager fails to start."""
@@ -418,9 +427,10 @@ class SessionManager:
 
         First the backends (no block is written after that), then, unless ``keep_blocks``, every
         block in the namespace's cold stores is dropped, their folders removed and the namespace's
-        block secret forgotten: nothing of its sessions stays on disk. With ``keep_blocks=True``
-        the blocks and the secret stay, for a later ``connect`` of the namespace on the same
-        standing cluster; blocks kept by an embedded cluster cannot be authenticated once it has
+        block secret forgotten, and the sessions' journal and directory cleared: nothing of its
+        sessions stays. With ``keep_blocks=True`` the blocks, the journal, the directory and the
+        secret stay, for a later ``connect`` of the namespace on the same standing cluster, whose
+        backends rebuild each session on its first call; blocks kept by an embedded cluster cannot be authenticated once it has
         ended, and are refused (and deleted) when read."""
         for handle in self._backends.values():
             ray.kill(handle)
@@ -428,6 +438,8 @@ class SessionManager:
         if not keep_blocks:
             _destroy_stores(list(self.cold_stores.values()))
             forget_secret(coldstore_secret_name(self.namespace))
+            RayJournal(self.namespace).clear()  # and the sessions' records: nothing of them is left
+            RayDirectory(self.namespace).clear()
         for handle in [*self.cold_stores.values(), self.planner]:
             ray.kill(handle)
         if self._started_ray:

@@ -171,8 +171,9 @@ def _store_folder(namespace: str, store: str) -> Path:
 
 
 def test_shutdown_removes_the_namespaces_blocks_unless_kept(manager) -> None:
-    """Default folders in the user's private cache; blocks kept by shutdown(keep_blocks=True) are
-    found and authenticated by the next connect of the namespace, a forged one is refused, and
+    """Default folders in the user's private cache; blocks kept by shutdown(keep_blocks=True) (of a
+    session the kept journal still holds) are found and authenticated by the next connect of the
+    namespace, a forged one is refused, and
     shutdown() removes them all with the folder. The secret is never in the folder."""
     import shutil
 
@@ -188,6 +189,7 @@ def test_shutdown_removes_the_namespaces_blocks_unless_kept(manager) -> None:
     try:
         (name, store), = first.cold_stores.items()
         assert stat.S_IMODE(folders[name].stat().st_mode) == 0o700
+        first.open_session(session_id="kept", backend="tiny")  # a session the journal holds: no orphan
         ray.get(store.put.remote(block))
         first.shutdown(keep_blocks=True)
         assert _wait_gone(namespace)
@@ -240,3 +242,46 @@ def test_metric_labels_are_keyed_hashes_unless_opted_in(manager) -> None:
     assert session_ids_opted_in({}) is False
     with pytest.raises(MetricsConfigError, match="KVRES_METRICS_SESSION_IDS='maybe'"):
         session_ids_opted_in({"KVRES_METRICS_SESSION_IDS": "maybe"})
+
+
+# ---- orphans -----------------------------------------------------------------------------------
+
+
+def test_a_connect_collects_the_blocks_of_sessions_the_journal_does_not_hold(manager, tmp_path: Path) -> None:
+    """Blocks left by a session no journal holds (a crash between a park and its commit, a close
+    while the store was down) are dropped when a driver connects; a journaled session's stay."""
+    import os as _os
+    import signal
+
+    config = KvresConfig(
+        backends=[BackendConfig(name="orph", model_path=shared_model_path(), n_ctx=256, kv_budget_tokens=256,
+                                n_threads=1)],
+        cold_store=ColdStoreConfig(ram_budget_bytes=0, disk_budget_bytes=4 << 20, disk_dir=tmp_path),
+    )
+    namespace = f"kvres-orphans-{uuid.uuid4().hex[:6]}"
+    first = connect(namespace=namespace, config=config)
+    try:
+        session = first.open_session(backend="orph")
+        session.append([1, *range(10, 60)])
+        session.suspend()
+        (store,) = first.cold_stores.values()
+        orphan = make_block(payload_of(4096, seed=3), session_id="gone-session")
+        ray.get(store.put.remote(orphan))
+        time.sleep(0.5)  # the suspend's write-behind has reached the store
+        pid = ray.get(store.pid.remote())
+        _os.kill(pid, signal.SIGKILL)  # its restart forgets when blocks were put: all are idle now
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if ray.get(store.pid.remote(), timeout=5) != pid:
+                    break
+            except Exception:
+                time.sleep(0.2)
+        connect(namespace=namespace, config=config)  # a second driver's manager on the same cluster
+        deadline = time.time() + 30
+        while "gone-session" in ray.get(store.session_ids.remote()) and time.time() < deadline:
+            time.sleep(0.2)
+        assert ray.get(store.session_ids.remote()) == [session.session_id]
+        assert session.resume() == 0  # its parked blocks survived the collection
+    finally:
+        first.shutdown()
