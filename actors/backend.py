@@ -63,7 +63,7 @@ from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, SessionPolicy
 from .executor import EngineManagedExecutor, Executor
-from .journal import Journal, MemoryJournal, SessionRecord
+from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
 from .scheduler import Job, StepLoop
@@ -141,7 +141,7 @@ class BackendHost:
         self._metrics = metrics or NullMetrics()
         self._recall_costs = recall_costs
         self._on_change = on_change
-        self._journal = journal or MemoryJournal()
+        self._journal = WriteBehindJournal(journal or MemoryJournal())
         self._dirty: set[str] = set()  # sessions changed outside a call of theirs: commit after the step
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
@@ -205,16 +205,22 @@ class BackendHost:
         return record
 
     def _commit(
-        self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None
+        self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None,
+        later: bool = False,
     ) -> SessionRecord:
         """Write the session's record to the journal (``backend`` overrides who serves it: ""
-        while it moves); a call's commit also records its request id and result."""
+        while it moves); a call's commit also records its request id and result. ``later``: a
+        change that adds no token (suspend, resume, eviction) is written behind, off the call's path.
+        """
         record = self._snapshot(session_id)
         if request_id is not None:
             record.request_id, record.result = request_id, result
         if backend is not None:
             record.backend = backend
-        self._journal.save(record)
+        if later:
+            self._journal.save_later(record)
+        else:
+            self._journal.save(record)
         self._sessions[session_id].committed = record
         self._dirty.discard(session_id)
         return record
@@ -229,10 +235,7 @@ class BackendHost:
             if sid not in self._sessions:
                 self._dirty.discard(sid)
             elif sid not in running:
-                try:
-                    self._commit(sid)
-                except Exception:
-                    log.exception("journal write for session %r failed; retried after the next step", sid)
+                self._commit(sid, later=True)
 
     def _rebuild(self, session_id: str) -> _Session:
         """A session the journal says this backend serves but this process does not hold (the
@@ -712,22 +715,24 @@ class BackendHost:
                 if len(ref.key.token_range) <= fits:
                     candidates.append(ref)
                     fits -= len(ref.key.token_range)
-            found: dict[ColdRef, Any] = {}
-            by_store: dict[str, list[ColdRef]] = {}
-            for ref in candidates:
-                by_store.setdefault(ref.store, []).append(ref)
-            for store, refs in by_store.items():  # read, not taken: only the blocks brought back leave
-                for ref, block in zip(refs, self._store.at(store).get_many([r.key for r in refs]), strict=True):
-                    if block is not None:
-                        found[ref] = block
-            gone = {ref for ref in candidates if ref not in found}
+            by_store: dict[str, list[int]] = {}
+            for i, ref in enumerate(candidates):
+                by_store.setdefault(ref.store, []).append(i)
+            read: list[Any] = [None] * len(candidates)
+            for store, idx in by_store.items():  # read, not taken: only the blocks brought back leave
+                got = self._store.at(store).get_many([candidates[i].key for i in idx])
+                for i, block in zip(idx, got, strict=True):
+                    read[i] = block
+            gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
             if gone:
-                s.cold = [ref for ref in s.cold if ref not in gone]
-                self._store.release(list(gone))
-            refs = sorted(found, key=lambda r: r.key.token_range.start)
+                lost = set(gone)
+                s.cold = [ref for ref in s.cold if ref not in lost]
+                self._store.release(gone)
+            order = sorted((i for i, block in enumerate(read) if block is not None),
+                           key=lambda i: candidates[i].key.token_range.start)
+            refs, blocks = [candidates[i] for i in order], [read[i] for i in order]
             try:
-                capture = executor.recall_attention(session_id, [found[r] for r in refs], turn,
-                                                    p.observation_window, p.rebase)
+                capture = executor.recall_attention(session_id, blocks, turn, p.observation_window, p.rebase)
             except (KvresError, ColdStoreError, ValueError) as exc:
                 log.debug("session %r: recall by import first (%s)", session_id, exc)
                 capture = None
@@ -750,7 +755,8 @@ class BackendHost:
                                         dropped, self._free_tokens({}) - incoming)
                 back = [refs[i] for i in choice.imports]
                 if back or choice.evict:
-                    exported = executor.exchange(session_id, choice.evict, [found[r] for r in back], p.rebase)
+                    exported = executor.exchange(session_id, choice.evict, [blocks[i] for i in choice.imports],
+                                                 p.rebase)
                     taken = set(back)
                     s.cold = [ref for ref in s.cold if ref not in taken]
                     self._store.take(back)  # read above: this only removes them
@@ -960,11 +966,7 @@ class BackendHost:
             )
             self.executor.close_session(session_id)
             s.resident = 0
-            try:
-                s.suspended = self._commit(session_id)
-            except Exception:
-                self._dirty.add(session_id)  # parked all the same; the journal catches up later
-                log.exception("journal write for suspended session %r failed", session_id)
+            s.suspended = self._commit(session_id, later=True)
             self._publish()
             self._loop.poke()
             return s.suspended
@@ -1021,11 +1023,7 @@ class BackendHost:
             log.warning("session %r: %d tokens recomputed from its log differ from the KV they replace "
                         "(it evicted tokens that later ones had attended to); its continuation may differ "
                         "from an uninterrupted run", session_id, recomputed)
-        try:
-            self._commit(session_id)
-        except Exception:
-            self._dirty.add(session_id)
-            log.exception("journal write for resumed session %r failed", session_id)
+        self._commit(session_id, later=True)
         self._publish()
         return recomputed
 

@@ -10,6 +10,10 @@ Primitives:
   ``MemoryJournal`` keeps records in this process (a backend without Ray); ``RayJournal(namespace)``
   keeps them in Ray's GCS key-value store, which outlives every kvres actor and driver (it ends with
   the cluster).
+- ``WriteBehindJournal(journal)``: the same journal plus ``save_later(record)``, written by a
+  background thread (the newest record per session; a later ``save`` or ``delete`` of the session
+  supersedes it). For changes that add no token (a suspend, a resume, an eviction): if the process
+  dies before the write, the older record still holds every committed token.
 - ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``,
   ``RayDirectory(namespace)``.
 
@@ -20,7 +24,10 @@ record on first use: parked blocks are imported, the rest recomputed from the to
 
 from __future__ import annotations
 
+import logging
 import pickle
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,6 +40,7 @@ from kvres.policy import Range
 from .config import SessionPolicy
 from .store_ports import ColdRef
 
+log = logging.getLogger("kvres.journal")
 JOURNAL_KV_NAMESPACE = "kvres-journal"
 DIRECTORY_KV_NAMESPACE = "kvres-directory"
 
@@ -98,6 +106,66 @@ class MemoryJournal(Journal):
 
     def session_ids(self) -> list[str]:
         return list(self._records)
+
+
+class WriteBehindJournal(Journal):
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._pending: dict[str, SessionRecord] = {}
+        self._write_lock = threading.Lock()  # one write at a time: an older record never lands last
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def save(self, record: SessionRecord) -> None:
+        with self._write_lock:
+            with self._wake:
+                self._pending.pop(record.session_id, None)
+            self._journal.save(record)
+
+    def save_later(self, record: SessionRecord) -> None:
+        with self._wake:
+            self._pending[record.session_id] = record
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._write_loop, name="kvres-journal", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def load(self, session_id: str) -> SessionRecord | None:
+        with self._wake:
+            pending = self._pending.get(session_id)
+        return pending if pending is not None else self._journal.load(session_id)
+
+    def delete(self, session_id: str) -> None:
+        with self._write_lock:
+            with self._wake:
+                self._pending.pop(session_id, None)
+            self._journal.delete(session_id)
+
+    def session_ids(self) -> list[str]:
+        with self._wake:
+            pending = set(self._pending)
+        return sorted(pending | set(self._journal.session_ids()))
+
+    def flush(self) -> None:
+        """Write everything pending now (in the caller's thread)."""
+        while True:
+            with self._write_lock:
+                with self._wake:
+                    if not self._pending:
+                        return
+                    _, record = self._pending.popitem()
+                self._journal.save(record)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+            try:
+                self.flush()
+            except Exception:
+                log.exception("a write-behind journal write failed; the session's older record stands")
+                time.sleep(0.5)
 
 
 class _GcsTable:
