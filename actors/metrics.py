@@ -115,37 +115,85 @@ NullMetrics = Metrics
 
 
 class GaugeRefresher:
-    """The last value of every gauge series it was given, set again every ``period_s`` seconds by a
-    daemon thread started on first use; ``keep_zero=False`` series are forgotten at zero."""
+    """Gauge values and counter increments handed to Ray's metrics off the caller's path (one
+    record costs about half a millisecond, too much for a suspend or a resume): ``record`` keeps the
+    last value of a gauge series, ``add`` sums a counter's increments and ``observe`` queues a
+    histogram's observations; a daemon thread, started
+    on first use, hands what changed to Ray within ``FLUSH_S`` and sets every gauge series again every
+    ``period_s`` seconds. ``keep_zero=False`` series are forgotten at zero."""
+
+    FLUSH_S = 0.05
 
     def __init__(self, period_s: float) -> None:
         self.period_s = period_s
         self._series: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, dict[str, str], float]] = {}
+        self._changed: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, dict[str, str], float]] = {}
+        self._increments: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, dict[str, str], float]] = {}
+        self._observations: list[tuple[Any, dict[str, str], float]] = []
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def record(self, gauge: Any, value: float, tags: dict[str, str], keep_zero: bool = True) -> None:
         key = (id(gauge), tuple(sorted(tags.items())))
-        with self._lock:  # a refresh cannot set an older value after this one
-            gauge.set(value, tags=tags)
+        with self._lock:
+            self._changed[key] = (gauge, tags, value)
             if value or keep_zero:
                 self._series[key] = (gauge, tags, value)
             else:
                 self._series.pop(key, None)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kvres-gauges", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def add(self, counter: Any, value: float, tags: dict[str, str]) -> None:
+        key = (id(counter), tuple(sorted(tags.items())))
+        with self._lock:
+            _, _, sofar = self._increments.get(key, (counter, tags, 0.0))
+            self._increments[key] = (counter, tags, sofar + value)
+            self._start()
+
+    def observe(self, histogram: Any, value: float, tags: dict[str, str]) -> None:
+        with self._lock:
+            if len(self._observations) < 10_000:  # beyond that (Ray gone?) drop rather than grow
+                self._observations.append((histogram, tags, value))
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvres-metrics", daemon=True)
+            self._thread.start()
+        self._wake.notify()
+
+    def flush(self) -> None:
+        """Hand everything changed since the last flush to Ray now."""
+        with self._lock:
+            changed, self._changed = self._changed, {}
+            increments, self._increments = self._increments, {}
+            observations, self._observations = self._observations, []
+        for histogram, tags, value in observations:
+            histogram.observe(value, tags=tags)
+        for gauge, tags, value in changed.values():
+            gauge.set(value, tags=tags)
+        for counter, tags, value in increments.values():
+            counter.inc(value, tags=tags)
 
     def refresh(self) -> None:
         with self._lock:
-            for gauge, tags, value in self._series.values():
-                gauge.set(value, tags=tags)
+            series = list(self._series.values())
+        for gauge, tags, value in series:
+            gauge.set(value, tags=tags)
 
     def _run(self) -> None:
+        last_refresh = time.monotonic()
         while True:
-            time.sleep(self.period_s)
+            with self._lock:
+                if not self._changed and not self._increments and not self._observations:
+                    self._wake.wait(timeout=max(0.0, last_refresh + self.period_s - time.monotonic()))
+            time.sleep(self.FLUSH_S)  # gather what else changes meanwhile into one flush
             try:
-                self.refresh()
+                self.flush()
+                if time.monotonic() >= last_refresh + self.period_s:
+                    self.refresh()
+                    last_refresh = time.monotonic()
             except Exception:  # Ray is shutting down: nothing left to publish to
                 return
 
@@ -209,10 +257,10 @@ class RayMetrics(Metrics):
 
     def count(self, name: str, backend: str, session: str, value: int = 1) -> None:
         if value:
-            self._counters[name].inc(value, tags={"backend": backend, "session": self._session(session)})
+            self._refresher.add(self._counters[name], value, {"backend": backend, "session": self._session(session)})
 
     def observe_plan_ms(self, backend: str, ms: float) -> None:
-        self._plan.observe(ms, tags={"backend": backend})
+        self._refresher.observe(self._plan, ms, {"backend": backend})
 
     def set_cold(self, node: str, tier: str, nbytes: int, blocks: int) -> None:
         self._refresher.record(self._cold_bytes, nbytes, {"node": node, "tier": tier})
@@ -220,4 +268,4 @@ class RayMetrics(Metrics):
 
     def count_tokens(self, backend: str, kind: str, n: int) -> None:
         if n:
-            self._tokens.inc(n, tags={"backend": backend, "kind": kind})
+            self._refresher.add(self._tokens, n, {"backend": backend, "kind": kind})
