@@ -1,16 +1,44 @@
-"""A local Ray cluster whose kvres actors a test kills with SIGKILL (by the pid they report)."""
+"""Fault injection on real kvres actors: local Ray clusters whose actors a test kills with SIGKILL
+(by the pid they report), whose cold-store files it damages, whose disk it fills.
+
+Fixtures and helpers:
+- ``faulty``: kvres on a local Ray cluster (llama backend "f0", OpenVINO backend "fov", a cold
+  store with an 8 MiB RAM tier: blocks stay in RAM, so a killed store loses them).
+- ``tight``: a second kvres on the same Ray cluster (its own namespace: planner, cold store,
+  llama backend "t0") whose cold store has a tiny RAM tier and its disk tier on a tmpfs of
+  ``TIGHT_DISK_BYTES`` mounted here (root is needed; without it the fixture fails and says why):
+  every parked or spilled block goes to disk, and the disk can be filled for real.
+- ``kill(handle)``, ``wait_restarted(handle, old_pid)``; ``wait_parked(store, session_id)``: a
+  suspend hands its blocks to the store write-behind, so a test that kills the backend (whose
+  stage holds them meanwhile) or damages the files waits for them to land first;
+  ``store_folder(manager)``: the disk tier's folder of the manager's one cold store;
+  ``logged(*needles)``: lines of the actors' logs (Ray's worker-*.err files) holding every needle.
+
+The suite: test_actor_deaths (each actor killed between calls, mid-call, while sessions are
+suspended), test_store_faults (the cold store killed during resume; corrupt, truncated, swapped and
+forged block files), test_atomic_calls (a call that fails mid-append commits nothing, a full disk,
+a repeated request id), test_inexact_recompute (a re-based streaming session rebuilt after a
+death reports its divergence). 16 threads on 8 sequence slots, where sessions suspended to make
+room come back by themselves on their next call, is
+tests/cluster/test_concurrency.py::test_budget_holds_at_every_step_with_16_sessions_on_8_slots.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import shared_model_path
+
+TIGHT_DISK_BYTES = 2 << 20  # the tmpfs under the tight cluster's disk tier
 
 
 @pytest.fixture(scope="package")
@@ -38,6 +66,39 @@ def faulty(tmp_path_factory: pytest.TempPathFactory):
     ray.shutdown()
 
 
+@pytest.fixture(scope="package")
+def tight(faulty, tmp_path_factory: pytest.TempPathFactory):
+    """Needs ``faulty`` for the Ray cluster it joins (as a second namespace)."""
+    from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
+
+    disk = tmp_path_factory.mktemp("tight-disk")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TIGHT_DISK_BYTES},mode=0700", "tmpfs", str(disk)],
+        capture_output=True, text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.fail(
+            f"the disk-full and damaged-file cases need a real small disk: `mount -t tmpfs` at {disk} failed "
+            f"(exit {mounted.returncode}: {mounted.stderr.strip() or mounted.stdout.strip()}); it needs root or "
+            f"CAP_SYS_ADMIN (this process runs as uid {os.getuid()})",
+            pytrace=False,
+        )
+    try:
+        model = shared_model_path()
+        config = KvresConfig(
+            backends=[BackendConfig(name="t0", model_path=model, n_ctx=2048, n_seq_max=8, kv_budget_tokens=2000,
+                                    n_threads=1)],
+            cold_store=ColdStoreConfig(ram_budget_bytes=4096, disk_budget_bytes=TIGHT_DISK_BYTES, disk_dir=disk),
+        )
+        mgr = connect(namespace=f"kvres-tight-{uuid.uuid4().hex[:8]}", config=config)
+        try:
+            yield mgr
+        finally:
+            mgr.shutdown()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
 def kill(handle: Any) -> int:
     """SIGKILL the worker process behind ``handle``; returns its pid."""
     import ray
@@ -60,3 +121,48 @@ def wait_restarted(handle: Any, old_pid: int, timeout_s: float = 120.0) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"actor did not restart within {timeout_s} s")
+
+
+def wait_parked(store: Any, session_id: str, timeout_s: float = 30.0) -> list[Any]:
+    """The keys of ``session_id``'s blocks once the store holds them (one write brings them all)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            keys = list(ray.get(store.list_session.remote(session_id)))
+        except ray.exceptions.RayActorError:
+            keys = []  # restarting after an earlier kill: ask again
+        if keys:
+            return keys
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no block of session {session_id!r} reached the cold store in {timeout_s} s")
+        time.sleep(0.05)
+
+
+def only_store(manager: Any) -> Any:
+    [store] = manager.cold_stores.values()
+    return store
+
+
+def store_folder(manager: Any) -> Path:
+    """The disk tier's folder of the manager's one cold store (as ``SessionManager`` names it)."""
+    [name] = manager.cold_stores
+    folder = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{manager.namespace}-{name}")
+    return Path(manager.config.cold_store.disk_dir) / folder
+
+
+def logged(*needles: str, timeout_s: float = 20.0) -> list[str]:
+    """Lines of the Ray workers' logs on this node that contain every one of ``needles`` (waits
+    up to ``timeout_s`` for the first; an actor's log lines reach its file as it writes them)."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # the local cluster's log folder
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [line for path in logs.glob("worker-*.err")
+                 for line in path.read_text(errors="replace").splitlines()
+                 if all(n in line for n in needles)]
+        if lines or time.monotonic() >= deadline:
+            return lines
+        time.sleep(0.2)

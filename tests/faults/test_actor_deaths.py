@@ -10,7 +10,7 @@ import pytest
 
 from kvres.cluster import SessionPolicy
 
-from .conftest import kill, wait_restarted
+from .conftest import kill, only_store, wait_parked, wait_restarted
 
 PROMPT = [1, *range(100, 400)]
 
@@ -48,6 +48,7 @@ def test_backend_killed_while_suspended_imports_the_parked_blocks(faulty) -> Non
     s.append(PROMPT)
     assert s.generate(8) == want_first
     s.suspend()
+    wait_parked(only_store(faulty), s.session_id)  # handed over write-behind: in the store before the kill
     kill(faulty.backend_handle("f0"))
     assert s.resume() == 0  # every parked block imported: nothing recomputed
     assert s.generate(24) == want_second
@@ -101,8 +102,9 @@ def test_cold_store_killed_while_suspended(faulty) -> None:
         assert s.generate(8) == want_first
         s.suspend()
         sessions.append(s)
-    time.sleep(0.5)  # the write-behind stage has handed the blocks to the store
-    [store] = faulty.cold_stores.values()
+    store = only_store(faulty)
+    for s in sessions:
+        wait_parked(store, s.session_id)  # handed over write-behind: in the store before the kill
     kill(store)
     for s in sessions:
         s.resume()  # blocks on the store's disk tier are imported, the rest recomputed
