@@ -11,6 +11,12 @@ Primitives:
   resident ranges drawn over its token log, cold blocks per tier, counters.
 - ``kvres grafana [--install] [--dir DIR]``: where the shipped Grafana dashboard is; ``--install``
   copies it where the Grafana that Ray provisions picks its dashboards up.
+- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--json] ...``: a
+  standing cluster: a Ray head on this machine (started unless one answers on the port) with
+  kvres's actors, left running when the command exits; prints the address drivers use
+  (``kvres.cluster.standing``).
+- ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
+  the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
 - ``main(argv=None) -> int``.
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
@@ -70,6 +76,55 @@ def _grafana(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(args: argparse.Namespace) -> int:
+    from .standing import config_from_option, start_standing
+
+    config = config_from_option(args.config) if args.config else None
+    cluster = start_standing(
+        namespace=args.namespace, config=config, port=args.port, address=args.address,
+        node_ip_address=args.node_ip_address, num_cpus=args.num_cpus, dashboard_port=args.dashboard_port,
+        temp_dir=args.temp_dir, ray_args=args.ray_arg,
+    )
+    print(json.dumps(cluster.as_dict()) if args.json else cluster.instructions())
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from .standing import stop_standing
+
+    report = stop_standing(args.address, args.namespace, keep_blocks=args.keep_blocks, stop_ray=args.ray)
+    print(report.summary())
+    return 0
+
+
+def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .standing import DEFAULT_PORT
+
+    start = sub.add_parser("start", help="a standing cluster: a Ray head and kvres's actors that outlive drivers")
+    start.add_argument("--port", type=int, default=DEFAULT_PORT,
+                       help=f"the Ray head's GCS port on this machine (default: {DEFAULT_PORT})")
+    start.add_argument("--address", default=None,
+                       help="a running Ray cluster to put kvres on instead (never starts a head)")
+    start.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
+    start.add_argument("--config", default=None,
+                       help="a KvresConfig as a JSON object or a JSON file (default: KVRES_CONFIG and KVRES_*)")
+    start.add_argument("--node-ip-address", default=None, help="ray start --node-ip-address")
+    start.add_argument("--num-cpus", type=int, default=None, help="ray start --num-cpus")
+    start.add_argument("--dashboard-port", type=int, default=None, help="ray start --dashboard-port (default 8265)")
+    start.add_argument("--temp-dir", default=None, help="ray start --temp-dir (default: Ray's, /tmp/ray)")
+    start.add_argument("--ray-arg", action="append", default=[], metavar="ARG",
+                       help="one more argument for `ray start`, e.g. --ray-arg=--metrics-export-port=8080")
+    start.add_argument("--json", action="store_true", help="print the address and what was started as JSON")
+    start.set_defaults(run=_start)
+    stop = sub.add_parser("stop", help="stop kvres's actors (and with --ray the Ray head on this machine)")
+    stop.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else this machine's)")
+    stop.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
+    stop.add_argument("--keep-blocks", action="store_true",
+                      help="keep the namespace's cold blocks for a later start of the same namespace")
+    stop.add_argument("--ray", action="store_true", help="then stop the Ray head (it must run on this machine)")
+    stop.set_defaults(run=_stop)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo import add_demo_arguments
 
@@ -89,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     grafana.add_argument("--install", action="store_true", help="copy it into Ray's Grafana dashboards folder")
     grafana.add_argument("--dir", default=None, help="the folder to install into (default: Ray's latest session's)")
     grafana.set_defaults(run=_grafana)
+    _standing_commands(sub)
     from .capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
 
     register_capacity(sub)

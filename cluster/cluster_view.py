@@ -85,6 +85,9 @@ class ClusterView:
 
 def attach(address: str | None = None, namespace: str = "kvres") -> ClusterView:
     if not ray.is_initialized():
+        from .standing import follow_local_token
+
+        follow_local_token()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
                  log_to_driver=False, logging_level=logging.WARNING)
     return ClusterView(namespace)

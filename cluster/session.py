@@ -458,17 +458,21 @@ def connect(
     **ray_init: Any,
 ) -> SessionManager:
     """Attach to the Ray cluster at ``address`` (or ``RAY_ADDRESS``) and find or start kvres's
-    actors there; returns the driver's ``SessionManager``.
+    actors there; returns the driver's ``SessionManager``. Without ``config``: ``KVRES_CONFIG`` when
+    set, else the configuration ``kvres start`` created the namespace's actors with, else defaults.
 
     Without an address an embedded local cluster is started, and it ends when this driver exits:
     every session on it ends with it (this is logged). For sessions that outlive drivers run a
     standing cluster (``kvres start``, or ``ray start --head``) and connect to its address: kvres's
     actors are detached there, restart when they die, and any driver may exit.
     """
-    config = config or KvresConfig.from_env()
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
+        if address:
+            from .standing import follow_local_token
+
+            follow_local_token()  # a head started here with token authentication: speak it too
         # no address: start an embedded local cluster ("local"), never a stray one found running
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
@@ -476,6 +480,12 @@ def connect(
             log.warning("kvres started an embedded Ray cluster for this driver: its sessions end when the driver "
                         "exits (run `kvres start` and connect(address=...) for a standing cluster)")
     try:
+        if config is None:
+            # KVRES_CONFIG when set; else what `kvres start` created the namespace with; else defaults
+            from .standing import published_config
+
+            explicit = bool(os.environ.get("KVRES_CONFIG"))
+            config = (None if explicit or started else published_config(namespace)) or KvresConfig.from_env()
         return SessionManager(namespace, config, started)
     except BaseException:
         if started:

@@ -162,3 +162,41 @@ def test_every_metric_of_the_dashboard_is_on_the_metrics_endpoint(manager, metri
     for s in (streaming, idle, busy):
         s.close()
 
+
+
+# ---- kvres start / stop: errors before anything starts (tests/cluster/test_standing_cluster.py runs them) ----
+
+
+def test_start_and_stop_name_an_unreachable_address(capsys) -> None:
+    import socket
+
+    from tests.cluster.conftest import free_port
+
+    closed = f"127.0.0.1:{free_port()}"
+    for argv in (["stop", "--address", closed], ["start", "--address", closed]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"no Ray cluster at {closed}: nothing accepts connections" in err, err
+    assert main(["stop", "--address", "nonsense"]) == 1
+    assert "Ray address 'nonsense' is not HOST:PORT" in capsys.readouterr().err
+    with socket.socket() as listener:  # something listens there, but it is not a Ray GCS
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert main(["stop", "--address", taken]) == 1
+    assert f"no Ray cluster at {taken}: something listens" in capsys.readouterr().err
+
+
+def test_start_and_stop_refuse_bad_options(tmp_path, capsys) -> None:
+    assert main(["start", "--config", "[1, 2]"]) == 1
+    assert "--config holds a JSON list" in capsys.readouterr().err
+    missing = tmp_path / "missing.json"
+    assert main(["start", "--config", str(missing)]) == 1
+    assert f"--config {str(missing)!r} is neither a JSON object nor a readable file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["start", "--config", str(tmp_path / "bad.json")]) == 1
+    assert "is not valid JSON" in capsys.readouterr().err
+    assert main(["start", "--config", '{"backends": []}']) == 1
+    assert "backends" in capsys.readouterr().err
+    assert main(["stop", "--keep-blocks", "--ray"]) == 1
+    assert "--keep-blocks with --ray" in capsys.readouterr().err

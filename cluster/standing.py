@@ -1,0 +1,529 @@
+"""A standing kvres cluster: a Ray head that outlives every driver, with kvres's actors on it.
+
+Primitives:
+- ``start_standing(namespace="kvres", config=None, port=6379, address=None, ...) ->
+  StandingCluster``: start a Ray head on this machine (``ray start --head``, the venv's ``ray``)
+  unless one already answers on ``port`` (or attach to ``address`` and never start one), create
+  kvres's detached actors there once (``connect``), publish the configuration, disconnect. Nothing
+  stops when this process exits.
+- ``stop_standing(address=None, namespace="kvres", keep_blocks=False, stop_ray=False) ->
+  StopReport``: ``SessionManager.shutdown`` of the namespace's actors (blocks removed unless
+  ``keep_blocks``), then with ``stop_ray`` the Ray head this machine runs at that address.
+- ``stop_head(gcs_address, grace_s=15.0) -> list[int]``: stop the processes of the Ray head whose
+  GCS listens on that port of this machine (``head_processes(port)``), and only those (``ray stop``
+  kills every Ray cluster of the machine).
+- ``check_reachable(address)``: a Ray GCS may answer at HOST:PORT, else ``ClusterUnreachableError``
+  within seconds (``ray.init`` takes about a minute to give up).
+- ``token_auth()``: whether this process uses Ray's token authentication (``kvres start`` / ``stop``
+  turn it on as ``ray start`` does: when a token exists on this machine and RAY_AUTH_MODE is unset).
+- ``ray_binary()``: the ``ray`` command of this environment.
+- ``published_config(namespace) -> KvresConfig | None``: the configuration ``kvres start`` created
+  the namespace's actors with (kept in Ray's GCS); drivers should connect with the same backends.
+- ``config_from_option(value) -> KvresConfig``: ``--config``, a JSON object inline or a file.
+- ``StandingCluster``, ``StopReport``; errors ``ClusterUnreachableError``, ``HeadStartError``,
+  ``HeadNotLocalError``, ``ConfigOptionError`` (all ``KvresError``).
+
+The actors are detached, so they outlive the process that created them; they end with the Ray
+cluster, which is why an embedded cluster (``connect()`` without an address) loses every session
+when its driver exits, and a head started here does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvres.policy import KvresError
+
+from .config import BackendConfig, KvresConfig
+
+DEFAULT_PORT = 6379
+STANDING_KV_NAMESPACE = "kvres-standing"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ClusterUnreachableError(KvresError, ConnectionError):
+    """No Ray cluster answers at the address given."""
+
+
+class HeadStartError(KvresError, RuntimeError):
+    """``ray start --head`` failed; its own last lines are quoted."""
+
+
+class HeadNotLocalError(KvresError, RuntimeError):
+    """``--ray`` asked to stop a Ray head that does not run on this machine."""
+
+
+class ConfigOptionError(KvresError, ValueError):
+    """``--config`` is neither a JSON object nor a file holding one."""
+
+
+@dataclass(frozen=True)
+class StandingCluster:
+    address: str  # the GCS address drivers give connect() or RAY_ADDRESS
+    namespace: str
+    started_head: bool  # False: a Ray head was already running there
+    created_actors: bool  # False: kvres already ran in the namespace
+    backends: list[str]
+    dashboard_url: str | None
+    token_auth: bool  # drivers need RAY_AUTH_MODE=token and the cluster's token
+
+    def instructions(self) -> str:
+        head = "Ray head started" if self.started_head else "Ray head already running"
+        kvres = "kvres actors created" if self.created_actors else "kvres actors already running"
+        lines = [
+            f"kvres start: {head} at {self.address}; {kvres} in namespace {self.namespace!r} "
+            f"(backends: {', '.join(self.backends)})",
+        ]
+        if self.dashboard_url:
+            lines.append(f"dashboard: http://{self.dashboard_url.removeprefix('http://')}")
+        auth = "RAY_AUTH_MODE=token " if self.token_auth else ""
+        lines += [
+            "drivers attach with (sessions outlive every driver; the actors end with this Ray cluster):",
+            f"  {auth}RAY_ADDRESS={self.address} python your_driver.py   # connect(namespace={self.namespace!r})",
+            f"  connect(address={self.address!r}, namespace={self.namespace!r})",
+            "  with the same configuration as this command (KVRES_CONFIG, or config=...)",
+        ]
+        if self.token_auth:
+            lines.append("  token authentication is on: drivers elsewhere need the token (`ray get-auth-token` here)")
+        lines.append(f"stop: kvres stop --address {self.address} --namespace {self.namespace}   (--ray: the Ray head too)")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "namespace": self.namespace, "started_head": self.started_head,
+                "created_actors": self.created_actors, "backends": self.backends,
+                "dashboard_url": self.dashboard_url, "token_auth": self.token_auth}
+
+
+@dataclass(frozen=True)
+class StopReport:
+    address: str
+    namespace: str
+    stopped_actors: bool  # False: no kvres actors ran in the namespace
+    kept_blocks: bool
+    stopped_pids: list[int] = field(default_factory=list)  # the Ray head's processes, with --ray
+
+    def summary(self) -> str:
+        if self.stopped_actors:
+            blocks = "cold blocks kept" if self.kept_blocks else "cold blocks removed"
+            text = f"kvres stop: kvres actors in namespace {self.namespace!r} at {self.address} stopped, {blocks}"
+        else:
+            text = f"kvres stop: no kvres actors in namespace {self.namespace!r} at {self.address}"
+        if self.stopped_pids:
+            text += f"; Ray head stopped ({len(self.stopped_pids)} processes)"
+        return text
+
+
+# ---- configuration ----------------------------------------------------------------------------
+
+
+def config_from_option(value: str) -> KvresConfig:
+    """``--config``: a JSON object inline or the path of a file holding one,
+    shaped like ``KvresConfig`` (the same as ``KVRES_CONFIG``)."""
+    text, where = value.strip(), "--config"
+    if text[:1] not in ("{", "["):
+        path = Path(text).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigOptionError(
+                f"--config {value!r:.200} is neither a JSON object nor a readable file "
+                f"({exc.strerror or exc})"
+            ) from exc
+        where = f"--config file {str(path)!r}"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigOptionError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigOptionError(f"{where} holds a JSON {type(raw).__name__}, not an object shaped like KvresConfig")
+    return KvresConfig.model_validate(raw)
+
+
+def _publish_config(namespace: str, config: KvresConfig) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(namespace, config.model_dump_json(), overwrite=True,
+                                 namespace=STANDING_KV_NAMESPACE)
+
+
+def _forget_config(namespace: str) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(namespace, namespace=STANDING_KV_NAMESPACE)
+
+
+def published_config(namespace: str) -> KvresConfig | None:
+    """What ``kvres start`` created the namespace's actors with, or None (not started that way, or
+    no longer valid here, e.g. a model file that has gone). Needs a connected Ray driver."""
+    from ray.experimental import internal_kv
+
+    data = internal_kv._internal_kv_get(namespace, namespace=STANDING_KV_NAMESPACE)
+    if data is None:
+        return None
+    try:
+        return KvresConfig.model_validate_json(data)
+    except ValueError:
+        return None
+
+
+# ---- reaching a cluster -----------------------------------------------------------------------
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterUnreachableError(
+            f"Ray address {address!r} is not HOST:PORT (for example 127.0.0.1:{DEFAULT_PORT})"
+        )
+    return host, int(port)
+
+
+def _port_open(host: str, port: int, timeout_s: float = 3.0) -> OSError | None:
+    """None when something accepts connections at host:port, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc
+
+
+def _answers_grpc(address: str, timeout_s: float = 5.0) -> bool:
+    """Whether what listens there speaks gRPC, as a Ray GCS does (``ray.init`` on a port held by
+    something else waits about a minute before it fails)."""
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
+def check_reachable(address: str) -> None:
+    """Raise ``ClusterUnreachableError`` unless a Ray GCS may answer at ``address`` (HOST:PORT)."""
+    host, port = _split_address(address)
+    refused = _port_open(host, port)
+    if refused is not None:
+        raise ClusterUnreachableError(
+            f"no Ray cluster at {address}: nothing accepts connections on port {port} of {host} "
+            f"({refused.strerror or refused}); start one with `kvres start --port {port}`"
+        )
+    if not _answers_grpc(address):
+        raise ClusterUnreachableError(
+            f"no Ray cluster at {address}: something listens on port {port} of {host} but does not "
+            "answer as a Ray GCS"
+        )
+
+
+def follow_local_token() -> None:
+    """Ray's own rule for a cluster it finds on this machine, applied to an explicit address too:
+    with ``RAY_AUTH_MODE`` unset, a token on this machine (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``) turns token authentication on. ``ray start --head`` decides the same
+    way, so this process can join the head it has just started; a token sent to a cluster without
+    authentication is ignored."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def token_auth() -> bool:
+    """Whether this process speaks to Ray with token authentication."""
+    return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+
+
+@contextlib.contextmanager
+def _driver(address: str, namespace: str) -> Iterator[Any]:
+    """This process as a driver of the cluster at ``address`` ("auto": the one on this machine)
+    for the block, disconnected after it; yields ``ray.init``'s context."""
+    import ray
+
+    if address != "auto":
+        check_reachable(address)
+    if ray.is_initialized():
+        raise KvresError(
+            "this process is already connected to Ray; kvres start / stop connect and disconnect by "
+            "themselves: run them in a process of their own"
+        )
+    follow_local_token()
+    try:
+        context = ray.init(address=address, namespace=namespace, log_to_driver=False,
+                           logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, TimeoutError) as exc:  # no cluster, refused token, versions
+        where = "on this machine (give --address or RAY_ADDRESS)" if address == "auto" else f"at {address}"
+        raise ClusterUnreachableError(f"could not attach to a Ray cluster {where}: {exc}") from exc
+    try:
+        yield context
+    finally:
+        ray.shutdown()  # this driver leaves; detached actors stay with the cluster
+
+
+# ---- start ------------------------------------------------------------------------------------
+
+
+def ray_binary() -> str:
+    """The ``ray`` of this Python's environment (the venv kvres runs in), else the one on PATH."""
+    beside = Path(sys.executable).parent / "ray"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("ray")
+    if found is None:
+        raise HeadStartError(f"no `ray` command beside {sys.executable} nor on PATH (pip install 'ray[default]')")
+    return found
+
+
+def _start_head(
+    port: int, node_ip_address: str | None, num_cpus: int | None, dashboard_port: int | None,
+    temp_dir: str | None, ray_args: Sequence[str], timeout_s: float = 300.0,
+) -> None:
+    command = [ray_binary(), "start", "--head", f"--port={port}", "--include-dashboard=true",
+               "--disable-usage-stats"]
+    optional = {"--node-ip-address": node_ip_address, "--num-cpus": num_cpus,
+                "--dashboard-port": dashboard_port, "--temp-dir": temp_dir}
+    command += [f"{flag}={value}" for flag, value in optional.items() if value is not None]
+    command += list(ray_args)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise HeadStartError(f"`ray start --head --port={port}` did not finish within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        tail = [line for line in _ANSI.sub("", done.stderr + done.stdout).strip().splitlines() if line.strip()]
+        raise HeadStartError(
+            f"`ray start --head --port={port}` failed (exit {done.returncode}): " + " | ".join(tail[-3:])
+        )
+
+
+def _local_host(node_ip_address: str | None) -> str:
+    return node_ip_address or "127.0.0.1"
+
+
+def start_standing(
+    namespace: str = "kvres",
+    config: KvresConfig | None = None,
+    port: int = DEFAULT_PORT,
+    address: str | None = None,
+    node_ip_address: str | None = None,
+    num_cpus: int | None = None,
+    dashboard_port: int | None = None,
+    temp_dir: str | None = None,
+    ray_args: Sequence[str] = (),
+) -> StandingCluster:
+    """A Ray head on this machine's ``port`` (started unless one answers there), or the cluster at
+    ``address`` (never started here), with kvres's actors created in ``namespace``; this process
+    disconnects and everything keeps running. If the actors cannot start, a head started by this
+    call is stopped again and the error raised."""
+    import ray
+
+    from kvres.actors.planner_actor import PLANNER_NAME
+
+    from .session import connect
+
+    config = config or KvresConfig.from_env()
+    started = False
+    if address is not None:
+        target = address
+    else:
+        target = f"{_local_host(node_ip_address)}:{port}"
+        if _port_open(_local_host(node_ip_address), port) is not None:
+            _start_head(port, node_ip_address, num_cpus, dashboard_port, temp_dir, ray_args)
+            started = True
+    try:
+        with _driver(target, namespace) as context:
+            gcs_address = str(ray.get_runtime_context().gcs_address)
+            existed = PLANNER_NAME in _kvres_actors(namespace)
+            manager = connect(address=gcs_address, namespace=namespace, config=config)
+            _publish_config(namespace, config)
+            return StandingCluster(gcs_address, namespace, started, not existed,
+                                   _running_backends(namespace) or manager.backends(),
+                                   getattr(context, "dashboard_url", None) or None, token_auth())
+    except BaseException:
+        if started:  # leave nothing running that this call started
+            with contextlib.suppress(KvresError):
+                stop_head(target)
+        raise
+
+
+# ---- stop -------------------------------------------------------------------------------------
+
+
+def _kvres_actors(namespace: str) -> list[str]:
+    import ray
+
+    return sorted(info["name"] for info in ray.util.list_named_actors(all_namespaces=True)
+                  if info["namespace"] == namespace and info["name"].startswith("kvres-"))
+
+
+def _running_backends(namespace: str) -> list[str]:
+    from .cluster_view import BACKEND_PREFIX
+
+    return [n.removeprefix(BACKEND_PREFIX) for n in _kvres_actors(namespace) if n.startswith(BACKEND_PREFIX)]
+
+
+def stop_standing(
+    address: str | None = None, namespace: str = "kvres", keep_blocks: bool = False, stop_ray: bool = False,
+) -> StopReport:
+    """Stop kvres in ``namespace`` as ``SessionManager.shutdown(keep_blocks)`` does (backends
+    first, then every block and folder of the namespace's cold stores unless ``keep_blocks``, then
+    the stores and the planner); with ``stop_ray`` then the Ray head, which must run on this
+    machine. Without kvres actors in the namespace that is an error, unless ``stop_ray``."""
+    import ray
+
+    from .cluster_view import ClusterView, NoClusterError
+    from .session import connect
+
+    if keep_blocks and stop_ray:
+        raise KvresError(
+            "--keep-blocks with --ray: the blocks' secret lives in the Ray cluster and ends with it, so "
+            "kept blocks could never be read again; stop kvres without --ray to keep them"
+        )
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    with _driver(target, namespace):
+        gcs_address = str(ray.get_runtime_context().gcs_address)
+        try:
+            ClusterView(namespace)  # creates nothing: is kvres there at all?
+            found = True
+        except NoClusterError:
+            if not stop_ray:
+                raise
+            found = False
+        if found:
+            # the actors exist, so connect() only finds them (get_if_exists) and hands over
+            # SessionManager.shutdown; backend names are all it needs of a configuration
+            config = published_config(namespace) or KvresConfig(
+                backends=[BackendConfig(name=name) for name in _running_backends(namespace)] or [BackendConfig()]
+            )
+            connect(address=gcs_address, namespace=namespace, config=config).shutdown(keep_blocks=keep_blocks)
+            _forget_config(namespace)
+            _wait_gone(namespace)
+    pids = stop_head(gcs_address) if stop_ray else []
+    return StopReport(gcs_address, namespace, found, keep_blocks, pids)
+
+
+def _wait_gone(namespace: str, timeout_s: float = 30.0) -> None:
+    """Until Ray no longer lists the namespace's kvres actors (``ray.kill`` returns at once)."""
+    deadline = time.monotonic() + timeout_s
+    while _kvres_actors(namespace) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+# ---- the Ray head's processes -----------------------------------------------------------------
+
+
+def _processes() -> dict[int, tuple[int, str, list[str]]]:
+    """pid -> (parent pid, state, argv) of every process this user can read."""
+    found: dict[int, tuple[int, str, list[str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        found[int(entry.name)] = (int(ppid), state, [a for a in argv if a])
+    return found
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")), None)
+
+
+def head_processes(port: int) -> list[int]:
+    """The processes of the Ray head whose GCS listens on ``port`` here: those naming its session
+    folder or its GCS address (Ray's own, not a driver's), and all their descendants (workers
+    rename themselves)."""
+    if not Path("/proc/self").exists():
+        raise HeadNotLocalError("finding the Ray head's processes needs /proc (Linux); run `ray stop` on the head")
+    table = _processes()
+    gcs = [(pid, argv) for pid, (_, state, argv) in table.items()
+           if argv and argv[0].endswith("gcs_server") and f"--gcs_server_port={port}" in argv and state != "Z"]
+    if not gcs:
+        return []
+    _, gcs_argv = gcs[0]
+    session_dir = _flag(gcs_argv, "--session-dir") or _flag(gcs_argv, "--session_dir")
+    gcs_address = f"{_flag(gcs_argv, '--node-ip-address')}:{port}"
+
+    def belongs(argv: list[str]) -> bool:
+        if session_dir and any(a == session_dir or session_dir + "/" in a or a.endswith("=" + session_dir)
+                               for a in argv):
+            return True
+        names_gcs = any(a == gcs_address or a.endswith("=" + gcs_address) for a in argv)
+        return names_gcs and any("site-packages/ray/" in a or a.startswith("ray.") for a in argv)
+
+    doomed = {pid for pid, (_, _, argv) in table.items() if belongs(argv)}
+    while True:
+        children = {pid for pid, (ppid, _, _) in table.items() if ppid in doomed} - doomed
+        if not children:
+            break
+        doomed |= children
+    mine, pid = set(), os.getpid()
+    while pid in table and pid not in mine:  # never this process nor what started it
+        mine.add(pid)
+        pid = table[pid][0]
+    return sorted(doomed - mine)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _terminate(pids: Sequence[int], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL what is still running after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not any(_alive(p) for p in pids):
+            return
+
+
+def stop_head(gcs_address: str, grace_s: float = 15.0) -> list[int]:
+    """Stop the head's processes (``head_processes``) as ``ray stop`` orders it: the raylet first
+    (its agents share its fate), then the rest, the GCS last (the others wait for it while they
+    exit); each group gets a third of ``grace_s`` after SIGTERM, then SIGKILL. Returns their pids;
+    ``HeadNotLocalError`` when no GCS listens on that port here."""
+    _, port = _split_address(gcs_address)
+    pids = head_processes(port)
+    if not pids:
+        raise HeadNotLocalError(
+            f"no Ray head with its GCS on port {port} runs on this machine; stop the cluster at "
+            f"{gcs_address} with `ray stop` on its head node"
+        )
+    table = _processes()
+
+    def named(suffix: str) -> list[int]:
+        return [p for p in pids if p in table and table[p][2] and table[p][2][0].endswith(suffix)]
+
+    raylet, gcs = named("/raylet"), named("/gcs_server")
+    for group in (raylet, [p for p in pids if p not in raylet and p not in gcs], gcs):
+        _terminate(group, grace_s / 3)
+    return pids
