@@ -702,19 +702,19 @@ class BackendHost:
         turn = next((job.feed for job in self._loop.pending(session_id) if job.kind == "append"), None)
         recalled: list[Range] = []
         if scorer == "snapkv" and turn:
-            from kvres.policy.ranges import merge_ranges
-            from kvres.policy.recall import choose_recalls
+            from kvres.policy.recall import plan_recall
 
             p = s.policy
             resident = executor.resident_ranges(session_id)
             log_len = len(executor.token_log(session_id))
             # the scoring pass holds the resident tokens, the cold blocks and the turn
-            fits = self.config.n_ctx - sum(len(r) for r in resident) - len(turn)
+            fits = self.config.n_ctx - sum(r.end - r.start for r in resident) - len(turn)
             candidates: list[ColdRef] = []
             for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
-                if len(ref.key.token_range) <= fits:
+                n = ref.key.token_range.end - ref.key.token_range.start
+                if n <= fits:
                     candidates.append(ref)
-                    fits -= len(ref.key.token_range)
+                    fits -= n
             by_store: dict[str, list[int]] = {}
             for i, ref in enumerate(candidates):
                 by_store.setdefault(ref.store, []).append(i)
@@ -725,8 +725,8 @@ class BackendHost:
                     read[i] = block
             gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
             if gone:
-                lost = set(gone)
-                s.cold = [ref for ref in s.cold if ref not in lost]
+                lost = {id(ref) for ref in gone}
+                s.cold = [ref for ref in s.cold if id(ref) not in lost]
                 self._store.release(gone)
             order = sorted((i for i, block in enumerate(read) if block is not None),
                            key=lambda i: candidates[i].key.token_range.start)
@@ -737,28 +737,19 @@ class BackendHost:
                 log.debug("session %r: recall by import first (%s)", session_id, exc)
                 capture = None
             if capture is not None:
-                cold = [r.key.token_range for r in refs]
-                view = SessionView(
-                    session_id, tuple(merge_ranges([*resident, *cold, Range(log_len, log_len + len(turn))])),
-                    s.last_used, active=True, budget_tokens=p.budget_tokens,
-                    stream_policy=StreamPolicy(True, p.sink_tokens, p.recent_tokens, p.rebase),
-                    evictable=True, block_size=p.block_size,
+                cold = np.array([(r.key.token_range.start, r.key.token_range.end) for r in refs], dtype=np.int64)
+                choice = plan_recall(
+                    resident, cold.reshape(-1, 2), Range(log_len, log_len + len(turn)),
+                    scorer_for("snapkv", p.observation_window).score(capture), capture.key_positions,
+                    StreamPolicy(True, p.sink_tokens, p.recent_tokens, p.rebase), p.block_size,
+                    p.budget_tokens or 0, executor.capabilities(), self._free_tokens({}) - incoming,
                 )
-                table = view.blocks()
-                key_scores = scorer_for("snapkv", p.observation_window).score(capture)
-                ranked = block_scores(key_scores, capture.key_positions,
-                                      [Range(int(a), int(b)) for a, b in zip(table.starts, table.ends, strict=True)])
-                plan = self._plan(BackendPlanInput([replace(view, scores=tuple(float(x) for x in ranked))],
-                                                   self.config.kv_budget_tokens, executor.capabilities()))
-                dropped = [r for action in plan.actions if action.kind == "evict" for r in action.ranges]
-                choice = choose_recalls(resident, cold, block_scores(key_scores, capture.key_positions, cold).tolist(),
-                                        dropped, self._free_tokens({}) - incoming)
                 back = [refs[i] for i in choice.imports]
                 if back or choice.evict:
                     exported = executor.exchange(session_id, choice.evict, [blocks[i] for i in choice.imports],
                                                  p.rebase)
-                    taken = set(back)
-                    s.cold = [ref for ref in s.cold if ref not in taken]
+                    back_ids = {id(ref) for ref in back}
+                    s.cold = [ref for ref in s.cold if id(ref) not in back_ids]
                     self._store.take(back)  # read above: this only removes them
                     if exported:
                         parked = self._store.park(exported)

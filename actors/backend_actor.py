@@ -76,6 +76,11 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
+        from .tier_policy import session_policy_for_tier
+
+        # where T* chose to spill, a session with no eviction policy keeps a resident window and
+        # parks the rest in the cold store (its stats show the policy it runs with)
+        policy = session_policy_for_tier(self.tier_decision, policy, self.host.config.kv_budget_tokens)
         self.host.open_session(session_id, policy)
 
     @ray.method(concurrency_group="calls")

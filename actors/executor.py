@@ -9,7 +9,9 @@ Primitives:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
   ``attention`` (a raw capture, where ``Capabilities.attention_capture`` says the engine has one)
   and ``keys`` (the resident keys, where ``Capabilities.key_access`` says so): the inputs of the
-  scorer objects in ``kvres.policy.scorers``, the one scoring path.
+  scorer objects in ``kvres.policy.scorers``, the one scoring path. For recall, optionally:
+  ``recall_attention`` (score cold blocks by a new turn's attention without importing them) and
+  ``exchange`` (evict and import many ranges as one change).
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
@@ -108,6 +110,27 @@ class Executor(EngineSessions):
     def keys(self, session_id: str) -> KeyCapture:
         """Every resident key (after RoPE), labelled by token-log index."""
         raise CapabilityError(f"the {self.engine} executor cannot read its keys")
+
+    def recall_attention(
+        self, session_id: str, blocks: Sequence[KVBlock], tokens: Sequence[int], window: int, rebase: bool
+    ) -> AttentionCapture:
+        """Attention of the last ``window`` of ``tokens`` (a turn not appended yet) over the
+        resident tokens, the ``blocks``' tokens as if imported (at ``kvres.policy.recall.
+        exchange_layout``'s positions) and ``tokens`` themselves, all labelled by token-log index
+        (``tokens`` continue the log): what a recall ranks cold blocks by. The session does not
+        change. An engine without it raises ``CapabilityError`` (a recall then imports first)."""
+        raise CapabilityError(f"the {self.engine} executor cannot score blocks it has not imported")
+
+    def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:
+        """Evict ``evict`` (resident ranges) and import ``blocks`` as one change; returns the evicted
+        ranges exported, in ``evict``'s order. Engines that rewrite the session's KV in one step
+        place everything at ``exchange_layout``'s positions; this default goes range by range."""
+        exported = [self.export_range(session_id, rng) for rng in evict]
+        for rng in sorted(evict, reverse=True):
+            self.evict_range(session_id, rng, rebase=rebase)
+        for block in sorted(blocks, key=lambda b: b.token_range.start):
+            self.import_range(session_id, block)
+        return exported
 
 
 class EngineManagedExecutor(EngineSessions):

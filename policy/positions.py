@@ -3,7 +3,8 @@
 Primitives:
 - ``PositionMap``: which token-log positions are resident and at which cache position.
   ``append(n)``, ``evict(rng, rebase) -> EvictOp``, ``admit(rng, offsets) -> AdmitOp``,
-  ``resident_ranges()``, ``positions(rng)``, checks that raise ``RangeError``.
+  ``resident_ranges()``, ``positions(rng)``, checks that raise ``RangeError``;
+  ``relayout(resident, positions, next_pos)``: adopt a whole layout at once (a batched exchange).
 - ``EvictOp(p0, p1, shift)``: remove cache positions ``[p0, p1)``, then move ``[p1, inf)`` by
   ``shift`` (0 or negative).
 - ``AdmitOp(first_position, tail_from, tail_shift)``: move ``[tail_from, inf)`` up by
@@ -135,6 +136,25 @@ class PositionMap:
             self._pos[tail & self._resident] += shift
             self.next_pos += shift
         return EvictOp(p0, p1, shift)
+
+    def relayout(self, resident: npt.ArrayLike, positions: npt.ArrayLike, next_pos: int) -> None:
+        """Adopt a new layout of the whole log at once: ``resident`` and ``positions`` (one per
+        log index; positions of resident tokens must be >= 0 and increase strictly, and stay below
+        ``next_pos``). Used where many evictions and imports are carried out in one engine step."""
+        mask = np.asarray(resident, dtype=bool)
+        pos = np.asarray(positions, dtype=np.int64)
+        if mask.shape != (self.length,) or pos.shape != (self.length,):
+            raise RangeError(
+                f"a layout needs one entry per token of the {self.length}-token log, got "
+                f"{mask.shape[0] if mask.ndim else 0} flags and {pos.shape[0] if pos.ndim else 0} positions"
+            )
+        held = pos[mask]
+        if held.size and (held[0] < 0 or np.any(np.diff(held) <= 0) or next_pos <= held[-1]):
+            raise RangeError("resident positions must be >= 0, increase strictly with the log index and "
+                             f"lie below next_pos={next_pos}")
+        self._resident = mask.copy()
+        self._pos = np.where(mask, pos, 0)
+        self.next_pos = int(next_pos)
 
     def plan_admit(
         self, rng: Range, offsets: IntArray | None = None, preferred_first: int | None = None

@@ -11,7 +11,8 @@ Primitives:
 - ``pool_1d(scores, kernel, mode)``: centred max/avg pooling, same length out.
 - ``AttentionCapture``: attention probabilities with the token-log index of each key and query.
 - ``block_scores(key_scores, key_positions, ranges, reduce)``: per-key scores summed (or meaned,
-  or maxed) into per-block scores; keys with no position (``-1``) are ignored.
+  or maxed) into per-block scores; keys with no position (``-1``) are ignored. ``span_scores``:
+  the same over ``starts`` / ``ends`` columns (a ``BlockTable``'s).
 """
 
 from __future__ import annotations
@@ -80,9 +81,11 @@ def pool_1d(scores: npt.ArrayLike, kernel: int = 7, mode: str = "max") -> FloatA
         return s.copy()
     half = kernel // 2
     if mode == "max":
-        padded = np.pad(s, half, mode="constant", constant_values=-np.inf)
-        windows = np.lib.stride_tricks.sliding_window_view(padded, kernel)
-        return np.asarray(windows.max(axis=1), dtype=np.float64)
+        out = s.copy()
+        for shift in range(1, half + 1):  # the window's maximum, one neighbour distance at a time
+            np.maximum(out[shift:], s[:-shift], out=out[shift:])
+            np.maximum(out[:-shift], s[shift:], out=out[:-shift])
+        return out
     padded = np.pad(s, half, mode="constant", constant_values=0.0)
     counts = np.convolve(np.ones_like(s), np.ones(kernel), mode="same")
     return np.asarray(np.convolve(padded, np.ones(kernel), mode="valid") / counts, dtype=np.float64)
@@ -108,18 +111,32 @@ def block_scores(
     reduce: str = "sum",
 ) -> FloatArray:
     """Aggregate per-key scores into one score per range (ranges are in token positions)."""
+    starts = np.fromiter((r.start for r in ranges), dtype=np.int64, count=len(ranges))
+    ends = np.fromiter((r.end for r in ranges), dtype=np.int64, count=len(ranges))
+    return span_scores(key_scores, key_positions, starts, ends, reduce)
+
+
+def span_scores(
+    key_scores: npt.ArrayLike,
+    key_positions: npt.ArrayLike,
+    starts: npt.ArrayLike,
+    ends: npt.ArrayLike,
+    reduce: str = "sum",
+) -> FloatArray:
+    """``block_scores`` for ranges given as ``starts`` / ``ends`` columns (disjoint), e.g. a
+    ``BlockTable``'s: no ``Range`` object per block."""
     scores = np.asarray(key_scores, dtype=np.float64).reshape(-1)
     positions = np.asarray(key_positions, dtype=np.int64).reshape(-1)
     if scores.shape != positions.shape:
         raise ValueError(f"{scores.shape[0]} key scores but {positions.shape[0]} key positions")
     if reduce not in ("sum", "mean", "max"):
         raise ValueError(f"reduce must be 'sum', 'mean' or 'max', got {reduce!r}")
-    out = np.zeros(len(ranges), dtype=np.float64)
-    if not ranges:
+    starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+    ends = np.asarray(ends, dtype=np.int64).reshape(-1)
+    out = np.zeros(starts.shape[0], dtype=np.float64)
+    if not starts.size:
         return out
-    starts = np.array([r.start for r in ranges], dtype=np.int64)
-    ends = np.array([r.end for r in ranges], dtype=np.int64)
-    order = np.argsort(starts)
+    order = np.argsort(starts, kind="stable")
     s_sorted, e_sorted = starts[order], ends[order]
     slot = np.searchsorted(s_sorted, positions, side="right") - 1
     inside = (slot >= 0) & (positions >= 0)
@@ -133,7 +150,7 @@ def block_scores(
         return out
     np.add.at(out, idx, vals)
     if reduce == "mean":
-        counts = np.bincount(idx, minlength=len(ranges)).astype(np.float64)
+        counts = np.bincount(idx, minlength=starts.shape[0]).astype(np.float64)
         out = np.divide(out, counts, out=np.zeros_like(out), where=counts > 0)
     return out
 

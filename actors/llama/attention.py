@@ -8,6 +8,10 @@ Primitives:
   ``capture(tokens, key_positions, window) -> AttentionCapture`` re-prefills ``tokens`` from an
   empty cache and records the attention of the last ``window`` of them (``probs`` of shape
   (n_layer, n_head, n_query, n_key), keys and query rows labelled by token-log index).
+  ``capture_after(blob, n_cells, tokens, first_pos, key_positions, window)`` restores a state blob
+  (this context's layout: f16, V transposed; cells in position order) instead of re-prefilling,
+  decodes ``tokens`` after it from ``first_pos`` and records the attention of their last
+  ``window``: what a recall scores cold blocks by, at the cost of the new tokens only.
 
 Why a second context: the serving context keeps flash attention (faster, and required for a
 quantized V cache), so its attention matrix never exists in memory. The scoring context starts
@@ -105,6 +109,43 @@ class ScoringContext:
             self.ctx.clear()
         return AttentionCapture(probs, keys, keys[head:].copy())
 
+    def capture_after(
+        self, blob: bytes, n_cells: int, tokens: Sequence[int], first_pos: int, key_positions: npt.ArrayLike,
+        window: int,
+    ) -> tuple[AttentionCapture, npt.NDArray[np.float32], bytes]:
+        """The capture, the last token's logits and the state blob of the tokens' own cells."""
+        n_tok = len(tokens)
+        n_keys = n_cells + n_tok
+        keys = np.asarray(key_positions, dtype=np.int64)
+        if keys.shape != (n_keys,):
+            raise ValueError(f"{keys.shape[0]} key positions for {n_cells} cells and {n_tok} tokens")
+        if n_tok == 0:
+            raise ValueError("attention capture needs at least one token")
+        if n_keys > self.ctx.n_cells:
+            raise ValueError(f"{n_keys} keys do not fit the scoring context of {self.ctx.n_cells} cells")
+        window = max(1, min(int(window), n_tok, self.ctx.n_batch))
+        head = n_tok - window
+        self.ctx.clear()
+        try:
+            if n_cells and not self.ctx.state_set(0, blob):
+                raise EngineError(f"the scoring context refused a state of {n_cells} cells")
+            if head:
+                self.ctx.decode(tokens[:head], first_pos, 0, logits=False)
+            self.recorder.reset()
+            self.recorder.active = True
+            try:
+                logits = self.ctx.decode(tokens[head:], first_pos + head, 0)
+            finally:
+                self.recorder.active = False
+            if self.recorder.error is not None:
+                raise EngineError(f"attention capture failed: {self.recorder.error!r}")
+            probs = self._stack(n_keys, window)
+            self.ctx.seq_rm(0, 0, first_pos)  # what stays: the tokens' own cells
+            own = self.ctx.state_get(0)
+        finally:
+            self.ctx.clear()
+        return AttentionCapture(probs, keys, keys[n_keys - window :].copy()), logits, own
+
     def _stack(self, n_keys: int, window: int) -> npt.NDArray[np.float32]:
         captured = self.recorder.captured
         if sorted(captured) != list(range(self.model.n_layer)):
@@ -121,7 +162,7 @@ class ScoringContext:
             layers.append(rows[:, :, :n_keys])
         probs = np.stack(layers)
         # The cache was empty, so key i is token i; causality must show it (query j sees keys <= j).
-        future = np.triu(np.ones((window, n_keys), dtype=bool), k=n_keys - window + 1)
-        if np.any(probs[:, :, future] != 0.0):
+        first = n_keys - window
+        if any(probs[:, :, j, first + j + 1 :].any() for j in range(window - 1)):
             raise EngineError("captured attention puts weight on future keys: cell order is not token order")
         return probs

@@ -54,7 +54,8 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ from kvres.policy.kv_types import (
 )
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
+from kvres.policy.recall import BlockSpans, exchange_layout
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
@@ -91,13 +93,16 @@ from .attention import ScoringContext
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel
 from .errors import ContextFullError, EngineError, SessionLimitError
-from .state_blob import expected_payload_size, read_cell_positions, read_keys
+from .halfs import f16_to_f32, f32_to_f16
+from .rope import KeyRotation, key_rotation
+from .state_blob import StateCells, expected_payload_size, parse_cells, read_cell_positions, read_keys
 
 MIN_N_CTX = 32
 MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ, including the reserved sequences
 ENGINE = "llama.cpp"
 _RESERVED_CELLS = 2  # applying pending K-shifts decodes one throwaway token
 _RESERVED_SEQS = 1  # scratch; each session also has a parking sequence (see cache_ops)
+_FLOAT_DTYPES: dict[str, np.dtype[Any]] = {"f16": np.dtype("<f2"), "f32": np.dtype("<f4")}
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,33 @@ class _PendingImport:
     delta: int  # target position - exported position
 
 
+@dataclass(frozen=True)
+class _Prefill:
+    """A turn decoded by a recall's scoring pass (over the resident cells and every cold block):
+    its cells (at the scoring pass's positions) and last logits. The session's next append takes
+    them instead of decoding the same tokens again, if it is exactly these tokens and the session
+    still holds ``positions`` (what the exchange after the scoring pass left)."""
+
+    tokens: tuple[int, ...]
+    cells: StateCells
+    logits: npt.NDArray[np.float32]
+    positions: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _RecallMemo:
+    """What ``recall_attention`` read, for the ``exchange`` that follows it (valid while the
+    session's positions are unchanged): its resident cells, and those merged with the blocks'
+    cells in log order at the positions they were stored at."""
+
+    session_id: str
+    positions: npt.NDArray[np.int64]
+    old: tuple[StateCells, npt.NDArray[np.int64]]
+    cells: StateCells
+    index: npt.NDArray[np.int64]
+    blocks: frozenset[int]  # ids of the blocks merged in
+
+
 @dataclass
 class _Session:
     seq: int
@@ -115,6 +147,7 @@ class _Session:
     positions: PositionMap = field(default_factory=PositionMap)
     logits: npt.NDArray[np.float32] | None = None  # next-token logits of the current cache
     pending: list[_PendingImport] = field(default_factory=list)  # imports not yet in the engine
+    prefill: _Prefill | None = None  # the next turn, decoded by a recall's scoring pass
 
 
 def _check_n_ctx(n_ctx: Any) -> int:
@@ -172,6 +205,7 @@ class LlamaExecutor(SessionTable, Executor):
 
         self._model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         self._scoring: ScoringContext | None = None
+        self._recall_memo: _RecallMemo | None = None
         try:
             self.geometry = self._geometry()
             self._check_quantizable()
@@ -329,6 +363,9 @@ class LlamaExecutor(SessionTable, Executor):
             toks = self._check_tokens(tokens)
             self._ensure_room(len(toks))
             self._materialize(s)
+            taken = self._take_prefill(s, toks)
+            if taken is not None:
+                return taken
             logits = self._ops.place(s.seq, toks, s.positions.next_pos)
             s.positions.append(len(toks))
             s.tokens.extend(toks)
@@ -348,6 +385,9 @@ class LlamaExecutor(SessionTable, Executor):
             batch: list[int] = []
             for i, (s, sid, toks) in enumerate(checked):
                 self._materialize(s)
+                out[i] = self._take_prefill(s, toks)
+                if out[i] is not None:
+                    continue
                 last = self._ctx.pos_max(s.seq)
                 if last < 0 or last + 1 == s.positions.next_pos:
                     batch.append(i)
@@ -370,6 +410,25 @@ class LlamaExecutor(SessionTable, Executor):
                     s.logits = lg
                     out[i] = lg.copy()
             return [lg for lg in out if lg is not None]
+
+    def _take_prefill(self, s: _Session, toks: list[int]) -> npt.NDArray[np.float32] | None:
+        """Append ``toks`` from the session's prefill (their cells restored, moved to where they
+        go, no decode) when it holds exactly them and the session is as the prefill expects."""
+        p, s.prefill = s.prefill, None
+        if p is None or p.tokens != tuple(toks) or not np.array_equal(p.positions, s.positions.all_positions()):
+            return None
+        first = s.positions.next_pos
+        try:
+            cells = self._moved(p.cells, np.arange(first, first + len(toks), dtype=np.int64))
+        except CapabilityError:
+            return None  # its keys cannot be moved here: decode the tokens after all
+        self._ops.reserve(len(toks))
+        if not self._ops.restore(s.seq, cells.to_blob(not self.flash_attn), cells.positions.tolist(), 0):
+            return None
+        s.positions.append(len(toks))
+        s.tokens.extend(toks)
+        s.logits = p.logits
+        return p.logits.copy()
 
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
         with self._lock:
@@ -511,6 +570,213 @@ class LlamaExecutor(SessionTable, Executor):
             tokens = np.asarray(s.tokens, dtype=np.int32)[mask]
             return self._scoring.capture(tokens.tolist(), log_index, window or self.score_window)
 
+    # -- recall: many blocks in one engine step --------------------------------------------
+    def recall_attention(
+        self, session_id: str, blocks: Sequence[KVBlock], tokens: Sequence[int], window: int, rebase: bool
+    ) -> AttentionCapture:
+        """Attention of the last ``window`` of ``tokens`` over the resident cells, the blocks' cells
+        (at the positions importing them all would give) and ``tokens``: one state restore into the
+        scoring context and a decode of ``tokens`` there, no re-prefill. The session is unchanged."""
+        with self._lock:
+            s = self._get(session_id)
+            toks = self._check_tokens(tokens)
+            spans = _spans_of(blocks)
+            layout = exchange_layout(s.positions, (), spans, rebase)
+            self._check_blocks(s, session_id, blocks, spans)
+            old = self._resident_cells(s)
+            merged, log_index = self._merged_cells(s, blocks, layout.resident, old, spans)
+            # the exchange that follows a recall reads the same cells: keep them for it
+            self._recall_memo = _RecallMemo(session_id, s.positions.all_positions(), old, merged, log_index,
+                                            frozenset(id(b) for b in blocks))
+            cells = self._moved(merged, layout.positions[log_index])
+            if self._scoring is None:
+                self._scoring = ScoringContext(self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads)
+            # the scoring context holds f16 and, without flash attention, V transposed
+            blob = _as_f16(cells, self.type_k, self.type_v).to_blob(v_trans=True) if len(cells) else b""
+            first = int(cells.positions[-1]) + 1 if len(cells) else 0
+            keys = np.concatenate([log_index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
+            capture, logits, own = self._scoring.capture_after(blob, len(cells), toks, first, keys, window)
+            s.prefill = None
+            if self.type_k == self.type_v == "f16":  # the scoring context's types: its cells fit as they are
+                fresh = parse_cells([own])
+                if np.array_equal(fresh.positions, np.arange(first, first + len(toks))):
+                    s.prefill = _Prefill(tuple(toks), fresh, logits, s.positions.all_positions())
+            return capture
+
+    def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:
+        """Evict ``evict`` and import ``blocks`` in one state restore: the session's cells are read
+        once, merged with the blocks' in numpy, moved to ``exchange_layout``'s positions (keys turned
+        by ``rope.KeyRotation``) and written back; the evicted ranges come back exported."""
+        with self._lock:
+            s = self._get(session_id)
+            if rebase and not self._caps.position_shift:
+                raise CapabilityError("this model's cache cannot shift positions (position_shift is false)")
+            spans = _spans_of(blocks)
+            layout = exchange_layout(s.positions, evict, spans, rebase)
+            memo, self._recall_memo = self._recall_memo, None
+            if memo is None or memo.session_id != session_id or s.pending \
+                    or not np.array_equal(memo.positions, s.positions.all_positions()):
+                memo = None
+            old, old_index = memo.old if memo is not None else self._resident_cells(s)
+            bounds = np.searchsorted(old_index, [(r.start, r.end) for r in evict]).reshape(-1, 2)
+            exported = [self._block_of(session_id, s, rng, old.take(np.arange(lo, hi)))
+                        for rng, (lo, hi) in zip(evict, bounds.tolist(), strict=True)]
+            if memo is not None and all(id(b) in memo.blocks for b in blocks):
+                keep = layout.resident[memo.index]  # cells of blocks left cold are not resident there
+                cells, log_index = memo.cells.take(np.nonzero(keep)[0]), memo.index[keep]
+            else:
+                self._check_blocks(s, session_id, blocks, spans)
+                cells, log_index = self._merged_cells(s, blocks, layout.resident, (old, old_index), spans)
+            cells = self._moved(cells, layout.positions[log_index])
+            self._ensure_room(len(cells) - len(old))
+            if len(old):
+                self._ops.remove(s.seq, old.positions, 0)
+            if len(cells):
+                self._ops.reserve(len(cells))
+                if not self._ops.restore(s.seq, cells.to_blob(not self.flash_attn), cells.positions.tolist(), 0):
+                    restored = len(old) and self._ops.restore(s.seq, old.to_blob(not self.flash_attn),
+                                                              old.positions.tolist(), 0)
+                    if not restored:
+                        s.positions.relayout(np.zeros(len(s.tokens), dtype=bool), np.zeros(len(s.tokens)), 0)
+                    raise ContextFullError(
+                        f"llama.cpp could not restore {len(cells)} cells for session {session_id!r}"
+                        + ("; it is as before" if restored else "; its KV is lost (its tokens are not)"),
+                        needed=len(cells), free=self.free_cells(),
+                    )
+            before = s.positions.all_positions()
+            s.positions.relayout(layout.resident, layout.positions, layout.next_pos)
+            s.logits = None
+            if s.prefill is not None and np.array_equal(s.prefill.positions, before):
+                s.prefill = replace(s.prefill, positions=s.positions.all_positions())
+            else:
+                s.prefill = None
+            return exported
+
+    def _check_blocks(self, s: _Session, session_id: str, blocks: Sequence[KVBlock], spans: BlockSpans) -> None:
+        """What ``_check_llama_block`` checks, for many blocks at once (ranges are checked by
+        ``exchange_layout``, cell positions when the payloads are parsed)."""
+        self._require_export()
+        if not blocks:
+            return
+        for block in blocks:
+            if not isinstance(block, KVBlock):
+                raise BlockMismatchError(f"expected a KVBlock, got {type(block).__name__}")
+            if block.fingerprint != self.fingerprint:
+                block.check_fingerprint(self.fingerprint)
+        nbytes = np.fromiter((len(b.payload) if isinstance(b.payload, bytes) else b.payload_nbytes for b in blocks),
+                             dtype=np.int64, count=len(blocks))
+        cols = spans.spans
+        lens = cols[:, 1] - cols[:, 0]
+        g = self.geometry
+        sizes = 16 + 12 * lens + 8 + g.n_layers * (24 + lens * (self._k_row + self._v_row))
+        bad = np.nonzero(sizes != nbytes)[0]
+        if bad.size:
+            b = blocks[int(bad[0])]
+            raise BlockMismatchError(f"block for {b.token_range} has a {b.payload_nbytes}-byte payload; its "
+                                     f"{len(b.token_range)} cells of this model and KV types take {int(sizes[bad[0]])}")
+        index = np.repeat(cols[:, 0] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        carried = np.fromiter(chain.from_iterable(b.token_ids for b in blocks), dtype=np.int64, count=index.size)
+        differs = np.nonzero(np.asarray(s.tokens, dtype=np.int64)[index] != carried)[0]
+        if differs.size:
+            b = blocks[int(np.searchsorted(np.cumsum(lens), differs[0], side="right"))]
+            raise BlockMismatchError(f"block for {b.token_range} carries other token ids than session "
+                                     f"{session_id!r} has there")
+
+    def _resident_cells(self, s: _Session) -> tuple[StateCells, npt.NDArray[np.int64]]:
+        """The session's resident cells in log order (one state read), with their log indices."""
+        self._materialize(s)
+        self._ops.flush_shifts()  # the K rows read must carry their rotation
+        index = np.nonzero(s.positions.resident_mask())[0].astype(np.int64)
+        if not index.size:
+            return _empty_cells(self), index
+        cells = parse_cells([self._ctx.state_get(s.seq)])
+        if np.any(np.diff(cells.positions) < 0):
+            cells = cells.take(np.argsort(cells.positions, kind="stable"))
+        if not np.array_equal(cells.positions, s.positions.all_positions()[index]):
+            raise EngineError(f"sequence {s.seq} holds other cells than its session's positions say")
+        return cells, index
+
+    def _merged_cells(
+        self, s: _Session, blocks: Sequence[KVBlock], keep: npt.NDArray[np.bool_],
+        old: tuple[StateCells, npt.NDArray[np.int64]], spans: BlockSpans | None = None,
+    ) -> tuple[StateCells, npt.NDArray[np.int64]]:
+        """The ``old`` cells where ``keep`` says so and the blocks' cells, in log order, with the
+        log index of each (cells keep the positions they were stored at)."""
+        parts, index = [], []
+        if len(old[0]):
+            held = keep[old[1]]
+            parts.append(old[0] if held.all() else old[0].take(np.nonzero(held)[0]))
+            index.append(old[1][held])
+        if blocks:
+            cols = (spans or _spans_of(blocks)).spans
+            expected = (spans or _spans_of(blocks)).positions
+            lens = cols[:, 1] - cols[:, 0]
+            cells = parse_cells([b.payload for b in blocks])
+            owner = np.repeat(np.arange(len(blocks)), lens)
+            if not np.array_equal(cells.positions, expected):  # payloads list cells in cell order: sort them
+                cells = cells.take(np.lexsort((cells.positions, owner)))
+                if not np.array_equal(cells.positions, expected):
+                    bad = blocks[int(owner[np.nonzero(cells.positions != expected)[0][0]])]
+                    raise BlockMismatchError(
+                        f"block for {bad.token_range}: its payload's cell positions do not match its header positions")
+            parts.append(cells)
+            index.append(cols[owner, 0] + np.arange(len(cells)) - np.repeat(np.cumsum(lens) - lens, lens))
+        if not parts:
+            return _empty_cells(self), np.zeros(0, dtype=np.int64)
+        if len(parts) == 1:
+            return parts[0], index[0]
+        # interleave the two runs (each in log order) straight into place
+        log_index = np.concatenate(index)
+        order = np.argsort(log_index, kind="stable")
+        slot = np.empty_like(order)
+        slot[order] = np.arange(order.size)
+        a, b = parts
+        k = np.empty((a.k.shape[0], order.size, a.k.shape[2]), dtype=np.uint8)
+        v = np.empty((a.v.shape[0], order.size, a.v.shape[2]), dtype=np.uint8)
+        pos = np.empty(order.size, dtype=np.int64)
+        for part, where in ((a, slot[: len(a)]), (b, slot[len(a) :])):
+            k[:, where], v[:, where], pos[where] = part.k, part.v, part.positions
+        return StateCells(a.prefix, pos, k, v, a.k_types, a.v_types, a.v_el), log_index[order]
+
+    def _moved(self, cells: StateCells, target: npt.NDArray[np.int64]) -> StateCells:
+        """``cells`` at ``target`` positions, their keys turned by how far each moved."""
+        delta = target - cells.positions
+        moved = np.nonzero(delta)[0]
+        if not moved.size:
+            return cells.with_positions(target)
+        rotation = self._key_rotation()
+        if rotation is None or self.type_k not in _FLOAT_DTYPES:
+            raise CapabilityError(
+                f"cells of a {self.type_k} K cache cannot be moved to other positions here"
+                + ("" if rotation is None else " (numpy turns f32 / f16 keys only)"))
+        g = self.geometry
+        every = moved.size == delta.size  # then no gather / scatter of the moved rows
+        k = cells.k.copy() if not every else cells.k
+        rows = (k if every else k[:, moved]).view(_FLOAT_DTYPES[self.type_k])
+        rows = rows.reshape(g.n_layers, moved.size, g.n_kv_heads, g.head_dim)
+        if self.type_k == "f16":
+            rows = f16_to_f32(rows)
+        turned = rotation.rotate(rows, delta[moved], axis=1)
+        back = (f32_to_f16(turned) if self.type_k == "f16" else turned).reshape(g.n_layers, moved.size, -1).view(np.uint8)
+        if every:
+            return cells.with_positions(target, back)
+        k[:, moved] = back
+        return cells.with_positions(target, k)
+
+    def _key_rotation(self) -> KeyRotation | None:
+        if not hasattr(self, "_rotation"):
+            self._rotation = key_rotation(self._model.ptr, read_gguf_metadata(self.model_path))
+        return self._rotation
+
+    def _block_of(self, session_id: str, s: _Session, rng: Range, cells: StateCells) -> KVBlock:
+        return KVBlock(
+            fingerprint=self.fingerprint, model_id=self.model_id, engine=ENGINE,
+            type_k=self.type_k, type_v=self.type_v, geometry=self.geometry,
+            session_id=session_id, token_range=rng, token_ids=tuple(s.tokens[rng.start : rng.end]),
+            payload=cells.to_blob(not self.flash_attn), positions=tuple(cells.positions.tolist()),
+            meta={"payload_format": self.payload_format},
+        )
+
     # -- generation -----------------------------------------------------------------------
     def _next_logits(self, s: _Session, session_id: str) -> npt.NDArray[np.float32]:
         if s.logits is not None:
@@ -557,3 +823,27 @@ class LlamaExecutor(SessionTable, Executor):
         """``stream`` collected: up to ``max_tokens`` tokens decoded in one call (greedy at
         temperature 0, else seeded sampling), appended to the session and returned."""
         return list(self.stream(session_id, max_tokens, **options))
+
+
+def _empty_cells(ex: LlamaExecutor) -> StateCells:
+    n_layer = ex.geometry.n_layers
+    return StateCells(b"", np.zeros(0, dtype=np.int64), np.zeros((n_layer, 0, ex._k_row), dtype=np.uint8),
+                      np.zeros((n_layer, 0, ex._v_row), dtype=np.uint8), (0,) * n_layer, (0,) * n_layer, 0)
+
+
+def _as_f16(cells: StateCells, type_k: str, type_v: str) -> StateCells:
+    """``cells`` with f16 K and V rows (what the scoring context holds)."""
+    if type_k not in _FLOAT_DTYPES or type_v not in _FLOAT_DTYPES:
+        raise CapabilityError(f"a {type_k}/{type_v} KV cache cannot be scored without re-prefilling it")
+    k, v = cells.k, cells.v
+    n_layer, n = k.shape[0], k.shape[1]
+    if type_k == "f32":
+        k = f32_to_f16(k.view("<f4")).view(np.uint8).reshape(n_layer, n, -1)
+    if type_v == "f32":
+        v = f32_to_f16(v.view("<f4")).view(np.uint8).reshape(n_layer, n, -1)
+    f16 = 1  # GGML_TYPE_F16
+    return StateCells(cells.prefix, cells.positions, k, v, (f16,) * n_layer, (f16,) * n_layer, 2)
+
+
+def _spans_of(blocks: Sequence[KVBlock]) -> BlockSpans:
+    return BlockSpans.of([(b.token_range, b.positions) for b in blocks])

@@ -33,7 +33,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +77,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)
     positions: PositionMap = field(default_factory=PositionMap)
     kv_map: PositionMap | None = None
+    prefill: Any = None  # the next turn, decoded by a recall's scoring pass (state mode)
 
     @property
     def held(self) -> PositionMap:
@@ -320,16 +321,22 @@ class OpenVINOExecutor(SessionTable, Executor):
         if not mask.any():
             raise RangeError(f"session {session_id!r} has no resident tokens to score")
         self.sync(session_id)
-        if self._score_compiled is None:
-            model, self._score_outputs = with_attention_outputs(self.loaded.model)
-            self._score_compiled = ov.Core().compile_model(model, self.device, self._score_config)
+        request = self._score_request()
         log_index = np.nonzero(mask)[0].astype(np.int64)
         probs = attention_probs(
-            self._score_compiled.create_infer_request(), self.loaded.state_names, self._score_outputs,
+            request, self.loaded.state_names, self._score_outputs,
             self._kv(s), np.asarray(s.tokens)[mask].tolist(), s.positions.all_positions()[mask].tolist(),
             window or self.score_window,
         )
         return AttentionCapture(probs, log_index, log_index[log_index.size - probs.shape[2]:])
+
+    def _score_request(self) -> ov.InferRequest:
+        """The scoring pass's request (one, reused: its states are reset after every pass)."""
+        if self._score_compiled is None:
+            model, self._score_outputs = with_attention_outputs(self.loaded.model)
+            self._score_compiled = ov.Core().compile_model(model, self.device, self._score_config)
+            self._score_req = self._score_compiled.create_infer_request()
+        return self._score_req
 
     def keys(self, session_id: str) -> KeyCapture:
         s = self._get(session_id)

@@ -5,6 +5,9 @@ Primitives:
 - ``rotate_keys(keys, delta, params) -> keys``: keys ``[..., seq, head_dim]`` (post-RoPE, as the
   states hold them) rotated as if their positions had moved by ``delta`` (a scalar or one delta per
   sequence entry). Rotation is relative: R(p + d) = R(d) R(p), so no recompute is needed.
+- ``turn_keys(keys, delta, params) -> float32 keys``: the same for one delta per entry of the
+  ``seq`` axis, in float32 arithmetic (angles in float64): what a recall moving ~1,000 entries
+  at once uses.
 
 The pairing is adjacent (x[2i], x[2i+1]) with angle ``pos * freq_base ** (-2i / head_dim)``, the
 same as the graph in ``graph.py``; the NEOX half-split would rotate the wrong coordinates.
@@ -48,3 +51,14 @@ def rotate_keys(
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = np.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     return out.reshape(k.shape).astype(k.dtype)
+
+
+def turn_keys(keys: npt.NDArray[np.floating], delta: npt.ArrayLike, params: RopeParams) -> npt.NDArray[np.float32]:
+    k = np.asarray(keys, dtype=np.float32)
+    d = np.asarray(delta, dtype=np.float64).reshape(-1)
+    if k.shape[-1] != params.head_dim or d.shape[0] != k.shape[-2]:
+        raise ValueError(f"keys {k.shape} need head_dim {params.head_dim} and one delta per entry ({d.shape[0]})")
+    inv_freq = params.freq_base ** (-np.arange(0, params.head_dim, 2, dtype=np.float64) / params.head_dim)
+    turn = np.exp(1j * (d[:, None] * inv_freq)).astype(np.complex64)  # (entries, half)
+    # adjacent pairs are complex numbers: one multiplication turns them
+    return (np.ascontiguousarray(k).view(np.complex64) * turn).view(np.float32)

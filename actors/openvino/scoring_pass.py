@@ -9,6 +9,10 @@ Primitives:
   prefix, the same context they first saw) and returns their attention over every cache entry,
   float32 ``[layer, head, query, key]`` (SnapKV's observation window). The session's own request
   is untouched.
+- ``attention_after(request, names, output_names, kv, tokens, positions, window) -> probs``: feeds
+  ``tokens`` (not in the cache) at ``positions`` after the cache ``kv`` and returns the attention
+  of their last ``window`` over the cache and themselves (how a recall scores cold blocks placed
+  in ``kv`` without importing them), the last token's logits and the tokens' own KV entries.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import numpy as np
 import numpy.typing as npt
 import openvino as ov
 
+from kvres.coldstore.block import KVGeometry
 from kvres.policy.errors import CapabilityError
 
 from .graph import ATTN_PROBS_TAG
-from .states import KVArrays, StateNames, kv_len, take, write_kv
+from .states import KVArrays, StateNames, kv_len, read_kv, take, write_kv
 
 
 def with_attention_outputs(model: ov.Model) -> tuple[ov.Model, list[str]]:
@@ -65,3 +70,35 @@ def attention_probs(
     probs = np.stack([np.asarray(out[name][0], dtype=np.float32) for name in output_names])
     request.reset_state()
     return probs
+
+
+def attention_after(
+    request: ov.InferRequest,
+    state_names: StateNames,
+    output_names: Sequence[str],
+    kv: KVArrays,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    window: int,
+    geometry: KVGeometry,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], KVArrays]:
+    """The attention of the tokens' last ``window`` (``[layer, head, query, key]``), the last
+    token's logits and the tokens' own KV entries."""
+    n, past = len(tokens), kv_len(kv)
+    if n == 0 or len(positions) != n:
+        raise ValueError(f"{n} tokens with {len(positions)} positions: one each, at least one")
+    w = max(1, min(window, n))
+    write_kv(request, state_names, kv)
+    try:
+        out = request.infer({
+            "input_ids": np.asarray([tokens], dtype=np.int64),
+            "attention_mask": np.ones((1, past + n), dtype=np.int64),
+            "position_ids": np.asarray([positions], dtype=np.int64),
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        })
+        probs = np.stack([np.asarray(out[name][0, :, n - w :, :], dtype=np.float32) for name in output_names])
+        logits = np.array(out["logits"][0, -1], dtype=np.float32, copy=True)
+        own = take(read_kv(request, state_names, geometry), past)
+        return probs, logits, own
+    finally:
+        request.reset_state()

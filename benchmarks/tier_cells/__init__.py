@@ -1,0 +1,1 @@
+"""The T* validation table: f16 resident, f16 + spill, q8_0 resident and the automatic choice."""
