@@ -57,7 +57,8 @@ class KeyRotation:
         if not self.neox and self.n_rot == k.shape[-1]:
             # adjacent pairs are complex numbers: one multiplication by e^(i theta) turns them
             pairs = np.ascontiguousarray(k).view(np.complex64)
-            return (pairs * np.exp(1j * theta).astype(np.complex64)).view(np.float32)
+            turned: npt.NDArray[np.float32] = (pairs * np.exp(1j * theta).astype(np.complex64)).view(np.float32)
+            return turned
         cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
         out = k.copy()
         if self.neox:

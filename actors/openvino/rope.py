@@ -61,4 +61,5 @@ def turn_keys(keys: npt.NDArray[np.floating], delta: npt.ArrayLike, params: Rope
     inv_freq = params.freq_base ** (-np.arange(0, params.head_dim, 2, dtype=np.float64) / params.head_dim)
     turn = np.exp(1j * (d[:, None] * inv_freq)).astype(np.complex64)  # (entries, half)
     # adjacent pairs are complex numbers: one multiplication turns them
-    return (np.ascontiguousarray(k).view(np.complex64) * turn).view(np.float32)
+    turned: npt.NDArray[np.float32] = (np.ascontiguousarray(k).view(np.complex64) * turn).view(np.float32)
+    return turned
