@@ -687,9 +687,11 @@ class BackendHost:
         the resident tokens and the cold blocks placed as if recalled; SnapKV ranks resident and
         cold blocks together by that attention, the plan cuts them to the budget (the turn's room
         kept), and one ``exchange`` imports the cold blocks it keeps and spills the resident ones it
-        drops. Otherwise the blocks are imported first (as many as the free room takes, the most
-        recent first) and the session is compressed once after the append, by the new tokens'
-        attention. The recalled blocks that stay rank first for the rest of the turn."""
+        drops; the engine keeps the scoring pass's decode of the turn, and the append takes it
+        instead of decoding the turn again. Otherwise the blocks are imported first (as many as the
+        free room takes, the most recent first) and the session is compressed once after the
+        append, by the new tokens' attention. The recalled blocks that stay rank first for the
+        rest of the turn."""
         s = self._sessions[session_id]
         s.retrieved = []
         if not (s.policy.kvres_evicts and s.policy.spill and s.cold and self._store is not None):

@@ -118,7 +118,10 @@ class Executor(EngineSessions):
         resident tokens, the ``blocks``' tokens as if imported (at ``kvres.policy.recall.
         exchange_layout``'s positions) and ``tokens`` themselves, all labelled by token-log index
         (``tokens`` continue the log): what a recall ranks cold blocks by. The session does not
-        change. An engine without it raises ``CapabilityError`` (a recall then imports first)."""
+        change, except that an engine may keep what it decoded and take it on the session's next
+        ``append`` of exactly these tokens (if nothing but an ``exchange`` changed the session in
+        between) instead of decoding them again. An engine without it raises ``CapabilityError``
+        (a recall then imports first)."""
         raise CapabilityError(f"the {self.engine} executor cannot score blocks it has not imported")
 
     def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:

@@ -6,8 +6,8 @@ Primitives:
   n_gpu_layers=None, main_gpu=None)`` (layers offloaded and main device; None: llama.cpp's default), an
   ``kvres.actors.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
-  ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``,
-  ``tokenize``, ``detokenize``, ``close_session``.
+  ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
+  ``exchange``, ``tokenize``, ``detokenize``, ``close_session``.
   Beyond it: ``generate``, ``stream``, ``kv_profile``, ``cache_positions``, ``sessions``,
   ``free_cells``, ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
   (``kvres.actors.model_files.model_id``), ``geometry``, ``n_ctx``, ``n_seq_max``, ``type_k``,
@@ -32,6 +32,12 @@ Mechanism (docs/architecture.md, llama.cpp; the cell-level steps live in ``cache
   scratch sequence (llama.cpp decodes only at a sequence's last position + 1).
 - attention scores: a second context with flash attention off (``attention.ScoringContext``),
   created on first use; the serving context keeps flash attention.
+- recall (``recall_attention``, ``exchange``): the session's cells and the cold blocks' are read
+  as arrays (``state_blob.StateCells``), merged in log order, moved to their positions in numpy
+  (``rope.KeyRotation``, f16 through ggml's converters in ``halfs``) and restored in one state
+  write: into the scoring context (V transposed) to decode the new turn there with attention
+  capture, and into the session for the exchange. The turn's cells and logits from the scoring
+  pass are kept (``_Prefill``) and taken by the next append of exactly those tokens.
 
 Exactness: the same cells in the same order give bit-identical logits (export / evict / import,
 suspend / resume). With flash attention llama.cpp's CPU kernel rounds in KV-cell order, so a

@@ -23,11 +23,10 @@ import numpy as np
 import numpy.typing as npt
 import openvino as ov
 
-from kvres.coldstore.block import KVGeometry
 from kvres.policy.errors import CapabilityError
 
 from .graph import ATTN_PROBS_TAG
-from .states import KVArrays, StateNames, kv_len, read_kv, take, write_kv
+from .states import KVArrays, StateNames, kv_len, take, write_kv
 
 
 def with_attention_outputs(model: ov.Model) -> tuple[ov.Model, list[str]]:
@@ -80,7 +79,6 @@ def attention_after(
     tokens: Sequence[int],
     positions: Sequence[int],
     window: int,
-    geometry: KVGeometry,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], KVArrays]:
     """The attention of the tokens' last ``window`` (``[layer, head, query, key]``), the last
     token's logits and the tokens' own KV entries."""
@@ -98,7 +96,9 @@ def attention_after(
         })
         probs = np.stack([np.asarray(out[name][0, :, n - w :, :], dtype=np.float32) for name in output_names])
         logits = np.array(out["logits"][0, -1], dtype=np.float32, copy=True)
-        own = take(read_kv(request, state_names, geometry), past)
+        by_name = {st.name: st for st in request.query_state()}
+        own = [(np.array(np.asarray(by_name[k].state.data)[:, :, past:], dtype=np.float32),
+                np.array(np.asarray(by_name[v].state.data)[:, :, past:], dtype=np.float32)) for k, v in state_names]
         return probs, logits, own
     finally:
         request.reset_state()

@@ -106,7 +106,7 @@ class StateExecutor(OpenVINOExecutor):
         first = layout.next_pos
         probs, logits, own = attention_after(
             self._score_request(), self.loaded.state_names, self._score_outputs, _unstack(arr), toks,
-            list(range(first, first + len(toks))), window, self.loaded.geometry)
+            list(range(first, first + len(toks))), window)
         s.prefill = _Prefill(tuple(toks), own, first, logits, s.positions.all_positions())
         keys = np.concatenate([merged.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
         return AttentionCapture(probs, keys, keys[keys.size - probs.shape[2]:].copy())
@@ -269,11 +269,19 @@ def _merge(old: _Entries, blocks: _Entries | None, keep: npt.NDArray[np.bool_]) 
     if not parts:
         return old
     if len(parts) == 1:
-        merged = parts[0]
-    else:
-        merged = _Entries(np.concatenate([p.kv for p in parts], axis=3), np.concatenate([p.index for p in parts]),
-                          np.concatenate([p.source for p in parts]))
-    return merged.take(np.argsort(merged.index, kind="stable"))
+        return parts[0]
+    # two runs, each in log order: interleave them straight into place
+    index = np.concatenate([p.index for p in parts])
+    order = np.argsort(index, kind="stable")
+    slot = np.empty_like(order)
+    slot[order] = np.arange(order.size)
+    a, b = parts
+    kv = np.empty(a.kv.shape[:3] + (order.size,) + a.kv.shape[4:], dtype=np.float32)
+    source = np.empty(order.size, dtype=np.int64)
+    for part, where in ((a, slot[: a.index.size]), (b, slot[a.index.size :])):
+        kv[:, :, :, where] = part.kv
+        source[where] = part.source
+    return _Entries(kv, index[order], source)
 
 
 def _unstack(arr: npt.NDArray[np.float32]) -> KVArrays:
