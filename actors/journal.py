@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from kvres.coldstore import BlockKey
 from kvres.policy import Range
 
 from .config import SessionPolicy
@@ -63,6 +64,42 @@ class SessionRecord:
     exact: bool = True  # recomputing the resident ranges from the log gives the KV they hold
     generation: int = 0  # commits so far (a record never goes back to an older one)
     notes: list[str] = field(default_factory=list)
+
+    # A spilling session holds hundreds of refs; pickled one object each they cost more than the
+    # rest of the record (and a commit writes the record before its call answers): they travel as
+    # columns instead.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["blocks"], state["cold"] = pack_refs(self.blocks), pack_refs(self.cold)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for name in ("blocks", "cold"):
+            if not isinstance(state[name], list):
+                state[name] = unpack_refs(state[name])
+        self.__dict__.update(state)
+
+
+PackedRefs = tuple[tuple[str, ...], npt.NDArray[np.signedinteger[Any]]]
+
+
+def pack_refs(refs: list[ColdRef]) -> PackedRefs:
+    """``refs`` as (the distinct strings, one row per ref: store, session, fingerprint as indices
+    into them, then token start, end and payload bytes)."""
+    names: dict[str, int] = {}
+    index = names.setdefault
+    flat = [v for ref in refs for v in (
+        index(ref.store, len(names)), index(ref.key.session_id, len(names)), index(ref.key.fingerprint, len(names)),
+        ref.key.token_range.start, ref.key.token_range.end, ref.nbytes)]
+    rows = np.array(flat, dtype=np.int64).reshape(-1, 6)
+    return tuple(names), rows.astype(np.int32) if rows.size and rows.max() < 2**31 else rows
+
+
+def unpack_refs(packed: PackedRefs) -> list[ColdRef]:
+    names, rows = packed
+    return [ColdRef(names[store], BlockKey(names[sid], Range(start, end), names[fp]), nbytes)
+            for store, sid, fp, start, end, nbytes in rows.tolist()]
 
 
 def encode_record(record: SessionRecord) -> bytes:
