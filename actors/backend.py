@@ -147,7 +147,8 @@ class BackendHost:
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
         self._lock = threading.RLock()
-        self._loop = StepLoop(self._lock, self._step, config.name)
+        self._loop = StepLoop(self._lock, self._step, config.name,
+                              on_busy=store.defer_writes if store is not None else None)
         self.step_tokens = STEP_TOKENS
         self.peak_resident_tokens = 0  # the most the engine held after any step
 

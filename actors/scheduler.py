@@ -5,10 +5,12 @@ Primitives:
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
   generate job produced.
-- ``StepLoop(lock, step, name)``: a daemon thread that, while jobs are pending, calls
+- ``StepLoop(lock, step, name, on_busy=None)``: a daemon thread that, while jobs are pending, calls
   ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
   callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
   ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
+  ``on_busy(True)`` is called when it takes up jobs after being idle, ``on_busy(False)`` when the
+  last of them is done.
 
 A step is short (one decode of at most ``n_batch`` tokens), so a control call that takes the same
 lock waits at most one step, and planning happens between steps, never inside one.
@@ -16,6 +18,7 @@ lock waits at most one step, and planning happens between steps, never inside on
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -93,8 +96,12 @@ class Job:
 
 
 class StepLoop:
-    def __init__(self, lock: threading.RLock, step: Callable[[list[Job]], bool], name: str) -> None:
+    def __init__(
+        self, lock: threading.RLock, step: Callable[[list[Job]], bool], name: str,
+        on_busy: Callable[[bool], None] | None = None,
+    ) -> None:
         self._lock = lock
+        self._on_busy = on_busy
         self._wake = threading.Condition(lock)
         self._step = step
         self._jobs: list[Job] = []
@@ -127,10 +134,17 @@ class StepLoop:
                 job.finish(error)
 
     def _run(self) -> None:
+        busy = False
         while True:
             with self._lock:
+                if not self._jobs and busy:
+                    busy = False
+                    self._busy(False)
                 while not self._jobs:
                     self._wake.wait()
+                if not busy:
+                    busy = True
+                    self._busy(True)
                 jobs = list(self._jobs)
                 try:
                     progressed = self._step(jobs)
@@ -144,3 +158,10 @@ class StepLoop:
                 if not progressed:  # every job waits for room: sleep until something changes
                     self._wake.wait(timeout=0.05)
             # the lock is free here: control calls and new submissions get their turn
+
+    def _busy(self, busy: bool) -> None:
+        if self._on_busy is not None:
+            try:
+                self._on_busy(busy)
+            except Exception:  # a hook must not stop the engine loop
+                logging.getLogger("kvres.backend").exception("on_busy(%s) failed", busy)

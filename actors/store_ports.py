@@ -10,6 +10,8 @@ Primitives:
 - ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port over ``ColdStoreActor``s
   looked up by name; every call, batched ones included, is one Ray call; writes are write-behind
   through a small local stage, so a resume right after a suspend reads nothing over Ray.
+  ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
+  ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them.
 - ``cold_store_name(node_id)``: the actor name of a node's cold store.
 """
 
@@ -31,6 +33,8 @@ from kvres.policy.recall import RecallCosts
 logger = logging.getLogger("kvres.coldstore")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
 STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
+WRITE_DEFER_S = 0.2  # how long a write-behind send may wait for its backend to be between calls
+IDLE_GRACE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
 
 
 def cold_store_name(node_id: str) -> str:
@@ -50,6 +54,10 @@ class StorePort(ColdStore):
     @abstractmethod
     def at(self, store: str) -> ColdStore:
         """The store named ``store`` (this port itself for the home store)."""
+
+    def defer_writes(self, defer: bool) -> None:
+        """A hint from the backend: while ``defer`` holds it is running calls, and writes that
+        need not be done now may wait. Ports that write at once ignore it."""
 
     def park(self, blocks: Sequence[KVBlock]) -> list[ColdRef]:
         results = self.put_many(blocks)
@@ -89,8 +97,12 @@ class RayStorePort(StorePort):
     kept in a small local stage (``stage_bytes``, oldest out first) and handed to a sender thread
     that submits it (one Ray call, in order with this port's later calls, which wait until
     everything before them is submitted), so a suspend does not wait for the store and the resume
-    that follows reads its blocks here and only tells the store to drop them. Every other call
-    waits for its answer."""
+    that follows reads its blocks here and only tells the store to drop them. While the backend
+    runs calls (``defer_writes``) the sender holds its batches until the backend is between calls,
+    a later call of this port needs them out, or the oldest has waited ``WRITE_DEFER_S``: sending
+    (serializing in this process, storing in the store's) would otherwise take CPU from the call
+    that made them. The sender waits for the store to finish each batch (a failure is logged as
+    it happens) and sends what queued meanwhile as one. Every other call waits for its answer."""
 
     def __init__(self, name: str, namespace: str, stage_bytes: int = STAGE_BYTES) -> None:
         self.name = name
@@ -99,10 +111,13 @@ class RayStorePort(StorePort):
         self._stage: OrderedDict[BlockKey, KVBlock] = OrderedDict()
         self._stage_bytes = 0
         self._stage_limit = stage_bytes
-        self._inflight: list[Any] = []
-        self._outbox: deque[tuple[str, tuple[Any, ...]]] = deque()
+        self._outbox: deque[tuple[str, tuple[Any, ...], float]] = deque()  # (method, args, when queued)
         self._sent = threading.Condition()
         self._sender: threading.Thread | None = None
+        self._defer = False
+        self._idle_since = 0.0
+        self._flushing = 0  # calls waiting for the outbox to empty
+        self._sending = False  # a batch is out of the outbox, not yet submitted
 
     def at(self, store: str) -> ColdStore:
         return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0)
@@ -118,9 +133,13 @@ class RayStorePort(StorePort):
         import ray
 
         with self._sent:
-            while self._outbox:  # calls keep the order they were made in
-                self._sent.wait()
-        self._reap()
+            self._flushing += 1
+            self._sent.notify_all()
+            try:
+                while self._outbox or self._sending:  # calls keep the order they were made in
+                    self._sent.wait()
+            finally:
+                self._flushing -= 1
         try:
             return ray.get(getattr(self._actor(), method).remote(*args))
         except ray.exceptions.RayActorError as exc:
@@ -145,44 +164,67 @@ class RayStorePort(StorePort):
         """Submit without waiting (from the sender thread); a failure is logged when noticed."""
         self._actor()
         with self._sent:
-            self._outbox.append((method, args))
+            self._outbox.append((method, args, time.monotonic()))
             if self._sender is None or not self._sender.is_alive():
                 self._sender = threading.Thread(target=self._send_loop, name=f"kvres-send-{self.name}", daemon=True)
                 self._sender.start()
             self._sent.notify_all()
 
+    def defer_writes(self, defer: bool) -> None:
+        with self._sent:
+            self._defer = defer
+            if not defer:
+                self._idle_since = time.monotonic()
+            self._sent.notify_all()
+
+    def _held_for(self) -> float | None:
+        """How much longer the oldest batch waits (None: send it now)."""
+        if self._flushing:
+            return None
+        now = time.monotonic()
+        left = self._outbox[0][2] + WRITE_DEFER_S - now
+        if not self._defer:
+            left = min(left, self._idle_since + IDLE_GRACE_S - now)
+        return left if left > 0 else None
+
     def _send_loop(self) -> None:
         while True:
             with self._sent:
-                while not self._outbox:
-                    self._sent.wait()
-                method, args = self._outbox[0]
+                while not self._outbox or (wait := self._held_for()) is not None:
+                    self._sent.wait(wait if self._outbox else None)
+                method, args = self._next_batch()
+                self._sending = True
             try:
                 ref = getattr(self._actor(), method).remote(*args)
             except Exception as exc:
                 ref = None
                 logger.warning("cold store %s: could not send %s: %s", self.name, method, exc)
             with self._sent:
-                self._outbox.popleft()
-                if ref is not None:
-                    self._inflight.append(ref)
+                self._sending = False
                 self._sent.notify_all()
+            if ref is not None:
+                self._settle(ref, method)
 
-    def _reap(self) -> None:
+    def _next_batch(self) -> tuple[str, tuple[Any, ...]]:
+        """The oldest batch, with the batches of the same call queued right behind it merged in
+        (a prefill that evicts chunk by chunk queues many): one Ray call for them all."""
+        method, args, _ = self._outbox.popleft()
+        if method in ("put_many", "delete_many"):
+            items = list(args[0])
+            while self._outbox and self._outbox[0][0] == method and self._outbox[0][1][1:] == args[1:]:
+                items.extend(self._outbox.popleft()[1][0])
+            args = (items, *args[1:])
+        return method, args
+
+    def _settle(self, ref: Any, method: str) -> None:
+        """Wait (without the GIL) until the store has done a write-behind call, so a failure is
+        logged when it happens; what is queued meanwhile goes out as one batch after it."""
         import ray
 
-        with self._sent:
-            pending, self._inflight = self._inflight, []
-        if not pending:
-            return
-        done, rest = ray.wait(pending, num_returns=len(pending), timeout=0)
-        with self._sent:
-            self._inflight.extend(rest)
-        for ref in done:
-            try:
-                ray.get(ref)
-            except Exception as exc:  # the staged copy, while it lasts, still serves a resume
-                logger.warning("cold store %s: a write-behind call failed: %s", self.name, exc)
+        try:
+            ray.get(ref)
+        except Exception as exc:  # the staged copy, while it lasts, still serves a resume
+            logger.warning("cold store %s: a write-behind %s failed: %s", self.name, method, exc)
 
     def _stage_blocks(self, blocks: Sequence[KVBlock]) -> None:
         for block in blocks:

@@ -13,7 +13,7 @@ Primitives:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvres.policy.ranges import Range
@@ -76,6 +76,8 @@ class BlockKey:
     session_id: str
     token_range: Range
     fingerprint: str
+    if TYPE_CHECKING:  # set by __post_init__, not a field (pickles, compares and prints without it)
+        _flat: tuple[str, int, int, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)
@@ -84,6 +86,28 @@ class BlockKey:
             raise InvalidKeyError(
                 f"token_range must be a kvres.policy.ranges.Range, got {self.token_range!r}"
             )
+        object.__setattr__(self, "_flat", self._flatten())
+
+    # Keys are looked up by the hundred per recall (stage, RAM tier): hash and compare one flat
+    # tuple, made once, instead of the generated methods' nested Range calls.
+    def _flatten(self) -> tuple[str, int, int, str]:
+        return (self.session_id, self.token_range.start, self.token_range.end, self.fingerprint)
+
+    def __hash__(self) -> int:
+        return hash(self._flat)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockKey):
+            return NotImplemented
+        return self is other or self._flat == other._flat
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"session_id": self.session_id, "token_range": self.token_range, "fingerprint": self.fingerprint}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_flat", self._flatten())
 
     @classmethod
     def of(cls, block: KVBlock) -> BlockKey:

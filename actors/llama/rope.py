@@ -53,13 +53,17 @@ class KeyRotation:
         inv_freq = self.freq_base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
         shape = [1] * (k.ndim - 1) + [half]
         shape[axis] = d.shape[0]
-        theta = (d[:, None] * inv_freq).reshape(shape)
+        # cells move in runs by one amount: the angles are computed once per distinct delta
+        distinct, which = np.unique(d, return_inverse=True)
+        angles = distinct[:, None] * inv_freq
         if not self.neox and self.n_rot == k.shape[-1]:
             # adjacent pairs are complex numbers: one multiplication by e^(i theta) turns them
             pairs = np.ascontiguousarray(k).view(np.complex64)
-            turned: npt.NDArray[np.float32] = (pairs * np.exp(1j * theta).astype(np.complex64)).view(np.float32)
+            turn = np.exp(1j * angles).astype(np.complex64)[which].reshape(shape)
+            turned: npt.NDArray[np.float32] = (pairs * turn).view(np.float32)
             return turned
-        cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+        cos = np.cos(angles).astype(np.float32)[which].reshape(shape)
+        sin = np.sin(angles).astype(np.float32)[which].reshape(shape)
         out = k.copy()
         if self.neox:
             x0, x1 = k[..., :half], k[..., half : self.n_rot]

@@ -16,6 +16,9 @@ def test_recall_cost_quick_writes_json_and_png(tmp_path) -> None:
     for row in saved["rows"]:
         assert row["recall_s"] > 0 and row["plain_s"] > 0 and row["reprefill_s"] > 0
         assert row["ratio"] == row["recall_cost_s"] / row["reprefill_s"]
+        assert row["pause_between_turns_s"] == saved["pause_between_turns_s"] == 0.1
+        assert row["ratio_back_to_back"] == row["recall_cost_back_to_back_s"] / row["reprefill_s"]
+        assert row["recall_back_to_back_s"] > 0 and row["plain_back_to_back_s"] > 0
         assert row["blocks_recalled"] > 0  # the question brought spilled blocks back
         assert row["answer_right"]["recall"] == 1.0 and row["answer_right"]["plain"] == 0.0
     assert (tmp_path / "recall_cost.png").stat().st_size > 0

