@@ -59,7 +59,9 @@ def turn_keys(keys: npt.NDArray[np.floating], delta: npt.ArrayLike, params: Rope
     if k.shape[-1] != params.head_dim or d.shape[0] != k.shape[-2]:
         raise ValueError(f"keys {k.shape} need head_dim {params.head_dim} and one delta per entry ({d.shape[0]})")
     inv_freq = params.freq_base ** (-np.arange(0, params.head_dim, 2, dtype=np.float64) / params.head_dim)
-    turn = np.exp(1j * (d[:, None] * inv_freq)).astype(np.complex64)  # (entries, half)
+    # entries move in runs by one amount: the turn is computed once per distinct delta
+    distinct, which = np.unique(d, return_inverse=True)
+    turn = np.exp(1j * (distinct[:, None] * inv_freq)).astype(np.complex64)[which]  # (entries, half)
     # adjacent pairs are complex numbers: one multiplication turns them
     turned: npt.NDArray[np.float32] = (np.ascontiguousarray(k).view(np.complex64) * turn).view(np.float32)
     return turned

@@ -221,7 +221,11 @@ class StateExecutor(OpenVINOExecutor):
         if rope is None:
             raise CapabilityError(f"model {self.loaded.source!r} does not record its RoPE parameters; cannot move keys")
         arr = e.kv.copy()
-        arr[:, 0, :, moved] = turn_keys(e.kv[:, 0][:, :, moved], delta[moved], rope).transpose(2, 0, 1, 3)
+        keys = arr[:, 0]  # [layer, kv_head, entry, dim], a view into arr
+        if moved.size == delta.size:
+            keys[...] = turn_keys(e.kv[:, 0], delta, rope)
+        else:
+            keys[:, :, moved] = turn_keys(e.kv[:, 0][:, :, moved], delta[moved], rope)
         return arr
 
 
