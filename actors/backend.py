@@ -969,6 +969,8 @@ class BackendHost:
         """Suspend and forget the session here (it moves to another backend)."""
         with self._lock:
             self.suspend(session_id)
+            if self._store is not None:
+                self._store.send_now()  # whoever resumes it reads its blocks from the store
             record = self._commit(session_id, backend="")  # on its way: no backend rebuilds it
             del self._sessions[session_id]
             self._metrics.set_resident(self.name, session_id, 0)

@@ -11,7 +11,8 @@ Primitives:
   looked up by name; every call, batched ones included, is one Ray call; writes are write-behind
   through a small local stage, so a resume right after a suspend reads nothing over Ray.
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
-  ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them.
+  ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them;
+  ``send_now()`` sends what is queued at once (a session handed to another backend).
 - ``cold_store_name(node_id)``: the actor name of a node's cold store.
 """
 
@@ -58,6 +59,10 @@ class StorePort(ColdStore):
     def defer_writes(self, defer: bool) -> None:
         """A hint from the backend: while ``defer`` holds it is running calls, and writes that
         need not be done now may wait. Ports that write at once ignore it."""
+
+    def send_now(self) -> None:
+        """Writes made so far go out without waiting for the backend to be between calls (a
+        session handed to another backend: it reads them from the store)."""
 
     def park(self, blocks: Sequence[KVBlock]) -> list[ColdRef]:
         results = self.put_many(blocks)
@@ -117,6 +122,7 @@ class RayStorePort(StorePort):
         self._defer = False
         self._idle_since = 0.0
         self._flushing = 0  # calls waiting for the outbox to empty
+        self._urgent = False  # send_now: what is queued goes out now
         self._sending = False  # a batch is out of the outbox, not yet submitted
 
     def at(self, store: str) -> ColdStore:
@@ -177,9 +183,15 @@ class RayStorePort(StorePort):
                 self._idle_since = time.monotonic()
             self._sent.notify_all()
 
+    def send_now(self) -> None:
+        with self._sent:
+            if self._outbox:
+                self._urgent = True
+                self._sent.notify_all()
+
     def _held_for(self) -> float | None:
         """How much longer the oldest batch waits (None: send it now)."""
-        if self._flushing:
+        if self._flushing or self._urgent:
             return None
         now = time.monotonic()
         left = self._outbox[0][2] + WRITE_DEFER_S - now
@@ -214,6 +226,8 @@ class RayStorePort(StorePort):
             while self._outbox and self._outbox[0][0] == method and self._outbox[0][1][1:] == args[1:]:
                 items.extend(self._outbox.popleft()[1][0])
             args = (items, *args[1:])
+        if not self._outbox:
+            self._urgent = False
         return method, args
 
     def _settle(self, ref: Any, method: str) -> None:

@@ -90,3 +90,17 @@ def test_batches_held_together_go_out_as_one_call_each_run(store: Any, port: Ray
             batches.append(port._next_batch())
     assert [(m, len(args[0])) for m, args in batches] == [("put_many", 4), ("delete_many", 1), ("put_many", 2)]
     port.defer_writes(False)
+
+
+def test_send_now_sends_what_is_held_while_the_backend_stays_busy(store: Any, port: RayStorePort) -> None:
+    port.defer_writes(True)
+    blocks = _blocks("handover", range(0, 16, 4))
+    port.put_many(blocks)
+    port.send_now()  # a session handed to another backend: it reads the store
+    assert _until(lambda: len(_held(store, "handover")) == len(blocks))
+    later = _blocks("handover", range(16, 24, 4))
+    port.put_many(later)
+    time.sleep(0.3)
+    assert len(_held(store, "handover")) == len(blocks)  # held again until the backend is idle
+    port.defer_writes(False)
+    assert _until(lambda: len(_held(store, "handover")) == len(blocks) + len(later))
