@@ -110,10 +110,8 @@ def measure(manager: Any, engine: str, task: Any, fraction: float, block_size: i
         right["recall"] += ok
         right["plain"] += plain_ok
     med = {k: statistics.median(v) for k, v in rows.items()}
-    # each repeat's recall and plain turns run back to back: the median of their differences
-    cost = statistics.median(r - p for r, p in zip(rows["recall"], rows["plain"], strict=True))
-    cost_now = statistics.median(r - p for r, p in zip(rows["recall_back_to_back"], rows["plain_back_to_back"],
-                                                        strict=True))
+    cost = _median_difference(rows["recall"], rows["plain"])
+    cost_now = _median_difference(rows["recall_back_to_back"], rows["plain_back_to_back"])
     return {
         "engine": engine, "block_size": block_size, "tokens": task.n_tokens, "question_tokens": len(question),
         "budget_tokens": budget, "recall_s": med["recall"], "plain_s": med["plain"], "reprefill_s": med["reprefill"],
@@ -124,6 +122,11 @@ def measure(manager: Any, engine: str, task: Any, fraction: float, block_size: i
         "backend_recall_s": med["recall_us"] / 1e6, "blocks_recalled": med["recalls"],
         "answer_right": {k: v / repeats for k, v in right.items()}, "samples": rows,
     }
+
+
+def _median_difference(recall: list[float], plain: list[float]) -> float:
+    """Each repeat's recall and plain turns run one after the other: the median of their differences."""
+    return statistics.median(r - p for r, p in zip(recall, plain, strict=True))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
+    if args.pause < 0:
+        parser.error(f"--pause must be >= 0 seconds, got {args.pause}")
     if not 0 < args.resident < 1:
         parser.error(f"--resident must be in (0, 1), got {args.resident}")
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
