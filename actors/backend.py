@@ -62,7 +62,7 @@ from kvres.policy.scoring import H2OAccumulator, block_scores
 from kvres.policy.tokens import token_ids
 
 from .config import BackendConfig, SessionPolicy
-from .executor import EngineManagedExecutor, Executor
+from .executor import RECALL_PREP_BYTES, EngineManagedExecutor, Executor
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
@@ -119,6 +119,22 @@ class _Session:
     committed: SessionRecord | None = None  # as of its last commit (what a failed call rolls back to)
     exact: bool = True  # recomputing its resident ranges from the log gives the KV they hold
     retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
+    recall_ready: _RecallReady | None = None  # its cold blocks, read while the backend was idle
+
+
+@dataclass(frozen=True)
+class _RecallReady:
+    """A spilling session's cold blocks as read for its next recall (while the backend was
+    idle): ``refs`` and their ``blocks`` (``tokens`` of them, ``nbytes``), valid while ``cold`` is
+    its list; prepared again after any call of the session (``used``: its ``last_used`` then).
+    ``refs`` None: considered and not held (it failed, or others were more recent)."""
+
+    cold: list[ColdRef]
+    used: int
+    refs: list[ColdRef] | None = None
+    blocks: list[Any] = field(default_factory=list)
+    tokens: int = 0
+    nbytes: int = 0
 
 
 class BackendHost:
@@ -148,7 +164,7 @@ class BackendHost:
         self.fingerprint = executor.fingerprint
         self._lock = threading.RLock()
         self._loop = StepLoop(self._lock, self._step, config.name,
-                              on_busy=store.defer_writes if store is not None else None)
+                              on_busy=store.defer_writes if store is not None else None, on_idle=self.prepare_recalls)
         self.step_tokens = STEP_TOKENS
         self.peak_resident_tokens = 0  # the most the engine held after any step
 
@@ -710,30 +726,7 @@ class BackendHost:
             p = s.policy
             resident = executor.resident_ranges(session_id)
             log_len = len(executor.token_log(session_id))
-            # the scoring pass holds the resident tokens, the cold blocks and the turn
-            fits = self.config.n_ctx - sum(r.end - r.start for r in resident) - len(turn)
-            candidates: list[ColdRef] = []
-            for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
-                n = ref.key.token_range.end - ref.key.token_range.start
-                if n <= fits:
-                    candidates.append(ref)
-                    fits -= n
-            by_store: dict[str, list[int]] = {}
-            for i, ref in enumerate(candidates):
-                by_store.setdefault(ref.store, []).append(i)
-            read: list[Any] = [None] * len(candidates)
-            for store, idx in by_store.items():  # read, not taken: only the blocks brought back leave
-                got = self._store.at(store).get_many([candidates[i].key for i in idx])
-                for i, block in zip(idx, got, strict=True):
-                    read[i] = block
-            gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
-            if gone:
-                lost = {id(ref) for ref in gone}
-                s.cold = [ref for ref in s.cold if id(ref) not in lost]
-                self._store.release(gone)
-            order = sorted((i for i, block in enumerate(read) if block is not None),
-                           key=lambda i: candidates[i].key.token_range.start)
-            refs, blocks = [candidates[i] for i in order], [read[i] for i in order]
+            refs, blocks = self._recall_candidates(session_id, s, sum(r.end - r.start for r in resident) + len(turn))
             try:
                 capture = executor.recall_attention(session_id, blocks, turn, p.observation_window, p.rebase)
             except (KvresError, ColdStoreError, ValueError) as exc:
@@ -796,6 +789,81 @@ class BackendHost:
         self._count(session_id, "recalls", len(recalled))
         self._count(session_id, "recalled_tokens", sum(len(r) for r in recalled))
         self._count(session_id, "recall_us", int((time.perf_counter() - t0) * 1e6))
+
+    def _recall_candidates(self, session_id: str, s: _Session, held: int) -> tuple[list[ColdRef], list[Any]]:
+        """The cold blocks a scoring pass over ``held`` more tokens has room for (the newest first),
+        read from their stores (read, not taken: only the blocks brought back leave), in log
+        order; blocks a store no longer has are dropped from the session. What the idle backend
+        read for the session (``_prepare_recalls``) serves while its cold blocks are the same."""
+        assert self._store is not None
+        ready, s.recall_ready = s.recall_ready, None
+        fits = self.config.n_ctx - held
+        if ready is not None and ready.refs is not None and ready.cold == s.cold and ready.tokens <= fits:
+            return ready.refs, ready.blocks
+        candidates: list[ColdRef] = []
+        for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
+            n = ref.key.token_range.end - ref.key.token_range.start
+            if n <= fits:
+                candidates.append(ref)
+                fits -= n
+        by_store: dict[str, list[int]] = {}
+        for i, ref in enumerate(candidates):
+            by_store.setdefault(ref.store, []).append(i)
+        read: list[Any] = [None] * len(candidates)
+        for store, idx in by_store.items():
+            got = self._store.at(store).get_many([candidates[i].key for i in idx])
+            for i, block in zip(idx, got, strict=True):
+                read[i] = block
+        gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
+        if gone:
+            lost = {id(ref) for ref in gone}
+            s.cold = [ref for ref in s.cold if id(ref) not in lost]
+            self._store.release(gone)
+        order = sorted((i for i, block in enumerate(read) if block is not None),
+                       key=lambda i: candidates[i].key.token_range.start)
+        return [candidates[i] for i in order], [read[i] for i in order]
+
+    def prepare_recalls(self) -> bool:
+        """Idle work (the step loop calls it when no call runs): for the most recently used
+        spilling session whose next turn would recall, read its cold blocks and let the executor
+        do the part of the recall that needs no turn (``Executor.prepare_recall``), so the turn
+        pays only for the scoring pass, the plan and the exchange. True when it prepared one
+        (it is called again), False when nothing is left to prepare."""
+        with self._lock:
+            if self._store is None or self._loop.pending():
+                return False
+            waiting = [(s.last_used, sid) for sid, s in self._sessions.items()
+                       if s.suspended is None and s.cold and self._recalls_by_scoring(s)
+                       and (s.recall_ready is None or s.recall_ready.used != s.last_used or s.recall_ready.cold != s.cold)]
+            if not waiting:
+                return False
+            session_id = max(waiting)[1]
+            s = self._sessions[session_id]
+            t0 = time.perf_counter()
+            try:
+                refs, blocks = self._recall_candidates(session_id, s, s.resident)
+                self._kv_executor("recall").prepare_recall(session_id, blocks, s.policy.rebase)
+                s.recall_ready = _RecallReady(list(s.cold), s.last_used, refs, blocks,
+                                              sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))
+            except Exception as exc:  # the turn does it all itself then
+                log.debug("session %r: recall not prepared (%s)", session_id, exc)
+                s.recall_ready = _RecallReady(list(s.cold), s.last_used)
+            # what the blocks read ahead may hold, all sessions together: the least recently used let go
+            ready = sorted((x.recall_ready.used, x.recall_ready.nbytes, sid) for sid, x in self._sessions.items()
+                           if x.recall_ready is not None and x.recall_ready.refs is not None)
+            held = sum(nbytes for _, nbytes, _ in ready)
+            for used, nbytes, sid in ready[:-1]:
+                if held <= RECALL_PREP_BYTES:
+                    break
+                held -= nbytes
+                self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used)
+            self._count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
+            return True
+
+    def _recalls_by_scoring(self, s: _Session) -> bool:
+        p = s.policy
+        return bool(p.kvres_evicts and p.spill and self.executor.capabilities().attention_capture
+                    and (p.kind != "scored" or p.scorer == "snapkv"))
 
     def _compress(self, session_id: str) -> None:
         """Cut a scored session (or one on a recall turn) to its budget once, by its scorer."""
@@ -959,7 +1027,7 @@ class BackendHost:
                 s.policy, s.last_logits, dict(s.counters), self.fingerprint,
             )
             self.executor.close_session(session_id)
-            s.resident = 0
+            s.resident, s.recall_ready = 0, None
             s.suspended = self._commit(session_id, later=True)
             self._publish()
             self._loop.poke()

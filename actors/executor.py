@@ -10,8 +10,10 @@ Primitives:
   ``attention`` (a raw capture, where ``Capabilities.attention_capture`` says the engine has one)
   and ``keys`` (the resident keys, where ``Capabilities.key_access`` says so): the inputs of the
   scorer objects in ``kvres.policy.scorers``, the one scoring path. For recall, optionally:
-  ``recall_attention`` (score cold blocks by a new turn's attention without importing them) and
+  ``recall_attention`` (score cold blocks by a new turn's attention without importing them),
+  ``prepare_recall`` (do the part of it that needs no turn ahead, while the backend is idle) and
   ``exchange`` (evict and import many ranges as one change).
+- ``RECALL_PREP_BYTES``: what prepared recalls may hold, all sessions of an executor together.
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
@@ -48,6 +50,8 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 
 Logits = npt.NDArray[np.float32]
+
+RECALL_PREP_BYTES = 64 << 20
 
 
 class EngineSessions(ABC):
@@ -123,6 +127,13 @@ class Executor(EngineSessions):
         between) instead of decoding them again. An engine without it raises ``CapabilityError``
         (a recall then imports first)."""
         raise CapabilityError(f"the {self.engine} executor cannot score blocks it has not imported")
+
+    def prepare_recall(self, session_id: str, blocks: Sequence[KVBlock], rebase: bool) -> bool:
+        """Get ready for ``recall_attention`` of ``blocks`` while the backend is idle: an engine may
+        do now all the work that does not need the turn, and use it if the session is unchanged
+        when the turn comes (kept within ``RECALL_PREP_BYTES`` over all sessions). True when it
+        prepared something; this default prepares nothing."""
+        return False
 
     def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:
         """Evict ``evict`` (resident ranges) and import ``blocks`` as one change; returns the evicted

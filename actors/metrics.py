@@ -49,7 +49,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 _process_secret: bytes | None = None
 
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
-            "recall_us",
+            "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "rebuilds", "rollbacks", "inexact_recomputed_tokens")
 
 

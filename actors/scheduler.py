@@ -5,12 +5,14 @@ Primitives:
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
   generate job produced.
-- ``StepLoop(lock, step, name, on_busy=None)``: a daemon thread that, while jobs are pending, calls
+- ``StepLoop(lock, step, name, on_busy=None, on_idle=None)``: a daemon thread that, while jobs are pending, calls
   ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
   callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
   ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
   ``on_busy(True)`` is called when it takes up jobs after being idle, ``on_busy(False)`` when the
-  last of them is done.
+  last of them is done. Once no job has come for ``IDLE_GRACE_S`` after that (the calls' answers
+  have left), ``on_idle() -> more`` is called under ``lock`` until it returns False or a job
+  comes: background work, one short piece per call.
 
 A step is short (one decode of at most ``n_batch`` tokens), so a control call that takes the same
 lock waits at most one step, and planning happens between steps, never inside one.
@@ -28,6 +30,7 @@ from typing import Literal
 from .sampling import TokenSampler
 
 _END = object()
+IDLE_GRACE_S = 0.01
 
 
 @dataclass(eq=False)
@@ -99,9 +102,11 @@ class StepLoop:
     def __init__(
         self, lock: threading.RLock, step: Callable[[list[Job]], bool], name: str,
         on_busy: Callable[[bool], None] | None = None,
+        on_idle: Callable[[], bool] | None = None,
     ) -> None:
         self._lock = lock
         self._on_busy = on_busy
+        self._on_idle = on_idle
         self._wake = threading.Condition(lock)
         self._step = step
         self._jobs: list[Job] = []
@@ -135,11 +140,18 @@ class StepLoop:
 
     def _run(self) -> None:
         busy = False
+        idle_work = False  # the loop went idle and on_idle may have work
         while True:
             with self._lock:
                 if not self._jobs and busy:
                     busy = False
                     self._busy(False)
+                    idle_work = self._on_idle is not None
+                    self._wake.wait(timeout=IDLE_GRACE_S)
+                if not self._jobs and idle_work:
+                    idle_work = self._idle()
+                    if idle_work:
+                        continue  # the lock is let go between pieces
                 while not self._jobs:
                     self._wake.wait()
                 if not busy:
@@ -158,6 +170,16 @@ class StepLoop:
                 if not progressed:  # every job waits for room: sleep until something changes
                     self._wake.wait(timeout=0.05)
             # the lock is free here: control calls and new submissions get their turn
+
+    def _idle(self) -> bool:
+        hook = self._on_idle
+        if hook is None:
+            return False
+        try:
+            return hook()
+        except Exception:  # background work must not stop the engine loop
+            logging.getLogger("kvres.backend").exception("on_idle() failed")
+            return False
 
     def _busy(self, busy: bool) -> None:
         if self._on_busy is not None:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -91,7 +92,7 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..executor import Executor
+from ..executor import RECALL_PREP_BYTES, Executor
 from ..model_files import model_id, profile_from_gguf, read_gguf_metadata
 from ..sampling import TokenSampler
 from ..session_table import SessionTable
@@ -144,6 +145,30 @@ class _RecallMemo:
     cells: StateCells
     index: npt.NDArray[np.int64]
     blocks: frozenset[int]  # ids of the blocks merged in
+
+
+@dataclass(frozen=True)
+class _RecallPrep:
+    """What ``recall_attention`` computes before it decodes the turn (``prepare_recall``, done
+    while the backend is idle): valid while the session holds ``memo.positions`` with nothing
+    pending, for these very blocks and ``rebase``."""
+
+    blocks: tuple[KVBlock, ...]
+    rebase: bool
+    memo: _RecallMemo
+    blob: bytes  # the scoring context's state: resident and block cells at their recall positions
+    n_cells: int
+    first: int  # the turn's first position there
+
+    @property
+    def nbytes(self) -> int:
+        old, merged = self.memo.old[0], self.memo.cells
+        return old.k.nbytes + old.v.nbytes + merged.k.nbytes + merged.v.nbytes + len(self.blob)
+
+    def holds(self, s: _Session, blocks: Sequence[KVBlock], rebase: bool) -> bool:
+        return (rebase == self.rebase and not s.pending and len(blocks) == len(self.blocks)
+                and all(a is b for a, b in zip(blocks, self.blocks, strict=True))
+                and np.array_equal(self.memo.positions, s.positions.all_positions()))
 
 
 @dataclass
@@ -212,6 +237,7 @@ class LlamaExecutor(SessionTable, Executor):
         self._model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         self._scoring: ScoringContext | None = None
         self._recall_memo: _RecallMemo | None = None
+        self._recall_preps: OrderedDict[str, _RecallPrep] = OrderedDict()  # newest last
         try:
             self.geometry = self._geometry()
             self._check_quantizable()
@@ -338,6 +364,7 @@ class LlamaExecutor(SessionTable, Executor):
     def close_session(self, session_id: str) -> None:
         with self._lock:
             s = self._get(session_id)
+            self._recall_preps.pop(session_id, None)
             self._ops.drop(s.seq, s.positions.resident_count - sum(len(p.rng) for p in s.pending))
             del self._sessions[session_id]
             self._free_seqs.append(s.seq)
@@ -586,28 +613,54 @@ class LlamaExecutor(SessionTable, Executor):
         with self._lock:
             s = self._get(session_id)
             toks = self._check_tokens(tokens)
-            spans = _spans_of(blocks)
-            layout = exchange_layout(s.positions, (), spans, rebase)
-            self._check_blocks(s, session_id, blocks, spans)
-            old = self._resident_cells(s)
-            merged, log_index = self._merged_cells(s, blocks, layout.resident, old, spans)
+            prep = self._recall_preps.pop(session_id, None)
+            if prep is None or not prep.holds(s, blocks, rebase):
+                prep = self._recall_prep(s, session_id, blocks, rebase)
             # the exchange that follows a recall reads the same cells: keep them for it
-            self._recall_memo = _RecallMemo(session_id, s.positions.all_positions(), old, merged, log_index,
-                                            frozenset(id(b) for b in blocks))
-            cells = self._moved(merged, layout.positions[log_index])
+            self._recall_memo = prep.memo
             if self._scoring is None:
                 self._scoring = ScoringContext(self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads)
-            # the scoring context holds f16 and, without flash attention, V transposed
-            blob = _as_f16(cells, self.type_k, self.type_v).to_blob(v_trans=True) if len(cells) else b""
-            first = int(cells.positions[-1]) + 1 if len(cells) else 0
-            keys = np.concatenate([log_index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
-            capture, logits, own = self._scoring.capture_after(blob, len(cells), toks, first, keys, window)
+            first = prep.first
+            keys = np.concatenate([prep.memo.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
+            capture, logits, own = self._scoring.capture_after(prep.blob, prep.n_cells, toks, first, keys, window)
             s.prefill = None
             if self.type_k == self.type_v == "f16":  # the scoring context's types: its cells fit as they are
                 fresh = parse_cells([own])
                 if np.array_equal(fresh.positions, np.arange(first, first + len(toks))):
                     s.prefill = _Prefill(tuple(toks), fresh, logits, s.positions.all_positions())
             return capture
+
+    def prepare_recall(self, session_id: str, blocks: Sequence[KVBlock], rebase: bool) -> bool:
+        """Do now what ``recall_attention`` of these blocks does before it decodes the turn (read,
+        check, merge and move the cells, encode the scoring context's state), kept for the
+        session's next recall while its positions stay as they are. False when the cells would
+        take more than ``RECALL_PREP_BYTES`` (prepared sessions together: the oldest go first)."""
+        with self._lock:
+            s = self._get(session_id)
+            self._recall_preps.pop(session_id, None)
+            n_cells = s.positions.resident_count + sum(len(b.token_range) for b in blocks)
+            per_cell = self.geometry.n_layers * (self._k_row + self._v_row)
+            if 3 * n_cells * per_cell > RECALL_PREP_BYTES:  # resident, merged and encoded copies
+                return False
+            self._recall_preps[session_id] = self._recall_prep(s, session_id, blocks, rebase)
+            held = sum(p.nbytes for p in self._recall_preps.values())
+            while held > RECALL_PREP_BYTES and len(self._recall_preps) > 1:
+                held -= self._recall_preps.popitem(last=False)[1].nbytes
+            return True
+
+    def _recall_prep(self, s: _Session, session_id: str, blocks: Sequence[KVBlock], rebase: bool) -> _RecallPrep:
+        spans = _spans_of(blocks)
+        layout = exchange_layout(s.positions, (), spans, rebase)
+        self._check_blocks(s, session_id, blocks, spans)
+        old = self._resident_cells(s)
+        merged, log_index = self._merged_cells(s, blocks, layout.resident, old, spans)
+        memo = _RecallMemo(session_id, s.positions.all_positions(), old, merged, log_index,
+                           frozenset(id(b) for b in blocks))
+        cells = self._moved(merged, layout.positions[log_index])
+        # the scoring context holds f16 and, without flash attention, V transposed
+        blob = _as_f16(cells, self.type_k, self.type_v).to_blob(v_trans=True) if len(cells) else b""
+        first = int(cells.positions[-1]) + 1 if len(cells) else 0
+        return _RecallPrep(tuple(blocks), rebase, memo, blob, len(cells), first)
 
     def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:
         """Evict ``evict`` and import ``blocks`` in one state restore: the session's cells are read

@@ -9,15 +9,18 @@ Primitives:
   in, rotated to its place. Eviction makes no engine call. ``position_shift`` needs the RoPE
   parameters of the model (a converted GGUF records them).
   For recall: ``recall_attention`` scores cold blocks by a new turn's attention with the blocks
-  spliced into a scoring request's states (nothing imported), ``exchange`` evicts and imports many
+  spliced into a scoring request's states (nothing imported; ``prepare_recall`` splices them
+  while the backend is idle, kept for the turn if the session stays as it is), ``exchange`` evicts and imports many
   ranges with one read and one write of the states (``kvres.policy.recall.exchange_layout``).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +32,7 @@ from kvres.policy.ranges import Range
 from kvres.policy.recall import exchange_layout
 from kvres.policy.scoring import AttentionCapture
 
+from ..executor import RECALL_PREP_BYTES
 from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
 from .scoring_pass import attention_after
@@ -38,6 +42,14 @@ from .states import KVArrays, concat, read_kv, take
 class StateExecutor(OpenVINOExecutor):
     mode = "state"
     _recall_memo: _RecallMemo | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._recall_preps: OrderedDict[str, _RecallPrep] = OrderedDict()  # newest last
+
+    def close_session(self, session_id: str) -> None:
+        super().close_session(session_id)
+        self._recall_preps.pop(session_id, None)
 
     def _can_rebase(self) -> bool:
         return self.loaded.rope is not None
@@ -96,20 +108,43 @@ class StateExecutor(OpenVINOExecutor):
         if not toks:
             raise ValueError("recall_attention needs the turn's tokens")
         self.sync(session_id)
+        prep = self._recall_preps.pop(session_id, None)
+        if prep is None or not prep.holds(s, blocks, rebase):
+            prep = self._recall_prep(session_id, s, blocks, rebase)
+        # the exchange that follows a recall reads the same entries: keep them for it
+        self._recall_memo = prep.memo
+        first = prep.first
+        probs, logits, own = attention_after(
+            self._score_request(), self.loaded.state_names, self._score_outputs, prep.kv, toks,
+            list(range(first, first + len(toks))), window)
+        s.prefill = _Prefill(tuple(toks), own, first, logits, s.positions.all_positions())
+        keys = np.concatenate([prep.memo.merged.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
+        return AttentionCapture(probs, keys, keys[keys.size - probs.shape[2]:].copy())
+
+    def prepare_recall(self, session_id: str, blocks: Sequence[KVBlock], rebase: bool) -> bool:
+        """What ``recall_attention`` does before it runs the turn (read, check, merge and move the
+        entries), kept for the session's next recall while it is unchanged; False when that would
+        take more than ``RECALL_PREP_BYTES`` (prepared sessions together: the oldest go first)."""
+        s = self._get(session_id)
+        self._recall_preps.pop(session_id, None)
+        g = self.loaded.geometry
+        n = s.positions.resident_count + sum(len(b.token_range) for b in blocks)
+        if 3 * n * g.n_layers * 2 * g.n_kv_heads * g.head_dim * 4 > RECALL_PREP_BYTES:
+            return False
+        self.sync(session_id)
+        self._recall_preps[session_id] = self._recall_prep(session_id, s, blocks, rebase)
+        held = sum(p.nbytes for p in self._recall_preps.values())
+        while held > RECALL_PREP_BYTES and len(self._recall_preps) > 1:
+            held -= self._recall_preps.popitem(last=False)[1].nbytes
+        return True
+
+    def _recall_prep(self, session_id: str, s: Session, blocks: Sequence[KVBlock], rebase: bool) -> _RecallPrep:
         layout = exchange_layout(s.positions, (), [(b.token_range, b.positions) for b in blocks], rebase)
         old = self._resident_entries(s)
         merged = _merge(old, self._block_entries(session_id, s, blocks), layout.resident)
-        # the exchange that follows a recall reads the same entries: keep them for it
-        self._recall_memo = _RecallMemo(session_id, s.positions.all_positions(), old, merged,
-                                        frozenset(id(b) for b in blocks))
-        arr = self._moved(merged, layout.positions)
-        first = layout.next_pos
-        probs, logits, own = attention_after(
-            self._score_request(), self.loaded.state_names, self._score_outputs, _unstack(arr), toks,
-            list(range(first, first + len(toks))), window)
-        s.prefill = _Prefill(tuple(toks), own, first, logits, s.positions.all_positions())
-        keys = np.concatenate([merged.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
-        return AttentionCapture(probs, keys, keys[keys.size - probs.shape[2]:].copy())
+        memo = _RecallMemo(session_id, s.positions.all_positions(), old, merged, frozenset(id(b) for b in blocks))
+        return _RecallPrep(tuple(blocks), rebase, memo, _unstack(self._moved(merged, layout.positions)),
+                           layout.next_pos)
 
     def exchange(self, session_id: str, evict: Sequence[Range], blocks: Sequence[KVBlock], rebase: bool) -> list[KVBlock]:
         s = self._get(session_id)
@@ -263,6 +298,28 @@ class _RecallMemo:
     old: _Entries
     merged: _Entries  # the resident entries and the blocks' in log order, not yet moved
     blocks: frozenset[int]
+
+
+@dataclass(frozen=True)
+class _RecallPrep:
+    """What ``recall_attention`` computes before it runs the turn (``prepare_recall``, done while
+    the backend is idle): valid while the session holds ``memo.positions`` with nothing pending,
+    for these very blocks and ``rebase``."""
+
+    blocks: tuple[KVBlock, ...]
+    rebase: bool
+    memo: _RecallMemo
+    kv: KVArrays  # the scoring request's states: resident and block entries at their recall positions
+    first: int  # the turn's first position there
+
+    @property
+    def nbytes(self) -> int:
+        return self.memo.old.kv.nbytes + self.memo.merged.kv.nbytes + sum(k.nbytes + v.nbytes for k, v in self.kv)
+
+    def holds(self, s: Session, blocks: Sequence[KVBlock], rebase: bool) -> bool:
+        return (rebase == self.rebase and s.kv_map is None and len(blocks) == len(self.blocks)
+                and all(a is b for a, b in zip(blocks, self.blocks, strict=True))
+                and np.array_equal(self.memo.positions, s.positions.all_positions()))
 
 
 def _merge(old: _Entries, blocks: _Entries | None, keep: npt.NDArray[np.bool_]) -> _Entries:

@@ -1,5 +1,6 @@
 """StepLoop tells its owner when it takes up calls and when the last one is done (the hook a
-backend uses to hold its cold-store writes back while it runs calls)."""
+backend uses to hold its cold-store writes back while it runs calls), and runs its idle work
+when no call is left."""
 
 from __future__ import annotations
 
@@ -53,3 +54,55 @@ def test_a_failing_hook_does_not_stop_the_loop() -> None:
     loop = StepLoop(threading.RLock(), step, "t", on_busy=hook)
     loop.submit(Job("a", "append", feed=[1])).wait()
     loop.submit(Job("b", "append", feed=[1])).wait()
+
+
+def test_on_idle_runs_piece_by_piece_once_the_calls_are_done() -> None:
+    lock = threading.RLock()
+    events: list[str] = []
+    pieces = [3]  # on_idle has three pieces of work, one per call
+
+    def step(jobs: list[Job]) -> bool:
+        events.append("step")
+        for job in jobs:
+            job.finish()
+        return True
+
+    def idle() -> bool:
+        assert lock._is_owned()  # type: ignore[attr-defined]  # called under the backend's lock
+        events.append("idle")
+        pieces[0] -= 1
+        return pieces[0] > 0
+
+    loop = StepLoop(lock, step, "t", on_idle=idle)
+    loop.submit(Job("a", "append", feed=[1])).wait()
+    deadline = time.monotonic() + 10
+    while events.count("idle") < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert events == ["step", "idle", "idle", "idle"]  # after the call, until it has nothing left
+    pieces[0] = 1
+    loop.submit(Job("b", "append", feed=[1])).wait()
+    while events.count("idle") < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert events[4:] == ["step", "idle"]  # and again after the next call
+
+
+def test_a_failing_idle_hook_does_not_stop_the_loop() -> None:
+    calls = [0]
+
+    def idle() -> bool:
+        calls[0] += 1
+        raise RuntimeError("idle work failed")
+
+    def step(jobs: list[Job]) -> bool:
+        for job in jobs:
+            job.finish()
+        return True
+
+    loop = StepLoop(threading.RLock(), step, "t", on_idle=idle)
+    loop.submit(Job("a", "append", feed=[1])).wait()
+    deadline = time.monotonic() + 10
+    while not calls[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.submit(Job("b", "append", feed=[1])).wait()
+    assert calls[0] >= 1

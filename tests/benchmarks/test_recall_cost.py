@@ -20,5 +20,6 @@ def test_recall_cost_quick_writes_json_and_png(tmp_path) -> None:
         assert row["ratio_back_to_back"] == row["recall_cost_back_to_back_s"] / row["reprefill_s"]
         assert row["recall_back_to_back_s"] > 0 and row["plain_back_to_back_s"] > 0
         assert row["blocks_recalled"] > 0  # the question brought spilled blocks back
+        assert row["backend_prep_s"] > 0  # prepared while the driver paused between the turns
         assert row["answer_right"]["recall"] == 1.0 and row["answer_right"]["plain"] == 0.0
     assert (tmp_path / "recall_cost.png").stat().st_size > 0

@@ -138,3 +138,37 @@ def test_a_different_append_discards_the_scored_turn(ex: LlamaExecutor) -> None:
     other = TURN[::-1]
     assert np.abs(ex.append("taken", other) - ex.append("decoded", other)).max() < 1e-3
     assert ex._sessions["taken"].prefill is None
+
+
+@pytest.mark.parametrize("rebase", [False, True])
+def test_a_prepared_recall_scores_and_exchanges_as_an_unprepared_one(ex: LlamaExecutor, rebase: bool) -> None:
+    ready, cold = _spilled(ex, "ready", rebase), _spilled(ex, "cold", rebase)
+    assert ex.prepare_recall("ready", list(ready.values()), rebase)
+    a = ex.recall_attention("ready", list(ready.values()), TURN, 4, rebase)
+    assert not ex._recall_preps  # taken by the recall
+    b = ex.recall_attention("ready", list(ready.values()), TURN, 4, rebase)  # read afresh
+    assert np.array_equal(a.probs, b.probs) and np.array_equal(a.key_positions, b.key_positions)
+    ex.recall_attention("cold", list(cold.values()), TURN, 4, rebase)
+    evict = [Range(200, 240)]
+    out_a = ex.exchange("ready", evict, [ready[Range(100, 104)]], rebase)
+    out_b = ex.exchange("cold", evict, [cold[Range(100, 104)]], rebase)
+    assert (out_a[0].token_range, out_a[0].positions, out_a[0].payload_nbytes) == \
+            (out_b[0].token_range, out_b[0].positions, out_b[0].payload_nbytes)
+    assert (ex.cache_positions("ready") == ex.cache_positions("cold")).all()
+    x, y = ex.append("ready", TURN), ex.append("cold", TURN)  # both take their scoring pass's turn
+    assert np.abs(x - y).max() < 1e-2 and x.argmax() == y.argmax()
+
+
+def test_a_prepared_recall_is_not_used_once_the_session_changed(ex: LlamaExecutor) -> None:
+    ready = _spilled(ex, "ready", False)
+    assert ex.prepare_recall("ready", list(ready.values()), False)
+    ex.append("ready", TURN[:3])  # the positions change: what was prepared no longer holds
+    a = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+    b = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+    assert np.array_equal(a.probs, b.probs) and a.key_positions.size == len(TOKENS) + 3 + len(TURN)
+    # prepared for other blocks (or for the other rebase), a recall reads its own
+    assert ex.prepare_recall("ready", list(ready.values())[:1], False)
+    a = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+    assert np.array_equal(a.probs, b.probs)
+    ex.close_session("ready")
+    assert not ex._recall_preps

@@ -105,3 +105,43 @@ def test_recompute_mode_does_not_score_blocks_it_has_not_imported() -> None:
     blocks = _spilled(ex, "s", rebase=False)
     with pytest.raises(CapabilityError):
         ex.recall_attention("s", list(blocks.values()), TURN, 4, rebase=False)
+
+
+@pytest.mark.parametrize("rebase", [False, True])
+def test_a_prepared_recall_scores_and_exchanges_as_an_unprepared_one(ex: StateExecutor, rebase: bool) -> None:
+    ready, cold = _spilled(ex, "ready", rebase), _spilled(ex, "cold", rebase)
+    try:
+        assert ex.prepare_recall("ready", list(ready.values()), rebase)
+        a = ex.recall_attention("ready", list(ready.values()), TURN, 4, rebase)
+        assert not ex._recall_preps  # taken by the recall
+        b = ex.recall_attention("ready", list(ready.values()), TURN, 4, rebase)  # read afresh
+        assert np.array_equal(a.probs, b.probs) and np.array_equal(a.key_positions, b.key_positions)
+        ex.recall_attention("cold", list(cold.values()), TURN, 4, rebase)
+        evict = [Range(200, 240)]
+        out_a = ex.exchange("ready", evict, [ready[Range(100, 104)]], rebase)
+        out_b = ex.exchange("cold", evict, [cold[Range(100, 104)]], rebase)
+        assert (out_a[0].token_range, out_a[0].positions, out_a[0].payload_nbytes) == \
+            (out_b[0].token_range, out_b[0].positions, out_b[0].payload_nbytes)
+        assert (ex.cache_positions("ready") == ex.cache_positions("cold")).all()
+        x, y = ex.append("ready", TURN), ex.append("cold", TURN)  # both take their scoring pass's turn
+        assert np.abs(x - y).max() < 1e-2 and x.argmax() == y.argmax()
+    finally:
+        ex.close_session("ready")
+        ex.close_session("cold")
+
+
+def test_a_prepared_recall_is_not_used_once_the_session_changed(ex: StateExecutor) -> None:
+    ready = _spilled(ex, "ready", False)
+    try:
+        assert ex.prepare_recall("ready", list(ready.values()), False)
+        ex.append("ready", TURN[:3])  # the positions change: what was prepared no longer holds
+        a = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+        b = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+        assert np.array_equal(a.probs, b.probs) and a.key_positions.size == len(TOKENS) + 3 + len(TURN)
+        # prepared for other blocks, a recall reads its own
+        assert ex.prepare_recall("ready", list(ready.values())[:1], False)
+        a = ex.recall_attention("ready", list(ready.values()), TURN, 4, False)
+        assert np.array_equal(a.probs, b.probs)
+    finally:
+        ex.close_session("ready")
+    assert not ex._recall_preps

@@ -5,6 +5,7 @@ session never holds more than its budget, the answer is right, and the question 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,50 @@ def test_a_recall_turn_stays_in_budget_and_answers(host: BackendHost, method: st
         cold_blocks = sum(v["blocks"] for v in stats["cold"].values())
         assert cold_blocks == counters["spills"] - counters["recalls"]
         host.close(sid)
+
+
+def _prepared(host: BackendHost, sid: str) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if host.session_stats(sid)["counters"]["recall_prep_us"] > 0:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_recall_prepared_while_the_backend_is_idle_gives_the_same_turn(host: BackendHost) -> None:
+    """The idle backend reads a spilling session's cold blocks and merges them with its resident
+    KV ahead of the next turn; that turn keeps, recalls and answers exactly as one that found
+    nothing prepared. A call of the session in between makes the backend prepare again."""
+    task = TASKS[0]
+    q0 = task.question_span[0]
+    policy = ps.policy_for("streaming", task, 0.25, CFG).model_copy(update={"spill": True})
+    seen = {}
+    idle = host._loop._on_idle
+    for name, prepare in (("unprepared", False), ("prepared", True)):
+        host._loop._on_idle = idle if prepare else None
+        host.open_session(name, policy)
+        host.append(name, task.prompt_ids[:q0])
+        if prepare:
+            assert _prepared(host, name)
+        else:
+            time.sleep(0.1)
+            assert host.session_stats(name)["counters"]["recall_prep_us"] == 0
+        if prepare:  # a call in between: prepared again for where the session is now
+            first = host.session_stats(name)["counters"]["recall_prep_us"]
+            host.append(name, task.prompt_ids[q0 : q0 + 1])
+            deadline = time.monotonic() + 30
+            while host.session_stats(name)["counters"]["recall_prep_us"] == first and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert host.session_stats(name)["counters"]["recall_prep_us"] > first
+        else:
+            host.append(name, task.prompt_ids[q0 : q0 + 1])
+        host.append(name, task.prompt_ids[q0 + 1 :])
+        resident = host.executor.resident_ranges(name)
+        counters = host.session_stats(name)["counters"]
+        seen[name] = (resident, counters["recalls"], counters["recalled_tokens"],
+                      host.generate(name, len(task.answer_ids)))
+        host.close(name)
+    host._loop._on_idle = idle
+    assert seen["prepared"] == seen["unprepared"]
+    assert seen["prepared"][1] > 0 and seen["prepared"][3] == task.answer_ids

@@ -160,6 +160,29 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
         kept.close()
 
 
+def test_a_turn_after_a_pause_finds_its_recall_prepared(manager) -> None:
+    """Between turns the idle backend reads the session's cold blocks and merges them with its
+    resident KV (``recall_prep_us``); the next turn recalls from that and answers."""
+    import time
+
+    tasks = pt.fixed_task_set(1, 2, seed=1, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))
+    for task in tasks:
+        q0 = task.question_span[0]
+        session = manager.open_session(backend="f16spill")
+        try:
+            session.append(task.prompt_ids[:q0])
+            deadline = time.monotonic() + 30
+            while session.stats()["counters"]["recall_prep_us"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert session.stats()["counters"]["recall_prep_us"] > 0
+            session.append(task.prompt_ids[q0:])
+            assert session.generate(len(task.answer_ids)) == task.answer_ids
+            counters = session.stats()["counters"]
+            assert counters["recalls"] > 0 and counters["recalled_tokens"] > 0
+        finally:
+            session.close()
+
+
 def test_a_default_session_on_a_quantized_k_spill_tier_runs_to_8x_its_budget(manager) -> None:
     """The decision holds K at q8_0 (explicit ``type_k``), so its resident budget buys more tokens
     than the f16 one; the session keeps position gaps (a quantized K cannot shift)."""
