@@ -49,11 +49,24 @@ def test_status_json_matches_the_session_manager_and_the_table_names_everything(
     session.close()
 
 
+def _settled(session) -> dict:
+    """The session's stats once the idle backend's work after its last call (preparing its next
+    recall, counted in ``recall_prep_us``) is done: two reads in a row agree."""
+    stats, deadline = session.stats(), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = session.stats()
+        if again == stats:
+            break
+        stats = again
+    return stats
+
+
 def test_inspect_draws_the_resident_ranges_over_the_token_log(manager, capsys) -> None:
     session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
     session.append(PROMPT)
     session.generate(64)
-    stats = session.stats()
+    stats = _settled(session)
     assert json.loads(_run(capsys, "inspect", session.session_id, "--json", "--namespace", manager.namespace)) \
         == json.loads(json.dumps(stats))
     text = _run(capsys, "inspect", session.session_id, "--namespace", manager.namespace)
