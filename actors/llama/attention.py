@@ -12,6 +12,8 @@ Primitives:
   (this context's layout: f16, V transposed; cells in position order) instead of re-prefilling,
   decodes ``tokens`` after it from ``first_pos`` and records the attention of their last
   ``window``: what a recall scores cold blocks by, at the cost of the new tokens only.
+  ``load(blob, n_cells, holder)`` restores the blob ahead of time; a ``capture_after(...,
+  holder=holder)`` that comes before any other use of the context starts from it.
 
 Why a second context: the serving context keeps flash attention (faster, and required for a
 quantized V cache), so its attention matrix never exists in memory. The scoring context starts
@@ -75,6 +77,15 @@ class ScoringContext:
             model, n_ctx=n_ctx, n_seq_max=1, type_k="f16", type_v="f16", flash_attn=False,
             n_batch=n_batch, n_threads=n_threads, cb_eval=self.recorder.callback,
         )
+        self.holding: object | None = None  # whose blob ``load`` restored (until the context is used)
+
+    def load(self, blob: bytes, n_cells: int, holder: object) -> None:
+        self.holding = None
+        self.ctx.clear()
+        if n_cells and not self.ctx.state_set(0, blob):
+            self.ctx.clear()
+            raise EngineError(f"the scoring context refused a state of {n_cells} cells")
+        self.holding = holder
 
     def close(self) -> None:
         self.ctx.close()
@@ -92,6 +103,7 @@ class ScoringContext:
             raise ValueError(f"{n} tokens do not fit the scoring context of {self.ctx.n_cells} cells")
         window = max(1, min(int(window), n, self.ctx.n_batch))
         head = n - window
+        self.holding = None
         self.ctx.clear()
         try:
             if head:
@@ -111,9 +123,10 @@ class ScoringContext:
 
     def capture_after(
         self, blob: bytes, n_cells: int, tokens: Sequence[int], first_pos: int, key_positions: npt.ArrayLike,
-        window: int,
+        window: int, holder: object | None = None,
     ) -> tuple[AttentionCapture, npt.NDArray[np.float32], bytes]:
-        """The capture, the last token's logits and the state blob of the tokens' own cells."""
+        """The capture, the last token's logits and the state blob of the tokens' own cells (the
+        blob is not restored again when ``load`` restored it for ``holder``)."""
         n_tok = len(tokens)
         n_keys = n_cells + n_tok
         keys = np.asarray(key_positions, dtype=np.int64)
@@ -125,9 +138,11 @@ class ScoringContext:
             raise ValueError(f"{n_keys} keys do not fit the scoring context of {self.ctx.n_cells} cells")
         window = max(1, min(int(window), n_tok, self.ctx.n_batch))
         head = n_tok - window
-        self.ctx.clear()
+        loaded, self.holding = holder is not None and self.holding is holder, None
+        if not loaded:
+            self.ctx.clear()
         try:
-            if n_cells and not self.ctx.state_set(0, blob):
+            if not loaded and n_cells and not self.ctx.state_set(0, blob):
                 raise EngineError(f"the scoring context refused a state of {n_cells} cells")
             if head:
                 self.ctx.decode(tokens[:head], first_pos, 0, logits=False)

@@ -595,13 +595,14 @@ class LlamaExecutor(SessionTable, Executor):
             mask = s.positions.resident_mask()
             if not mask.any():
                 raise RangeError(f"session {session_id!r} has no resident tokens to score")
-            if self._scoring is None:
-                self._scoring = ScoringContext(
-                    self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads
-                )
             log_index = np.nonzero(mask)[0].astype(np.int64)
             tokens = np.asarray(s.tokens, dtype=np.int32)[mask]
-            return self._scoring.capture(tokens.tolist(), log_index, window or self.score_window)
+            return self._scoring_context().capture(tokens.tolist(), log_index, window or self.score_window)
+
+    def _scoring_context(self) -> ScoringContext:
+        if self._scoring is None:
+            self._scoring = ScoringContext(self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads)
+        return self._scoring
 
     # -- recall: many blocks in one engine step --------------------------------------------
     def recall_attention(
@@ -618,11 +619,10 @@ class LlamaExecutor(SessionTable, Executor):
                 prep = self._recall_prep(s, session_id, blocks, rebase)
             # the exchange that follows a recall reads the same cells: keep them for it
             self._recall_memo = prep.memo
-            if self._scoring is None:
-                self._scoring = ScoringContext(self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads)
             first = prep.first
             keys = np.concatenate([prep.memo.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
-            capture, logits, own = self._scoring.capture_after(prep.blob, prep.n_cells, toks, first, keys, window)
+            capture, logits, own = self._scoring_context().capture_after(prep.blob, prep.n_cells, toks, first, keys,
+                                                                         window, holder=prep)
             s.prefill = None
             if self.type_k == self.type_v == "f16":  # the scoring context's types: its cells fit as they are
                 fresh = parse_cells([own])
@@ -642,7 +642,9 @@ class LlamaExecutor(SessionTable, Executor):
             per_cell = self.geometry.n_layers * (self._k_row + self._v_row)
             if 3 * n_cells * per_cell > RECALL_PREP_BYTES:  # resident, merged and encoded copies
                 return False
-            self._recall_preps[session_id] = self._recall_prep(s, session_id, blocks, rebase)
+            prep = self._recall_prep(s, session_id, blocks, rebase)
+            self._recall_preps[session_id] = prep
+            self._scoring_context().load(prep.blob, prep.n_cells, prep)
             held = sum(p.nbytes for p in self._recall_preps.values())
             while held > RECALL_PREP_BYTES and len(self._recall_preps) > 1:
                 held -= self._recall_preps.popitem(last=False)[1].nbytes

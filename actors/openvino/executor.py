@@ -98,6 +98,7 @@ class OpenVINOExecutor(SessionTable, Executor):
     engine = ENGINE
     mode: ClassVar[str]
     _sessions: dict[str, Session]
+    _score_holds: object | None = None  # a recall preparation whose states the scoring request holds
 
     def __init__(
         self,
@@ -331,7 +332,9 @@ class OpenVINOExecutor(SessionTable, Executor):
         return AttentionCapture(probs, log_index, log_index[log_index.size - probs.shape[2]:])
 
     def _score_request(self) -> ov.InferRequest:
-        """The scoring pass's request (one, reused: its states are reset after every pass)."""
+        """The scoring pass's request (one, reused: its states are reset after every pass; whoever
+        takes it may change them, so what a recall preparation loaded into it is forgotten)."""
+        self._score_holds = None
         if self._score_compiled is None:
             model, self._score_outputs = with_attention_outputs(self.loaded.model)
             self._score_compiled = ov.Core().compile_model(model, self.device, self._score_config)

@@ -79,14 +79,17 @@ def attention_after(
     tokens: Sequence[int],
     positions: Sequence[int],
     window: int,
+    loaded: bool = False,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], KVArrays]:
     """The attention of the tokens' last ``window`` (``[layer, head, query, key]``), the last
-    token's logits and the tokens' own KV entries."""
+    token's logits and the tokens' own KV entries (``loaded``: the request's states already hold
+    ``kv``)."""
     n, past = len(tokens), kv_len(kv)
     if n == 0 or len(positions) != n:
         raise ValueError(f"{n} tokens with {len(positions)} positions: one each, at least one")
     w = max(1, min(window, n))
-    write_kv(request, state_names, kv)
+    if not loaded:
+        write_kv(request, state_names, kv)
     try:
         out = request.infer({
             "input_ids": np.asarray([tokens], dtype=np.int64),

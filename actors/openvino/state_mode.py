@@ -9,8 +9,9 @@ Primitives:
   in, rotated to its place. Eviction makes no engine call. ``position_shift`` needs the RoPE
   parameters of the model (a converted GGUF records them).
   For recall: ``recall_attention`` scores cold blocks by a new turn's attention with the blocks
-  spliced into a scoring request's states (nothing imported; ``prepare_recall`` splices them
-  while the backend is idle, kept for the turn if the session stays as it is), ``exchange`` evicts and imports many
+  spliced into a scoring request's states (nothing imported; ``prepare_recall`` splices them and
+  loads the request while the backend is idle, kept for the turn if the session stays as it
+  is), ``exchange`` evicts and imports many
   ranges with one read and one write of the states (``kvres.policy.recall.exchange_layout``).
 """
 
@@ -36,7 +37,7 @@ from ..executor import RECALL_PREP_BYTES
 from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
 from .scoring_pass import attention_after
-from .states import KVArrays, concat, read_kv, take
+from .states import KVArrays, concat, read_kv, take, write_kv
 
 
 class StateExecutor(OpenVINOExecutor):
@@ -114,9 +115,10 @@ class StateExecutor(OpenVINOExecutor):
         # the exchange that follows a recall reads the same entries: keep them for it
         self._recall_memo = prep.memo
         first = prep.first
+        loaded = self._score_holds is prep
         probs, logits, own = attention_after(
             self._score_request(), self.loaded.state_names, self._score_outputs, prep.kv, toks,
-            list(range(first, first + len(toks))), window)
+            list(range(first, first + len(toks))), window, loaded=loaded)
         s.prefill = _Prefill(tuple(toks), own, first, logits, s.positions.all_positions())
         keys = np.concatenate([prep.memo.merged.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
         return AttentionCapture(probs, keys, keys[keys.size - probs.shape[2]:].copy())
@@ -132,7 +134,10 @@ class StateExecutor(OpenVINOExecutor):
         if 3 * n * g.n_layers * 2 * g.n_kv_heads * g.head_dim * 4 > RECALL_PREP_BYTES:
             return False
         self.sync(session_id)
-        self._recall_preps[session_id] = self._recall_prep(session_id, s, blocks, rebase)
+        prep = self._recall_prep(session_id, s, blocks, rebase)
+        self._recall_preps[session_id] = prep
+        write_kv(self._score_request(), self.loaded.state_names, prep.kv)
+        self._score_holds = prep
         held = sum(p.nbytes for p in self._recall_preps.values())
         while held > RECALL_PREP_BYTES and len(self._recall_preps) > 1:
             held -= self._recall_preps.popitem(last=False)[1].nbytes

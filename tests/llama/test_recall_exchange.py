@@ -172,3 +172,12 @@ def test_a_prepared_recall_is_not_used_once_the_session_changed(ex: LlamaExecuto
     assert np.array_equal(a.probs, b.probs)
     ex.close_session("ready")
     assert not ex._recall_preps
+
+
+def test_a_prepared_recall_after_another_scoring_pass_restores_its_state_again(ex: LlamaExecutor) -> None:
+    ready, _ = _spilled(ex, "ready", True), _spilled(ex, "other", True)
+    assert ex.prepare_recall("ready", list(ready.values()), True)
+    ex.attention("other", 4)  # the scoring context is used (and cleared) in between
+    a = ex.recall_attention("ready", list(ready.values()), TURN, 4, True)
+    b = ex.recall_attention("ready", list(ready.values()), TURN, 4, True)
+    assert np.array_equal(a.probs, b.probs)
