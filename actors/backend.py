@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,7 +65,7 @@ from .executor import RECALL_PREP_BYTES, EngineManagedExecutor, Executor
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
-from .scheduler import Job, StepLoop
+from .scheduler import Job, StepLoop, WaitCountingLock
 from .store_ports import ColdRef, StorePort
 
 log = logging.getLogger("kvres.backend")
@@ -162,7 +161,7 @@ class BackendHost:
         self._clock = itertools.count(1)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
-        self._lock = threading.RLock()
+        self._lock = WaitCountingLock()
         self._loop = StepLoop(self._lock, self._step, config.name,
                               on_busy=store.defer_writes if store is not None else None, on_idle=self.prepare_recalls)
         self.step_tokens = STEP_TOKENS

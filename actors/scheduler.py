@@ -5,6 +5,8 @@ Primitives:
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
   generate job produced.
+- ``WaitCountingLock()``: a reentrant lock that counts the threads waiting for it (``waiting``),
+  so the loop lets them in between steps; a plain ``threading.RLock`` works too (unfairly).
 - ``StepLoop(lock, step, name, on_busy=None, on_idle=None)``: a daemon thread that, while jobs are pending, calls
   ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
   callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,6 +34,48 @@ from .sampling import TokenSampler
 
 _END = object()
 IDLE_GRACE_S = 0.01
+
+
+class WaitCountingLock:
+    """``threading.RLock`` that knows how many threads are blocked acquiring it. It also serves as
+    a ``threading.Condition``'s lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self.waiting = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        with self._count:
+            self.waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._count:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    # what threading.Condition uses of an RLock
+    def _is_owned(self) -> bool:
+        return self._lock._is_owned()  # type: ignore[attr-defined, no-any-return]
+
+    def _release_save(self) -> object:
+        return self._lock._release_save()  # type: ignore[attr-defined]
+
+    def _acquire_restore(self, state: object) -> None:
+        self._lock._acquire_restore(state)  # type: ignore[attr-defined]
 
 
 @dataclass(eq=False)
@@ -100,14 +145,14 @@ class Job:
 
 class StepLoop:
     def __init__(
-        self, lock: threading.RLock, step: Callable[[list[Job]], bool], name: str,
+        self, lock: threading.RLock | WaitCountingLock, step: Callable[[list[Job]], bool], name: str,
         on_busy: Callable[[bool], None] | None = None,
         on_idle: Callable[[], bool] | None = None,
     ) -> None:
         self._lock = lock
         self._on_busy = on_busy
         self._on_idle = on_idle
-        self._wake = threading.Condition(lock)
+        self._wake = threading.Condition(lock)  # type: ignore[arg-type]  # a WaitCountingLock is an RLock to it
         self._step = step
         self._jobs: list[Job] = []
         self._name = name
@@ -170,6 +215,10 @@ class StepLoop:
                 if not progressed:  # every job waits for room: sleep until something changes
                     self._wake.wait(timeout=0.05)
             # the lock is free here: control calls and new submissions get their turn
+            if getattr(self._lock, "waiting", 0):
+                # a lock is not fair: this thread would take it again before a waiter wakes (a call
+                # could wait many steps to join the batch); give up the GIL so they go first
+                time.sleep(0)
 
     def _idle(self) -> bool:
         hook = self._on_idle
