@@ -163,9 +163,20 @@ class BackendHost:
         self.fingerprint = executor.fingerprint
         self._lock = WaitCountingLock()
         self._loop = StepLoop(self._lock, self._step, config.name,
-                              on_busy=store.defer_writes if store is not None else None, on_idle=self.prepare_recalls)
+                              on_busy=store.defer_writes if store is not None else None, on_idle=self.prepare_recalls,
+                              on_start=self._claim_decode_threads)
+        # the engine's multi-threaded decodes belong to the step loop's thread (see
+        # kvres.actors.llama.engine): other threads decode on one thread until it has started
+        reserve = getattr(executor, "reserve_decode_threads", None)
+        if reserve is not None:
+            reserve()
         self.step_tokens = STEP_TOKENS
         self.peak_resident_tokens = 0  # the most the engine held after any step
+
+    def _claim_decode_threads(self) -> None:
+        claim = getattr(self.executor, "claim_decode_threads", None)
+        if claim is not None:
+            claim()
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _get(self, session_id: str, *, live: bool = True) -> _Session:

@@ -7,7 +7,8 @@ Primitives:
   generate job produced.
 - ``WaitCountingLock()``: a reentrant lock that counts the threads waiting for it (``waiting``),
   so the loop lets them in between steps; a plain ``threading.RLock`` works too (unfairly).
-- ``StepLoop(lock, step, name, on_busy=None, on_idle=None)``: a daemon thread that, while jobs are pending, calls
+- ``StepLoop(lock, step, name, on_busy=None, on_idle=None, on_start=None)``: a daemon thread
+  (``on_start()`` runs first in it) that, while jobs are pending, calls
   ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
   callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
   ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
@@ -148,10 +149,12 @@ class StepLoop:
         self, lock: threading.RLock | WaitCountingLock, step: Callable[[list[Job]], bool], name: str,
         on_busy: Callable[[bool], None] | None = None,
         on_idle: Callable[[], bool] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self._lock = lock
         self._on_busy = on_busy
         self._on_idle = on_idle
+        self._on_start = on_start
         self._wake = threading.Condition(lock)  # type: ignore[arg-type]  # a WaitCountingLock is an RLock to it
         self._step = step
         self._jobs: list[Job] = []
@@ -184,6 +187,8 @@ class StepLoop:
                 job.finish(error)
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         busy = False
         idle_work = False  # the loop went idle and on_idle may have work
         while True:

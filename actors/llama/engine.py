@@ -20,6 +20,17 @@ Primitives:
   ``can_shift``, ``close()``.
 - ``eval_callback(fn)``: a Python ``fn(tensor_ptr, ask, user) -> bool`` as the ggml scheduler
   callback a context's ``cb_eval`` takes.
+- ``claim_decode_threads()``: the calling thread becomes the one thread of the process whose
+  decodes use their context's ``n_threads``; ``reserve_decode_threads()``: until some thread
+  claims, every thread decodes on one thread.
+
+One decoding thread per process: llama.cpp's CPU backend runs a decode of more than one thread as
+an OpenMP region, and libgomp keeps a team of workers for every thread that ever ran one, as long
+as that thread lives. Two teams on few cores make libgomp stop spinning between regions, and every
+decode of either then waits for woken workers (2-3x slower, docs/notes.md). So only one thread
+decodes with ``n_threads``: the first to decode, or the one that claimed it (a backend's step
+loop); any other (a control call that scores or applies a K-shift) decodes on one thread, which
+needs no team and gives the same numbers.
 
 Nothing here knows about sessions or token logs. llama.cpp prints through a log callback
 installed once per process that forwards to the ``kvres.llama`` logger.
@@ -76,6 +87,41 @@ def _llama() -> Any:
 
 def eval_callback(fn: Callable[[int, bool, Any], bool]) -> Any:
     return _llama().ggml_backend_sched_eval_callback(fn)
+
+
+_team_lock = threading.Lock()
+_team: threading.Thread | None = None  # the thread whose decodes use n_threads
+_reserved = False  # a thread will claim it: meanwhile nobody takes it by decoding first
+
+
+def claim_decode_threads() -> None:
+    global _team, _reserved
+    with _team_lock:
+        _team, _reserved = threading.current_thread(), False
+
+
+def reserve_decode_threads() -> None:
+    global _reserved
+    with _team_lock:
+        if _team is None or not _team.is_alive():
+            _reserved = True
+
+
+def _may_use_threads() -> bool:
+    """Whether the calling thread's decodes may use more than one thread (see the module doc)."""
+    global _team
+    me = threading.current_thread()
+    team = _team
+    if team is me:
+        return True
+    if team is not None and team.is_alive():
+        return False
+    with _team_lock:
+        if _team is None or not _team.is_alive():
+            if _reserved:
+                return False
+            _team = me
+        return _team is me
 
 
 def _kv_type_id(name: str, what: str) -> int:
@@ -245,6 +291,7 @@ class LlamaContext:
         params.swa_full = swa_full
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
+        self.n_threads = n_threads
         params.flash_attn_type = FLASH_ATTN_TYPE[flash_attn]
         params.type_k = _kv_type_id(type_k, "type_k")
         params.type_v = _kv_type_id(type_v, "type_v")
@@ -277,6 +324,15 @@ class LlamaContext:
             self._ptr = None
 
     # -- decoding -------------------------------------------------------------------------
+    def _llama_decode(self, ll: Any) -> int:
+        if self.n_threads <= 1 or _may_use_threads():
+            return int(ll.llama_decode(self.ptr, self._batch.struct))
+        ll.llama_set_n_threads(self.ptr, 1, 1)
+        try:
+            return int(ll.llama_decode(self.ptr, self._batch.struct))
+        finally:
+            ll.llama_set_n_threads(self.ptr, self.n_threads, self.n_threads)
+
     @overload
     def decode(
         self, tokens: Sequence[int], first_pos: int, seq: int, logits: Literal[True] = ...
@@ -300,7 +356,7 @@ class LlamaContext:
             chunk = arr[start : start + self.n_batch]
             last = start + chunk.shape[0] == n
             self._batch.fill(chunk, first_pos + start, seq, want_last=logits and last)
-            rc = int(ll.llama_decode(self.ptr, self._batch.struct))
+            rc = self._llama_decode(ll)
             if rc != 0:
                 ll.llama_memory_seq_rm(self._mem, seq, first_pos, first_pos + n)
                 if rc == 1:
@@ -337,7 +393,7 @@ class LlamaContext:
         for start in range(0, tokens.shape[0], self.n_batch):
             stop = min(start + self.n_batch, tokens.shape[0])
             self._batch.fill_many(tokens[start:stop], pos[start:stop], seqs[start:stop], want[start:stop])
-            rc = int(ll.llama_decode(self.ptr, self._batch.struct))
+            rc = self._llama_decode(ll)
             if rc != 0:
                 for t, p, s in items:
                     ll.llama_memory_seq_rm(self._mem, s, p, p + len(t))

@@ -9,7 +9,8 @@ Primitives:
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``exchange``, ``tokenize``, ``detokenize``, ``close_session``.
   Beyond it: ``generate``, ``stream``, ``kv_profile``, ``cache_positions``, ``sessions``,
-  ``free_cells``, ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
+  ``free_cells``, ``flush``, ``close``, ``claim_decode_threads`` / ``reserve_decode_threads``
+  (which thread decodes with ``n_threads``, see ``engine``); attributes ``fingerprint``, ``model_id``
   (``kvres.actors.model_files.model_id``), ``geometry``, ``n_ctx``, ``n_seq_max``, ``type_k``,
   ``type_v``, ``flash_attn``, ``n_vocab``.
 
@@ -98,7 +99,7 @@ from ..sampling import TokenSampler
 from ..session_table import SessionTable
 from .attention import ScoringContext
 from .cache_ops import CacheOps
-from .engine import LlamaContext, LlamaModel
+from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
 from .errors import ContextFullError, EngineError, SessionLimitError
 from .halfs import f16_to_f32, f32_to_f16
 from .rope import KeyRotation, key_rotation
@@ -301,6 +302,15 @@ class LlamaExecutor(SessionTable, Executor):
             self._ctx.close()
         self._model.close()
         self._sessions = {}
+
+    @staticmethod
+    def claim_decode_threads() -> None:
+        """The calling thread's decodes use ``n_threads`` (``engine.claim_decode_threads``)."""
+        claim_decode_threads()
+
+    @staticmethod
+    def reserve_decode_threads() -> None:
+        reserve_decode_threads()
 
     def __enter__(self) -> LlamaExecutor:
         return self
