@@ -669,7 +669,7 @@ class BackendHost:
         KeyNorm from the resident keys."""
         s = self._sessions[session_id]
         executor = self._kv_executor("score")
-        name = s.policy.scorer if s.policy.kind == "scored" else self._recall_scorer()
+        name = self._turn_scorer(s)
         scorer = scorer_for(name, s.policy.observation_window)
         if name == "snapkv" and s.policy.kind != "scored":
             return scorer.block_scores(executor.attention(session_id, s.policy.observation_window), ranges)
@@ -707,6 +707,10 @@ class BackendHost:
         caps = self.executor.capabilities()
         return "snapkv" if caps.attention_capture else "keynorm" if caps.key_access else ""
 
+    def _turn_scorer(self, s: _Session) -> str:
+        """What ranks a session's blocks on its recall turns ("snapkv": by a scoring pass)."""
+        return s.policy.scorer if s.policy.kind == "scored" else self._recall_scorer()
+
     def _recall(self, session_id: str, incoming: int) -> None:
         """A new turn of a spilling session brings back the cold blocks it attends to, before its
         tokens are prefilled (so they see them). Where the engine scores blocks it has not imported
@@ -723,7 +727,7 @@ class BackendHost:
         s.retrieved = []
         if not (s.policy.kvres_evicts and s.policy.spill and s.cold and self._store is not None):
             return
-        scorer = s.policy.scorer if s.policy.kind == "scored" else self._recall_scorer()
+        scorer = self._turn_scorer(s)
         if s.policy.kind != "scored" and not scorer:
             return  # nothing could tell which recalled blocks matter: leave them cold
         executor = self._kv_executor("recall")
@@ -804,7 +808,7 @@ class BackendHost:
         """The cold blocks a scoring pass over ``held`` more tokens has room for (the newest first),
         read from their stores (read, not taken: only the blocks brought back leave), in log
         order; blocks a store no longer has are dropped from the session. What the idle backend
-        read for the session (``_prepare_recalls``) serves while its cold blocks are the same."""
+        read for the session (``prepare_recalls``) serves while its cold blocks are the same."""
         assert self._store is not None
         ready, s.recall_ready = s.recall_ready, None
         fits = self.config.n_ctx - held
@@ -843,7 +847,8 @@ class BackendHost:
             if self._store is None or self._loop.pending():
                 return False
             waiting = [(s.last_used, sid) for sid, s in self._sessions.items()
-                       if s.suspended is None and s.cold and self._recalls_by_scoring(s)
+                       if s.suspended is None and s.cold and s.policy.kvres_evicts and s.policy.spill
+                       and self._turn_scorer(s) == "snapkv"
                        and (s.recall_ready is None or s.recall_ready.used != s.last_used or s.recall_ready.cold != s.cold)]
             if not waiting:
                 return False
@@ -869,11 +874,6 @@ class BackendHost:
                 self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used)
             self._count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
             return True
-
-    def _recalls_by_scoring(self, s: _Session) -> bool:
-        p = s.policy
-        return bool(p.kvres_evicts and p.spill and self.executor.capabilities().attention_capture
-                    and (p.kind != "scored" or p.scorer == "snapkv"))
 
     def _compress(self, session_id: str) -> None:
         """Cut a scored session (or one on a recall turn) to its budget once, by its scorer."""
