@@ -511,6 +511,7 @@ class BackendHost:
         batch: list[tuple[Job, list[int]]] = []
         incoming: dict[str, int] = {}
         capacity = self.step_tokens
+        held: int | None = None  # what live sessions hold, as of a room check that changed nothing
         for job in jobs:
             s = self._sessions.get(job.session_id)
             if s is None:
@@ -518,6 +519,7 @@ class BackendHost:
                 progressed = True
                 continue
             if s.suspended is not None:
+                held = None
                 admitted = self._admit(job, busy)
                 progressed |= admitted or job.done
                 if not admitted:
@@ -529,6 +531,7 @@ class BackendHost:
                 progressed = True
                 continue
             if job.kind == "append" and not job.started:
+                held = None  # a recall may change what the session holds
                 job.started = True
                 try:
                     self._recall(job.session_id, len(job.feed))
@@ -543,9 +546,11 @@ class BackendHost:
             if n <= 0:
                 break
             try:
-                # room for the whole chunk ahead (a generate plans ahead like an append would)
-                ahead = n if job.kind == "append" or s.policy.kind == "scored" else self._chunk(s.policy, job.remaining)
-                self._make_room({**incoming, job.session_id: n}, ahead={job.session_id: ahead}, busy=busy)
+                if held is None or not self._fits(s, n, held + sum(incoming.values())):
+                    # room for the whole chunk ahead (a generate plans ahead like an append would)
+                    ahead = n if job.kind == "append" or s.policy.kind == "scored" else self._chunk(s.policy, job.remaining)
+                    changed = self._make_room({**incoming, job.session_id: n}, ahead={job.session_id: ahead}, busy=busy)
+                    held = None if changed else sum(x.resident for x in self._sessions.values() if x.suspended is None)
             except BackendFullError as exc:
                 if not batch:
                     self._fail(job, exc)
@@ -914,6 +919,16 @@ class BackendHost:
                 return True
         return False
 
+    def _fits(self, s: _Session, n: int, used: int) -> bool:
+        """What ``_needs_plan`` would find for ``n`` more tokens of ``s`` (not yet in the step)
+        when its last check in this step found nothing to plan and ``used`` tokens are held or
+        coming: only the backend's budget and the session's own can bind."""
+        if used + n > self.config.kv_budget_tokens:
+            return False
+        if s.policy.kind == "scored" or s.compressing or not s.policy.kvres_evicts or s.policy.budget_tokens is None:
+            return True
+        return s.resident + n <= s.policy.budget_tokens
+
     def _free_tokens(self, incoming: Mapping[str, int]) -> int:
         used = sum(s.resident for s in self._sessions.values() if s.suspended is None)
         return self.config.kv_budget_tokens - used - sum(incoming.values())
@@ -925,11 +940,12 @@ class BackendHost:
         newcomer_tokens: int = 0,
         ahead: Mapping[str, int] | None = None,
         busy: set[str] | None = None,
-    ) -> None:
+    ) -> bool:
         """Make room for ``incoming`` tokens per live session (and, for a ``newcomer`` being
         opened or resumed, a sequence slot and ``newcomer_tokens``): plan when a session or the
         backend would go over budget, planning room for ``ahead`` tokens where given, and carry
-        the plan out. Sessions with a running call (``busy``) are never suspended for it."""
+        the plan out. Sessions with a running call (``busy``) are never suspended for it. True
+        when it changed anything (a session suspended or a plan carried out)."""
         busy = self._busy() if busy is None else busy
         live = [sid for sid, s in self._sessions.items() if s.suspended is None and sid != newcomer]
         if newcomer is not None and len(live) >= self.config.n_seq_max:
@@ -944,8 +960,10 @@ class BackendHost:
             self.suspend(victim)
             self._count(victim, "suspends")
             live.remove(victim)
-        if not self._needs_plan(incoming, newcomer_tokens):
-            return
+            if not self._needs_plan(incoming, newcomer_tokens):
+                return True
+        elif not self._needs_plan(incoming, newcomer_tokens):
+            return False
         planned = {**incoming, **(ahead or {})}
         active = set(planned) | busy
         views = [self._view(sid, planned.get(sid, 0), sid in active) for sid in live]
@@ -970,6 +988,7 @@ class BackendHost:
                 f"within kv_budget_tokens={self.config.kv_budget_tokens}: "
                 + "; ".join(plan.diagnostics[-2:])
             )
+        return True
 
     def _kv_executor(self, what: str) -> Executor:
         if not isinstance(self.executor, Executor):

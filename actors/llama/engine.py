@@ -403,10 +403,11 @@ class LlamaContext:
                         f"(context of {self.n_cells} cells)", needed=stop - start,
                     )
                 raise EngineError(f"llama_decode returned {rc} for a batch of {len(items)} sequences")
-            while item < len(items) and ends[item] < stop:
-                ptr = ll.llama_get_logits_ith(self.ptr, int(ends[item] - start))
-                out[item] = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32, copy=True)
-                item += 1
+            # this batch's outputs, one row per item that ends in it, in batch order
+            first, item = item, int(np.searchsorted(ends, stop))
+            if item > first:
+                rows = np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(item - first, n_vocab)).copy()
+                out[first:item] = list(rows)
         return out
 
     # -- memory ---------------------------------------------------------------------------
