@@ -90,6 +90,7 @@ def test_budget_holds_at_every_step_with_16_sessions_on_8_slots(tmp_path: Path) 
     for i in range(16):
         s = h.session_stats(f"s{i}")
         assert s["token_count"] == 190
+        assert s["peak_resident_tokens"] <= 128  # its own budget too, at every step
     counters = [h.session_stats(f"s{i}")["counters"] for i in range(16)]
     assert sum(c["suspends"] for c in counters) > 0 and sum(c["resumes"] for c in counters) > 0
 
