@@ -1,7 +1,7 @@
 """Recall cost per turn through ``kvres.cluster`` sessions, beside re-prefilling the token log.
 
 Run: ``.venv/bin/python -m benchmarks.recall_cost [--quick] [--tokens 1000] [--resident 0.25]
-[--block-sizes 4,16] [--engines llama.cpp,openvino] [--repeats 7] [--threads 1] [--pause 0.1] [--out DIR]``
+[--block-sizes 4,16] [--engines llama.cpp,openvino] [--repeats 15] [--threads 1] [--pause 0.1] [--out DIR]``
 Writes ``recall_cost.json`` and ``recall_cost.png`` into DIR (default benchmarks/results).
 
 One passkey prompt of ``--tokens`` tokens (models/passkey.gguf, the needle in the middle third) is
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--resident", type=float, default=0.25)
     parser.add_argument("--block-sizes", default="4,16")
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pause", type=float, default=0.1, help="seconds between turn 1 and turn 2")
     parser.add_argument("--quick", action="store_true", help="300 tokens, blocks of 4, one counted repeat")
