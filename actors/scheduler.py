@@ -188,7 +188,10 @@ class StepLoop:
 
     def _run(self) -> None:
         if self._on_start is not None:
-            self._on_start()
+            try:
+                self._on_start()
+            except Exception:  # a hook must not stop the engine loop (its callers would wait forever)
+                logging.getLogger("kvres.backend").exception("on_start() failed")
         busy = False
         idle_work = False  # the loop went idle and on_idle may have work
         while True:
