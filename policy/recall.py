@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from .blocks import BlockTable
+from .blocks import BlockFlag, BlockTable
 from .capabilities import Capabilities
 from .errors import KvresError, RangeError
 from .planner import PlanInput, StreamPolicy, plan_hot_set
@@ -291,11 +291,18 @@ def plan_recall(
     and the turn are cut into blocks of ``block_size`` as if all were resident, scored by the
     turn's attention (``key_scores`` per key at ``key_positions``, summed per block), and cut to
     ``budget_tokens`` by the hot-set planner (sinks and the recent window, which holds the turn,
-    protected); ``choose_recalls`` carries that back (``room``: the backend's free tokens)."""
+    protected; without ``position_shift`` also the token before the turn, which the turn must
+    follow); ``choose_recalls`` carries that back (``room``: the backend's free tokens)."""
     cold = _spans(cold)
     length = max([turn.end, int(cold[:, 1].max()) if cold.size else 0] + [r.end for r in resident])
     union = _mask(np.concatenate([_spans(resident), cold, [[turn.start, turn.end]]]), length)
     table = BlockTable.from_ranges(_ranges(union), block_size)
+    if not capabilities.position_shift and turn.start > 0:
+        # the turn is decoded right after the session's last cell: without a K-shift nothing can
+        # be placed after a gap, so the token before the turn stays (the recent window may hold
+        # only the turn)
+        before = int(np.searchsorted(table.starts, turn.start - 1, side="right")) - 1
+        table.flags[before] |= int(BlockFlag.PINNED)
     plan = plan_hot_set(PlanInput(table, budget_tokens, policy, capabilities,
                                   span_scores(key_scores, key_positions, table.starts, table.ends)))
     dropped = np.stack([table.starts[plan.evict_index], table.ends[plan.evict_index]], axis=1)

@@ -102,6 +102,7 @@ from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
 from .errors import ContextFullError, EngineError, SessionLimitError
 from .halfs import f16_to_f32, f32_to_f16
+from .quant_rows import DEQUANTIZABLE, dequantize_rows
 from .rope import KeyRotation, key_rotation
 from .state_blob import StateCells, expected_payload_size, parse_cells, read_cell_positions, read_keys
 
@@ -903,17 +904,27 @@ def _empty_cells(ex: LlamaExecutor) -> StateCells:
 
 
 def _as_f16(cells: StateCells, type_k: str, type_v: str) -> StateCells:
-    """``cells`` with f16 K and V rows (what the scoring context holds)."""
-    if type_k not in _FLOAT_DTYPES or type_v not in _FLOAT_DTYPES:
-        raise CapabilityError(f"a {type_k}/{type_v} KV cache cannot be scored without re-prefilling it")
-    k, v = cells.k, cells.v
-    n_layer, n = k.shape[0], k.shape[1]
-    if type_k == "f32":
-        k = f32_to_f16(k.view("<f4")).view(np.uint8).reshape(n_layer, n, -1)
-    if type_v == "f32":
-        v = f32_to_f16(v.view("<f4")).view(np.uint8).reshape(n_layer, n, -1)
+    """``cells`` with f16 K and V rows (what the scoring context holds); quantized rows are
+    dequantized (``quant_rows``)."""
+    for name in (type_k, type_v):
+        if name not in _FLOAT_DTYPES and name not in DEQUANTIZABLE:
+            raise CapabilityError(f"a {type_k}/{type_v} KV cache cannot be scored without re-prefilling it "
+                                  f"(readable as f16: f16, f32, {', '.join(DEQUANTIZABLE)})")
+    n_layer = cells.k.shape[0]
     f16 = 1  # GGML_TYPE_F16
-    return StateCells(cells.prefix, cells.positions, k, v, (f16,) * n_layer, (f16,) * n_layer, 2)
+    return StateCells(cells.prefix, cells.positions, _rows_f16(cells.k, type_k), _rows_f16(cells.v, type_v),
+                      (f16,) * n_layer, (f16,) * n_layer, 2)
+
+
+def _rows_f16(rows: npt.NDArray[np.uint8], type_name: str) -> npt.NDArray[np.uint8]:
+    if type_name == "f16":
+        return rows
+    n_layer, n = rows.shape[0], rows.shape[1]
+    if type_name == "f32":
+        values = f32_to_f16(rows.view("<f4"))
+    else:
+        values = dequantize_rows(rows, type_name)
+    return values.view(np.uint8).reshape(n_layer, n, -1)
 
 
 def _spans_of(blocks: Sequence[KVBlock]) -> BlockSpans:

@@ -129,3 +129,37 @@ def test_kv_profile_and_fingerprint_follow_the_kv_types(
     assert f16.kv_profile().per_layer_kv_bytes == 2 * 32 * 2
     assert q8.kv_profile().per_layer_kv_bytes == 2 * 34
     assert f16.fingerprint != q8.fingerprint and f16.model_id == q8.model_id
+
+
+def test_quantized_cells_read_back_as_f16_are_the_f16_cache_within_its_error(
+    make_llama: Callable[..., LlamaExecutor], quant_model: Path
+) -> None:
+    """What a scoring pass over a quantized cache attends with (a recall turn on a q8_0 / q4_0
+    tier): its K and V rows dequantized to f16 match an f16 cache of the same tokens to within
+    the format's error, q8_0 closer than q4_0."""
+    from kvres.actors.llama.executor import _as_f16
+    from kvres.actors.llama.state_blob import parse_cells
+
+    def cells(kv: str) -> tuple[np.ndarray, np.ndarray]:
+        executor = make_llama(model=quant_model, type_k=kv, type_v=kv)
+        executor.open_session("s")
+        executor.append("s", TOKENS[:64])
+        got = _as_f16(parse_cells([executor.export_range("s", Range(0, 64)).payload]), kv, kv)
+        assert got.k_types == got.v_types == (1,) * got.k.shape[0] and got.v_el == 2
+        return got.k.view("<f2").astype(np.float32), got.v.view("<f2").astype(np.float32)
+
+    exact = cells("f16")
+    errors = {}
+    for kv in ("q8_0", "q4_0"):
+        k, v = cells(kv)
+        assert k.shape == exact[0].shape and v.shape == exact[1].shape
+        errors[kv] = max(float(np.max(np.abs(k - exact[0]))), float(np.max(np.abs(v - exact[1]))))
+        scale = max(float(np.max(np.abs(exact[0]))), float(np.max(np.abs(exact[1]))))
+        # one step of the format (amax / 127, amax / 8 per block), compounded over the layers
+        assert errors[kv] < (0.02 if kv == "q8_0" else 0.3) * scale, (kv, errors[kv], scale)
+    assert 0 < errors["q8_0"] < errors["q4_0"]
+    f16 = make_llama(model=quant_model)
+    f16.open_session("s")
+    f16.append("s", TOKENS[:4])
+    with pytest.raises(CapabilityError, match="q5_1"):
+        _as_f16(parse_cells([f16.export_range("s", Range(0, 4)).payload]), "q5_1", "f16")

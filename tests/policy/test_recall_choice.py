@@ -95,3 +95,28 @@ def test_union_and_span_scores_agree_with_their_range_versions() -> None:
     blocks = [Range(0, 4), Range(10, 12), Range(20, 30)]
     starts, ends = np.array([b.start for b in blocks]), np.array([b.end for b in blocks])
     assert np.allclose(span_scores(scores, keys, starts, ends), block_scores(scores, keys, blocks))
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_a_turn_on_a_cache_that_cannot_shift_keeps_the_token_before_it(shift: bool) -> None:
+    """Resident: sinks [0, 4) and [200, 300); cold: [100, 200); a 64-token turn at [300, 364) with a
+    recent window of 32 (the turn alone fills it). The turn's attention favours the cold block
+    over [264, 300), so the plan brings it back and drops the tail before the turn, which a cache
+    that can shift may do; one that cannot must keep the token the turn is decoded after."""
+    from kvres.policy.capabilities import Capabilities
+    from kvres.policy.planner import StreamPolicy
+    from kvres.policy.recall import plan_recall
+
+    positions = np.arange(364)
+    scores = np.full(364, 1.0)
+    scores[100:200] = 5.0  # the cold block
+    scores[264:300] = 0.0  # the tail before the turn, least attended
+    caps = Capabilities(remove_middle=True, position_shift=shift, attention_capture=True, kv_export=True)
+    choice = plan_recall(
+        [Range(0, 4), Range(200, 300)], np.array([[100, 200]]), Range(300, 364), scores, positions,
+        StreamPolicy(True, 4, 32, rebase=shift), 8, 4 + 100 + 64 + 64, caps, room=1000,
+    )
+    assert choice.imports == (0,)
+    dropped = union_ranges(list(choice.evict))
+    assert sum(len(r) for r in dropped) >= 36  # 268 tokens to the budget of 232
+    assert any(r.end == 300 for r in dropped) == shift

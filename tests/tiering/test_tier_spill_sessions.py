@@ -160,6 +160,29 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
         kept.close()
 
 
+def test_a_session_on_a_quantized_k_spill_tier_recalls_the_needle(manager) -> None:
+    """The q8_0 K tier keeps position gaps; a turn's scoring pass reads its quantized cells back as
+    f16 and brings the needle's blocks back, keeping the token the turn follows (no K-shift)."""
+    tasks = pt.fixed_task_set(1, 8, seed=0, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))
+    hits, recalled = 0, 0
+    for task in tasks:
+        q0 = task.question_span[0]
+        session = manager.open_session(backend="q8spill")
+        try:
+            session.append(task.prompt_ids[:q0])
+            session.append(task.prompt_ids[q0:])
+            hits += session.generate(len(task.answer_ids)) == task.answer_ids
+            st = session.stats()
+        finally:
+            session.close()
+        assert st["resident_tokens"] <= st["policy"]["budget_tokens"] < st["token_count"]
+        assert st["counters"]["spills"] > 0
+        recalled += st["counters"]["recalled_tokens"]
+    assert recalled > 0
+    # without the recall 2 of these 8 were answered
+    assert hits >= len(tasks) - 2, f"{hits}/{len(tasks)} passkeys answered on the q8_0 K spill tier"
+
+
 def test_a_turn_after_a_pause_finds_its_recall_prepared(manager) -> None:
     """Between turns the idle backend reads the session's cold blocks and merges them with its
     resident KV (``recall_prep_us``); the next turn recalls from that and answers."""
