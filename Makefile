@@ -30,8 +30,10 @@ typecheck: $(STAMP)
 	cd $(TYPECHECK) && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
 		-p kvres.policy -p kvres.coldstore -p kvres.actors -p kvres.cluster -p kvres.testing
 
+# PYTHONFAULTHANDLER: a crash, even one after pytest's summary (interpreter exit), prints every
+# thread's Python stack.
 unit: $(STAMP)
-	$(BIN)/pytest
+	PYTHONFAULTHANDLER=1 $(BIN)/pytest
 
 test: lint typecheck unit
 

@@ -2,7 +2,7 @@
 
 Primitives:
 - ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None)``:
-  a plain, thread-safe class (works without Ray). ``open_session``, ``append``, ``generate``,
+  a plain, thread-safe class (works without Ray). ``open_session``, ``append``, ``append_text``, ``generate``,
   ``stream``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals.
 
@@ -452,7 +452,23 @@ class BackendHost:
         toks = token_ids(tokens)
         if not toks:
             raise ValueError("append needs at least one token")
-        return self._submit(Job(session_id, "append", feed=toks, request_id=request_id)).wait()
+        return self._submit(Job(session_id, "append", feed=toks, appended=len(toks), request_id=request_id)).wait()
+
+    def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
+        """Tokenize ``text`` (with BOS when the session is still empty) and append it; returns the
+        token ids. A call repeated with the same ``request_id`` after it committed returns the ids
+        it appended (read from the session's log), not a new tokenization: the session is no
+        longer empty by then."""
+        with self._lock:
+            done = self._get(session_id, live=False).committed
+            if request_id is not None and done is not None and done.request_id == request_id \
+                    and isinstance(done.result, tuple):
+                start, end = done.result
+                return list(done.token_log[start:end])
+            add_bos = self.token_count(session_id) == 0
+        tokens = self.executor.tokenize(text, add_bos)
+        self.append(session_id, tokens, request_id)
+        return tokens
 
     def stream(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
@@ -480,7 +496,7 @@ class BackendHost:
     def _complete(self, job: Job) -> None:
         """The call is done: commit the session (with the call's id and answer), then answer."""
         job.result = len(self.executor.token_log(job.session_id))
-        answer = job.result if job.kind == "append" else list(job.produced)
+        answer: object = (job.result - job.appended, job.result) if job.kind == "append" else list(job.produced)
         try:
             self._commit(job.session_id, job.request_id, answer)
         except Exception as exc:

@@ -2,7 +2,7 @@
 
 Primitives:
 - ``BackendServer(config, namespace)``: builds the executor, finds this node's cold store by
-  name, and forwards: ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a
+  name, freezes the heap it started with (``heap.freeze_startup_heap``), and forwards: ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a
   Ray streaming generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
   ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
@@ -23,6 +23,7 @@ from .backend import BackendHost, ProbedRecallCosts, SuspendRecord
 from .config import BackendConfig, SessionPolicy
 from .default_model import default_model_path
 from .engines import make_executor, resolve_kv_tier
+from .heap import freeze_startup_heap
 from .journal import RayJournal
 from .load_reports import LoadReporter
 from .metrics import RayMetrics
@@ -53,6 +54,7 @@ class BackendServer:
             journal=RayJournal(namespace),
         )
         self._reports.changed(self.host)
+        freeze_startup_heap()
 
     def __repr__(self) -> str:
         """Live state for Ray's dashboard (its Repr column): the host's counters, never the engine."""
@@ -89,10 +91,7 @@ class BackendServer:
 
     @ray.method(concurrency_group="calls")
     def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
-        add_bos = self.host.token_count(session_id) == 0
-        tokens = self.host.executor.tokenize(text, add_bos)
-        self.host.append(session_id, tokens, request_id)
-        return tokens
+        return self.host.append_text(session_id, text, request_id)
 
     @ray.method(concurrency_group="calls")
     def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,

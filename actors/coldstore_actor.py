@@ -12,7 +12,7 @@ Primitives:
   (``platformdirs.user_cache_dir``) on the node the store runs on; used when ``disk_path`` is None
   and ``cache_folder`` is given.
 - ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
-  tier after every change; ``MeteredColdStoreActor`` is what the cluster starts on every node.
+  tier after every change, with the heap it started with frozen (``heap.freeze_startup_heap``); ``MeteredColdStoreActor`` is what the cluster starts on every node.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
 
@@ -55,6 +55,7 @@ from kvres.coldstore import (
 )
 from kvres.policy.recall import RecallCosts
 
+from .heap import freeze_startup_heap
 from .metrics import RayMetrics
 
 
@@ -220,6 +221,7 @@ class MeteredColdStoreServer(ColdStoreServer):
         self._metrics = RayMetrics()
         self._node = ray.get_runtime_context().get_node_id()
         self._changed()
+        freeze_startup_heap()
 
     def _changed(self) -> None:
         stats = self._store.stats()

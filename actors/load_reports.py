@@ -2,10 +2,11 @@
 
 Primitives:
 - ``LoadReporter(config, model, node_id, namespace)``: ``changed(host)`` builds a
-  ``kvres.policy.placement.LoadReport`` from the host's counters and pushes it to the planner actor
-  (fire and forget) when the ``ReportLimiter`` says so; a report held back for the rate limit goes
-  out by itself a moment later, so a backend that turns quiet right after a change is not
-  reported stale.
+  ``kvres.policy.placement.LoadReport`` from the host's counters and hands it to one long-lived
+  reporter thread, which pushes it to the planner actor (fire and forget) when the
+  ``ReportLimiter`` says so; a report held back for the rate limit goes out by itself a moment
+  later, so a backend that turns quiet right after a change is not reported stale. The call that
+  changed the load neither submits a Ray call nor starts a thread.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class LoadReporter:
         self._node = node_id
         self._namespace = namespace
         self._limiter = ReportLimiter()
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._wake = threading.Condition()
+        self._offered: LoadReport | None = None  # the newest report not yet seen by the thread
+        self._thread: threading.Thread | None = None
         self._planner: Any = None
         self._labels: dict[str, str] = {}
         try:
@@ -56,19 +58,28 @@ class LoadReporter:
 
     def changed(self, host: _Loaded) -> None:
         report = self._report(host)
-        with self._lock:
-            if self._limiter.offer(report, time.monotonic()):
-                self._push(report)
-            elif self._timer is None:
-                self._timer = threading.Timer(self._limiter.min_interval_s, self._flush)
-                self._timer.daemon = True
-                self._timer.start()
+        with self._wake:
+            self._offered = report
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"kvres-load-{self._config.name}",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
 
-    def _flush(self) -> None:
-        with self._lock:
-            self._timer = None
-            held = self._limiter.held(time.monotonic())
-            if held is not None:
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._offered is None:
+                    due = self._limiter.held_due()
+                    wait = None if due is None else due - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        break
+                    self._wake.wait(wait)
+                report, self._offered = self._offered, None
+            now = time.monotonic()
+            if report is not None and self._limiter.offer(report, now):
+                self._push(report)
+            elif (held := self._limiter.held(now)) is not None:
                 self._push(held)
 
     def _push(self, report: LoadReport) -> None:

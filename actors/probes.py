@@ -335,7 +335,7 @@ class CEngageMeasurement:
     tail_bytes: tuple[int, ...]  # KV bytes of each tail (0 for the zero tail)
     resident_step_s: float  # median decode step, whole cache resident
     spill_step_s: tuple[float, ...]  # median step with the tail spilled, per tail
-    extra_step_s: tuple[float, ...]  # spill - resident, per tail
+    extra_step_s: tuple[float, ...]  # median of (spill - the resident step before it), per tail
     tail_gbps: float | None  # the fit's slope: bytes of tail per extra second
     n_prompt: int
 
@@ -357,8 +357,10 @@ def measure_c_engage(
     written into the cache (``llama_state_seq_set_data`` into a scratch sequence, shared with
     ``llama_memory_seq_cp``), the token decoded, and the tail evicted again
     (``llama_memory_seq_rm``). A zero tail engages nothing: that step is the resident one. Steps of
-    the two variants alternate so drift hits both alike; medians resist scheduler noise. The extra
-    time per tail is fitted as ``c_engage + tail_bytes / bw`` (``kvres.policy.tiering.fit_engage_cost``).
+    the two variants alternate so drift hits both alike: the extra time of a tail is the median of
+    its steps' differences from the resident step just before (medians resist scheduler noise; a
+    difference of two steps a moment apart does not see the machine's load move between tails).
+    The extra time per tail is fitted as ``c_engage + tail_bytes / bw`` (``kvres.policy.tiering.fit_engage_cost``).
     """
     if n_prompt < 2 or not tails or min(tails) < 0 or max(tails) >= n_prompt or steps < 1:
         raise ProbeError(f"c_engage probe needs 0 <= tails < n_prompt, steps >= 1; got {n_prompt}, {tails}, {steps}")
@@ -366,11 +368,13 @@ def measure_c_engage(
         eng.decode(eng.tokens(n_prompt), 0)
         resident: list[float] = []
         spill_medians: list[float] = []
+        extra: list[float] = []
         tail_bytes: list[int] = []
         for tail in tails:
             blob = eng.export(n_prompt - tail, n_prompt) if tail else b""
             tail_bytes.append(len(blob))
             spill: list[float] = []
+            paired: list[float] = []
             for _ in range(steps):
                 t0 = time.perf_counter()
                 eng.decode([5], n_prompt)
@@ -384,11 +388,12 @@ def measure_c_engage(
                 eng.decode([5], n_prompt)
                 eng.rm(0, n_prompt - tail if tail else n_prompt, -1)
                 spill.append(time.perf_counter() - t0)
+                paired.append(spill[-1] - resident[-1])
                 if tail:
                     eng.admit(blob)  # back to fully resident for the next resident step
             spill_medians.append(float(np.median(spill)))
+            extra.append(float(np.median(paired)))
     res = float(np.median(resident))
-    extra = [s - res for s in spill_medians]
     c_engage, gbps = fit_engage_cost(tail_bytes, extra)
     return CEngageMeasurement(
         c_engage_s=c_engage,

@@ -15,7 +15,11 @@ Primitives:
   ``on_busy(True)`` is called when it takes up jobs after being idle, ``on_busy(False)`` when the
   last of them is done. Once no job has come for ``IDLE_GRACE_S`` after that (the calls' answers
   have left), ``on_idle() -> more`` is called under ``lock`` until it returns False or a job
-  comes: background work, one short piece per call.
+  comes: background work, one short piece per call. ``stop()`` ends it once the step or piece it
+  is in is done (its pending jobs fail with ``LoopStoppedError``), ``join(timeout)`` waits for that.
+- ``stop_loops(timeout_s)``: stops every step loop of the process and waits for them; it runs at
+  interpreter exit, so no loop thread is still inside an engine (a decode, a scoring pass) while
+  the process unloads the engine's libraries under it.
 
 A step is short (one decode of at most ``n_batch`` tokens), so a control call that takes the same
 lock waits at most one step, and planning happens between steps, never inside one.
@@ -23,18 +27,39 @@ lock waits at most one step, and planning happens between steps, never inside on
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
+
+from kvres.policy.errors import KvresError
 
 from .sampling import TokenSampler
 
 _END = object()
 IDLE_GRACE_S = 0.01
+_loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
+
+
+class LoopStoppedError(KvresError, RuntimeError):
+    """The backend's step loop has stopped (the process is exiting): the call was not run."""
+
+
+def stop_loops(timeout_s: float = 5.0) -> None:
+    loops = list(_loops)
+    deadline = time.monotonic() + timeout_s
+    for loop in loops:
+        loop.stop(max(0.0, deadline - time.monotonic()))
+    for loop in loops:
+        loop.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(stop_loops)
 
 
 class WaitCountingLock:
@@ -89,6 +114,7 @@ class Job:
     streaming: bool = False  # generate: hand each token out as it comes (else all at the end)
     request_id: str | None = None  # the caller's id for the call (a retry carries the same one)
     result: int = 0  # append: the session's log length when done
+    appended: int = 0  # append: how many tokens it appends in all
     produced: list[int] = field(default_factory=list)  # generate: every token so far
     started: bool = False  # the loop has taken its first step
     error: BaseException | None = None
@@ -108,6 +134,8 @@ class Job:
     def replay(self, answer: object) -> None:
         """Finish with the answer a committed earlier run of the same call gave."""
         if self.kind == "append":
+            if isinstance(answer, tuple):  # (log length before, after); a bare int from older records
+                answer = answer[1]
             assert isinstance(answer, int)
             self.result = answer
         else:
@@ -160,9 +188,33 @@ class StepLoop:
         self._jobs: list[Job] = []
         self._name = name
         self._thread: threading.Thread | None = None
+        self._stopping = False
+        _loops.add(self)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """No step or idle piece starts after this; pending jobs fail. Waits at most ``timeout_s``
+        for the lock (held by the step or piece under way)."""
+        self._stopping = True
+        if not self._lock.acquire(timeout=timeout_s):
+            return  # the flag alone ends the loop after its current step
+        try:
+            for job in self._jobs:
+                job.finish(LoopStoppedError(f"backend {self._name!r} stopped before session {job.session_id!r}'s call ran"))
+            self._jobs.clear()
+            self._wake.notify_all()
+        finally:
+            self._lock.release()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def submit(self, job: Job) -> Job:
         with self._lock:
+            if self._stopping:
+                raise LoopStoppedError(f"backend {self._name!r} has stopped (its process is exiting): "
+                                       f"session {job.session_id!r}'s call was not run")
             if any(j.session_id == job.session_id for j in self._jobs):
                 raise RuntimeError(f"session {job.session_id!r} already has a running call")
             self._jobs.append(job)
@@ -196,17 +248,21 @@ class StepLoop:
         idle_work = False  # the loop went idle and on_idle may have work
         while True:
             with self._lock:
+                if self._stopping:
+                    return
                 if not self._jobs and busy:
                     busy = False
                     self._busy(False)
                     idle_work = self._on_idle is not None
                     self._wake.wait(timeout=IDLE_GRACE_S)
-                if not self._jobs and idle_work:
+                if not self._jobs and idle_work and not self._stopping:
                     idle_work = self._idle()
                     if idle_work:
                         continue  # the lock is let go between pieces
-                while not self._jobs:
+                while not self._jobs and not self._stopping:
                     self._wake.wait()
+                if self._stopping:
+                    return
                 if not busy:
                     busy = True
                     self._busy(True)

@@ -240,6 +240,28 @@ class RayStorePort(StorePort):
         except Exception as exc:  # the staged copy, while it lasts, still serves a resume
             logger.warning("cold store %s: a write-behind %s failed: %s", self.name, method, exc)
 
+    def _unqueue_puts(self, keys: set[BlockKey]) -> list[BlockKey]:
+        """Take ``keys`` out of the writes still queued here (a resume right after its suspend:
+        the store never sees them); returns the keys that were already sent, to delete there."""
+        if not keys:
+            return []
+        with self._sent:
+            kept: deque[tuple[str, tuple[Any, ...], float]] = deque()
+            for method, args, when in self._outbox:
+                if method == "put_many":
+                    queued = [(BlockKey.of(b), b) for b in args[0]]
+                    blocks = [b for key, b in queued if key not in keys]
+                    if len(blocks) < len(queued):
+                        keys = keys - {key for key, _ in queued}
+                        if not blocks:
+                            continue
+                        args = (blocks, *args[1:])
+                kept.append((method, args, when))
+            self._outbox = kept
+            if not kept:
+                self._urgent = False
+        return list(keys)
+
     def _stage_blocks(self, blocks: Sequence[KVBlock]) -> None:
         for block in blocks:
             key = BlockKey.of(block)
@@ -287,7 +309,7 @@ class RayStorePort(StorePort):
         if not keys:
             return []
         out: list[KVBlock | None] = [self._unstage(k) for k in keys]
-        staged = [keys[i] for i, block in enumerate(out) if block is not None]
+        staged = self._unqueue_puts({keys[i] for i, block in enumerate(out) if block is not None})
         rest = [i for i, block in enumerate(out) if block is None]
         if staged:
             self._send("delete_many", staged)

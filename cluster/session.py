@@ -397,7 +397,7 @@ class SessionManager:
         self.backend_handle(backend)
         if backend == session.backend:
             return
-        record = answer(self.backend_handle(session.backend).detach.remote(session.session_id))
+        record = self._detach(session)
         try:
             answer(self.backend_handle(backend).resume.remote(session.session_id, record))
         except Exception:
@@ -405,6 +405,28 @@ class SessionManager:
             raise
         self.planner_call("register", session.session_id, backend)
         session.backend = backend
+
+    def _detach(self, session: Session) -> Any:
+        """The session's record, taken off its backend. When the backend dies during the detach
+        (or answers that it no longer holds the session), the journal says how far it got: a
+        record that names no backend is the one the detach committed, on its way and served by
+        nobody, and the migration goes on with it; otherwise the backend, once back, still serves
+        the session and the detach is sent again."""
+        sid, source = session.session_id, session.backend
+        try:
+            return answer(self.backend_handle(source).detach.remote(sid))
+        except (RayActorError, UnknownSessionError) as exc:
+            error = exc
+        if isinstance(error, RayActorError):
+            self.revive_backend(source)
+        record = RayJournal(self.namespace).load(sid)
+        if record is not None and record.backend == "":
+            log.warning("session %r: the detach from backend %r committed but its answer was lost (%s); "
+                        "migrating it from its journal record", sid, source, type(error).__name__)
+            return record
+        if isinstance(error, UnknownSessionError):
+            raise error
+        return self.backend_call(source, "detach", sid)
 
     def status(self, detail: bool = True) -> dict[str, Any]:
         """The cluster: ``load`` is the planner's load view (one call, whatever the size);

@@ -141,6 +141,10 @@ class ReportLimiter:
             self._held = report
         return due
 
+    def held_due(self) -> float | None:
+        """When the report held back may go out (None: none is held)."""
+        return None if self._held is None else self._pushed_at + self.min_interval_s
+
     def held(self, now: float) -> LoadReport | None:
         """The last report held back for a change, once ``min_interval_s`` has passed (it then
         counts as pushed): for a backend that goes quiet right after a change."""

@@ -36,6 +36,7 @@ def _plain(report: dict) -> dict:
 def test_status_json_matches_the_session_manager_and_the_table_names_everything(manager, capsys) -> None:
     session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32), backend="b0")
     session.append(PROMPT)
+    _settled_status(manager)  # the spilled blocks reach the store write-behind, after the call
     printed = json.loads(_run(capsys, "status", "--json", "--namespace", manager.namespace))
     assert _plain(printed) == _plain(manager.status())
     table = _run(capsys, "status", "--namespace", manager.namespace)
@@ -47,6 +48,19 @@ def test_status_json_matches_the_session_manager_and_the_table_names_everything(
     row = next(line for line in table.splitlines() if line.startswith(session.session_id))
     assert row.split()[1:] == ["b0", "live", str(session.stats()["resident_tokens"])]
     session.close()
+
+
+def _settled_status(manager) -> dict:
+    """The cluster's status once the work that follows the last call (write-behind blocks reaching
+    the cold store, the idle backend preparing a recall) is done: two reads in a row agree."""
+    status, deadline = _plain(manager.status()), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = _plain(manager.status())
+        if again == status:
+            break
+        status = again
+    return status
 
 
 def _settled(session) -> dict:

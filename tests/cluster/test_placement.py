@@ -4,6 +4,7 @@ policy and label."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -142,3 +143,50 @@ def test_label_placement_follows_the_labels_backends_report(manager) -> None:
     session.close()
     calls = ray.get(manager.planner.stats.remote())["calls"]
     assert calls["report_load"] >= 1 and calls["place"] >= 2
+
+
+class _Counts:
+    """What a backend's host tells its reporter: (resident tokens, live, suspended)."""
+
+    def __init__(self) -> None:
+        self.now = (0, 0, 0)
+
+    def load(self) -> tuple[int, int, int]:
+        return self.now
+
+
+def test_load_reports_reach_the_planner_from_one_thread_and_a_held_change_goes_by_itself(manager) -> None:
+    from kvres.actors.load_reports import LoadReporter
+    from kvres.actors.planner_actor import PLANNER_NAME
+
+    namespace = f"{manager.namespace}-reports"
+    planner = PlannerActor.options(name=PLANNER_NAME, namespace=namespace).remote()
+    try:
+        reporter = LoadReporter(BackendConfig(name="reporting", kv_budget_tokens=1000), "m.gguf", "node", namespace)
+
+        def reported() -> tuple[int, int] | None:
+            rows = [b for b in ray.get(planner.load.remote())["backends"] if b["backend"] == "reporting"]
+            return (rows[0]["resident_tokens"], rows[0]["live_sessions"]) if rows else None
+
+        pushed_from: list[threading.Thread] = []
+        push = reporter._push
+        reporter._push = lambda report: (pushed_from.append(threading.current_thread()), push(report))  # type: ignore[method-assign]
+        counts = _Counts()
+
+        def burst(live: int, last: int) -> None:
+            for resident in range(100, last + 1, 100):  # changes within the rate limit: the last is held
+                counts.now = (resident, live, 0)
+                reporter.changed(counts)
+            deadline = time.monotonic() + 20
+            while reported() != (last, live) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert reported() == (last, live)  # the last change arrived although nothing came after it
+
+        burst(1, 900)
+        burst(2, 500)
+        # every push left from the one reporter thread: none from the changing calls, none from a
+        # thread started per held report
+        assert len(pushed_from) >= 2 and len({id(t) for t in pushed_from}) == 1
+        assert pushed_from[0] is not threading.current_thread()
+    finally:
+        ray.kill(planner)

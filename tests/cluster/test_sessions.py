@@ -336,3 +336,18 @@ def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
         assert stats["peak_resident_tokens"] <= 250 and stats["counters"]["evictions"] > 0
     finally:
         solo.shutdown()
+
+
+def _frozen_objects(actor: object) -> int:
+    import gc
+
+    return int(gc.get_freeze_count())
+
+
+def test_backend_and_store_actors_start_with_their_heap_frozen(manager) -> None:
+    # what an actor built at start lives as long as it does: a full garbage collection that walks
+    # it again (~60 ms in a backend) would stall every session's tokens
+    for name in manager.backends():
+        assert ray.get(manager.backend_handle(name).__ray_call__.remote(_frozen_objects)) > 10_000, name
+    for store in manager.cold_stores.values():
+        assert ray.get(store.__ray_call__.remote(_frozen_objects)) > 10_000

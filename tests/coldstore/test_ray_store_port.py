@@ -82,14 +82,34 @@ def test_batches_held_together_go_out_as_one_call_each_run(store: Any, port: Ray
         "merge", range(16, 24, 4))
     port.put_many(first)
     port.put_many(second)
-    assert port.pop_many([BlockKey.of(first[0])]) == [first[0]]  # read from the stage, deleted behind
+    port.delete_many([BlockKey.of(first[0])])  # a call of the port: sends the two puts first
+    assert _until(lambda: len(_held(store, "merge")) == 3)
     port.put_many(third)
+    assert port.pop_many([BlockKey.of(second[0])]) == [second[0]]  # read from the stage, deleted behind
+    port.put_many(_blocks("merge", range(24, 28, 4)))
     with port._sent:  # what the sender would submit next, in order
         batches = []
         while port._outbox:
             batches.append(port._next_batch())
-    assert [(m, len(args[0])) for m, args in batches] == [("put_many", 4), ("delete_many", 1), ("put_many", 2)]
+    assert [(m, len(args[0])) for m, args in batches] == [("put_many", 2), ("delete_many", 1), ("put_many", 1)]
     port.defer_writes(False)
+
+
+def test_a_block_taken_back_before_it_was_sent_never_reaches_the_store(store: Any, port: RayStorePort) -> None:
+    port.defer_writes(True)
+    blocks = _blocks("unsent", range(0, 24, 4))
+    port.put_many(blocks[:4])
+    port.put_many(blocks[4:])
+    taken = [blocks[0], blocks[2], blocks[4], blocks[5]]  # the whole second batch, part of the first
+    assert port.pop_many([BlockKey.of(b) for b in taken]) == taken
+    with port._sent:
+        assert [(m, [BlockKey.of(b) for b in args[0]]) for m, args, _ in port._outbox] == [
+            ("put_many", [BlockKey.of(blocks[1]), BlockKey.of(blocks[3])])]  # no delete queued
+    port.defer_writes(False)
+    assert _until(lambda: len(_held(store, "unsent")) == 2)
+    time.sleep(0.2)
+    assert sorted(_held(store, "unsent"), key=lambda k: k.token_range.start) == [
+        BlockKey.of(blocks[1]), BlockKey.of(blocks[3])]
 
 
 def test_send_now_sends_what_is_held_while_the_backend_stays_busy(store: Any, port: RayStorePort) -> None:

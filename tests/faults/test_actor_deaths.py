@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import ray
 
 from kvres.cluster import SessionPolicy
 
@@ -53,6 +54,27 @@ def test_backend_killed_while_suspended_imports_the_parked_blocks(faulty) -> Non
     assert s.resume() == 0  # every parked block imported: nothing recomputed
     assert s.generate(24) == want_second
     assert s.stats()["counters"]["rebuilds"] == 1
+    s.close()
+
+
+def test_a_migration_whose_detach_answer_was_lost_still_arrives(faulty) -> None:
+    """The source backend commits the detach (the session on its way, served by nobody) and dies
+    before the answer reaches the driver: the migration finds the record in the journal and
+    finishes; nothing is lost or left without a backend."""
+    s = faulty.open_session(backend="f0")
+    s.append(PROMPT)
+    first = s.generate(8)
+    before = s.stats()
+    source = faulty.backend_handle("f0")
+    ray.get(source.detach.remote(s.session_id))  # what migrate's detach does, its answer then lost:
+    old = kill(source)
+    s.migrate("fov")
+    after = s.stats()
+    assert after["backend"] == "fov" and s.backend == "fov"
+    assert after["token_count"] == before["token_count"] == len(PROMPT) + len(first)
+    assert ray.get(faulty.planner.where.remote(s.session_id)) == "fov"
+    assert len(s.generate(8)) == 8
+    wait_restarted(source, old)
     s.close()
 
 

@@ -65,6 +65,21 @@ def test_a_call_repeated_with_its_request_id_is_applied_once(faulty) -> None:
     s.close()
 
 
+def test_a_text_append_repeated_with_its_request_id_answers_the_tokens_it_appended(faulty) -> None:
+    """The first text of a session is tokenized with BOS; its retry (the session no longer empty)
+    answers those same ids from the log instead of a new tokenization without BOS."""
+    handle = faulty.backend_handle("f0")
+    s = faulty.open_session(backend="f0")
+    request = uuid.uuid4().hex
+    first = ray.get(handle.append_text.remote(s.session_id, "Once upon a time", request))
+    assert first[0] == ray.get(handle.tokenize.remote("x", True))[0]  # BOS: the session was empty
+    assert ray.get(handle.append_text.remote(s.session_id, "Once upon a time", request)) == first
+    assert s.stats()["token_count"] == len(first)
+    more = ray.get(handle.append_text.remote(s.session_id, " there was", uuid.uuid4().hex))
+    assert more and more[0] != first[0] and s.stats()["token_count"] == len(first) + len(more)
+    s.close()
+
+
 def _fill(disk) -> int:
     """Fill the tmpfs at ``disk`` with a ballast file until it is full; returns its size."""
     chunk = b"\0" * (64 << 10)

@@ -45,8 +45,10 @@ def test_limiter_pushes_changes_at_most_every_interval_and_heartbeats() -> None:
     assert limiter.offer(report("a", 100), now=10.0)  # the first report always goes
     assert not limiter.offer(report("a", 900, live=1), now=10.05)  # too soon, even for a change
     assert limiter.held(now=10.06) is None
+    assert limiter.held_due() == pytest.approx(10.1)  # when the held change may go
     held = limiter.held(now=10.2)  # the change held back goes once the interval has passed
     assert held is not None and held.live_sessions == 1
+    assert limiter.held_due() is None
     assert not limiter.offer(report("a", 940, live=1), now=10.4)  # 40 tokens: under 5% of 1000
     assert limiter.offer(report("a", 960, live=1), now=10.5)  # 60 tokens since the last push
     assert not limiter.offer(report("a", 960, live=1), now=11.0)
