@@ -121,6 +121,29 @@ def _backend_stats(manager: object, name: str) -> dict:
     return dict(ray.get(manager.backend_handle(name).stats.remote()))  # type: ignore[attr-defined]
 
 
+def _two_turn_passkeys(manager: object, backend: str, tasks: list[pt.PasskeyTask]) -> tuple[int, dict]:
+    """Each task as two turns (context, then the question) of a default session on ``backend``:
+    how many were answered, and the last session's stats. Every session stayed within its
+    resident budget, spilled, and the turns brought blocks back."""
+    hits, recalled, st = 0, 0, {}
+    for task in tasks:
+        q0 = task.question_span[0]
+        session = manager.open_session(backend=backend)  # type: ignore[attr-defined]
+        try:
+            session.append(task.prompt_ids[:q0])
+            session.append(task.prompt_ids[q0:])
+            hits += session.generate(len(task.answer_ids)) == task.answer_ids
+            st = session.stats()
+        finally:
+            session.close()
+        assert st["policy"]["kind"] == "streaming" and st["policy"]["spill"]
+        assert st["resident_tokens"] <= st["policy"]["budget_tokens"] < st["token_count"]
+        assert st["counters"]["spills"] > 0
+        recalled += st["counters"]["recalled_tokens"]
+    assert recalled > 0
+    return hits, st
+
+
 def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
     """Two turns (context, then the question) at a 25%-of-context resident budget: the question's
     turn brings the needle back from the cold store, where the same session without spilling
@@ -132,24 +155,10 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
     assert decision["chosen"] == "f16/f16" and decision["chosen_spill_bytes"] > 0
     assert stats["kv_budget_tokens"] == RESIDENT
     tasks = pt.fixed_task_set(1, 8, seed=0, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))
-    hits, recalled = 0, 0
-    for task in tasks:
-        q0 = task.question_span[0]
-        session = manager.open_session(backend="f16spill")
-        try:
-            session.append(task.prompt_ids[:q0])
-            session.append(task.prompt_ids[q0:])
-            hits += session.generate(len(task.answer_ids)) == task.answer_ids
-            st = session.stats()
-        finally:
-            session.close()
-        policy = st["policy"]
-        assert (policy["kind"], policy["budget_tokens"], policy["spill"], policy["rebase"]) == (
-            "streaming", RESIDENT, True, True)
-        assert st["resident_tokens"] <= RESIDENT < st["token_count"]
-        assert st["counters"]["spills"] > 0
-        recalled += st["counters"]["recalled_tokens"]
-    assert recalled > 0
+    hits, last = _two_turn_passkeys(manager, "f16spill", tasks)
+    policy = last["policy"]
+    assert (policy["kind"], policy["budget_tokens"], policy["spill"], policy["rebase"]) == (
+        "streaming", RESIDENT, True, True)
     assert hits >= len(tasks) - 1, f"{hits}/{len(tasks)} passkeys answered after a spill at 25%"
     kept = manager.open_session(backend="f16spill", policy=SessionPolicy(kind="none", spill=False))
     try:
@@ -164,21 +173,8 @@ def test_a_session_on_a_quantized_k_spill_tier_recalls_the_needle(manager) -> No
     """The q8_0 K tier keeps position gaps; a turn's scoring pass reads its quantized cells back as
     f16 and brings the needle's blocks back, keeping the token the turn follows (no K-shift)."""
     tasks = pt.fixed_task_set(1, 8, seed=0, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))
-    hits, recalled = 0, 0
-    for task in tasks:
-        q0 = task.question_span[0]
-        session = manager.open_session(backend="q8spill")
-        try:
-            session.append(task.prompt_ids[:q0])
-            session.append(task.prompt_ids[q0:])
-            hits += session.generate(len(task.answer_ids)) == task.answer_ids
-            st = session.stats()
-        finally:
-            session.close()
-        assert st["resident_tokens"] <= st["policy"]["budget_tokens"] < st["token_count"]
-        assert st["counters"]["spills"] > 0
-        recalled += st["counters"]["recalled_tokens"]
-    assert recalled > 0
+    hits, last = _two_turn_passkeys(manager, "q8spill", tasks)
+    assert last["policy"]["rebase"] is False
     # without the recall 2 of these 8 were answered
     assert hits >= len(tasks) - 2, f"{hits}/{len(tasks)} passkeys answered on the q8_0 K spill tier"
 
