@@ -6,7 +6,7 @@ Primitives:
   its disk tier in ``disk_dir``); ``manager``, ``backend``, ``store``, ``planner`` (handles),
   ``shutdown()``.
 - ``pid_of(handle)``, ``sigkill(pid) -> float`` (the monotonic time of the kill),
-  ``wait_restarted(handle, old_pid)``, ``wait_parked(store, session_id)``.
+  ``wait_restarted(handle, old_pid)``, ``wait_parked(store, session_id) -> keys``.
 - ``block_files(cluster, session_id)``; ``damage(path, how, other=None)`` with ``how`` one of
   ``DAMAGES``: "corrupt" (a payload byte flipped), "truncated", "forged" (payload altered and the
   block re-encoded with right checksums under another key), "swapped" (two sessions' files
@@ -101,17 +101,19 @@ def wait_restarted(handle: Any, old_pid: int, timeout_s: float = 180.0) -> None:
     raise RuntimeError(f"actor did not restart within {timeout_s} s")
 
 
-def wait_parked(store: Any, session_id: str, timeout_s: float = 30.0) -> None:
-    """Until the store holds the session's blocks (a suspend hands them over write-behind)."""
+def wait_parked(store: Any, session_id: str, timeout_s: float = 30.0) -> list[Any]:
+    """The keys of the session's blocks once the store holds them (a suspend hands them over
+    write-behind; one write brings them all)."""
     import ray
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if ray.get(store.list_session.remote(session_id)):
-                return
+            keys = list(ray.get(store.list_session.remote(session_id)))
         except ray.exceptions.RayActorError:
-            pass  # restarting after an earlier kill: ask again
+            keys = []  # restarting after an earlier kill: ask again
+        if keys:
+            return keys
         if time.monotonic() >= deadline:
             raise RuntimeError(f"no block of {session_id!r} reached the cold store in {timeout_s} s")
         time.sleep(0.05)

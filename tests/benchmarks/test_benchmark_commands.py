@@ -57,6 +57,19 @@ def test_concurrency_writes_json_and_png(tmp_path) -> None:
     assert (tmp_path / "concurrency.png").stat().st_size > 0
 
 
+def test_concurrency_on_openvino_compares_with_sessions_one_after_another(tmp_path) -> None:
+    from benchmarks.concurrency.__main__ import main
+
+    main(["--engine", "openvino", "--sessions", "1,2", "--tokens", "8", "--prompt", "16", "--repeats", "1",
+          "--threads", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "concurrency-openvino.json").read_text())
+    assert saved["engine"] == "openvino" and saved["baseline"] == "the same sessions one after another"
+    assert [r["sessions"] for r in saved["rows"]] == [1, 2]
+    assert all(r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 and "engine_tokens_per_s" not in r
+               for r in saved["rows"])
+    assert (tmp_path / "concurrency-openvino.png").stat().st_size > 0
+
+
 def test_suspend_resume_writes_json_and_png(tmp_path) -> None:
     from benchmarks.suspend_resume.__main__ import main
 

@@ -8,7 +8,8 @@ Fixtures and helpers:
   llama backend "t0") whose cold store has a tiny RAM tier and its disk tier on a tmpfs of
   ``TIGHT_DISK_BYTES`` mounted here (root is needed; without it the fixture fails and says why):
   every parked or spilled block goes to disk, and the disk can be filled for real.
-- ``kill(handle)``, ``wait_restarted(handle, old_pid)``; ``wait_parked(store, session_id)``: a
+- ``kill(handle)``; ``wait_restarted(handle, old_pid)`` and ``wait_parked(store, session_id)``
+  (the fault benchmark's, ``benchmarks/faults/cluster.py``): a
   suspend hands its blocks to the store write-behind, so a test that kills the backend (whose
   stage holds them meanwhile) or damages the files waits for them to land first;
   ``store_folder(manager)``: the disk tier's folder of the manager's one cold store;
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 import uuid
@@ -36,7 +36,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.faults.cluster import pid_of, sigkill, wait_parked, wait_restarted
 from tests.conftest import shared_model_path
+
+__all__ = ["kill", "only_store", "wait_parked", "wait_restarted"]
 
 TIGHT_DISK_BYTES = 2 << 20  # the tmpfs under the tight cluster's disk tier
 
@@ -101,43 +104,9 @@ def tight(faulty, tmp_path_factory: pytest.TempPathFactory):
 
 def kill(handle: Any) -> int:
     """SIGKILL the worker process behind ``handle``; returns its pid."""
-    import ray
-
-    pid = int(ray.get(handle.pid.remote()))
-    os.kill(pid, signal.SIGKILL)
+    pid = pid_of(handle)
+    sigkill(pid)
     return pid
-
-
-def wait_restarted(handle: Any, old_pid: int, timeout_s: float = 120.0) -> None:
-    """Wait until the actor answers from a new process (Ray restarted it)."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if int(ray.get(handle.pid.remote(), timeout=10)) != old_pid:
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"actor did not restart within {timeout_s} s")
-
-
-def wait_parked(store: Any, session_id: str, timeout_s: float = 30.0) -> list[Any]:
-    """The keys of ``session_id``'s blocks once the store holds them (one write brings them all)."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            keys = list(ray.get(store.list_session.remote(session_id)))
-        except ray.exceptions.RayActorError:
-            keys = []  # restarting after an earlier kill: ask again
-        if keys:
-            return keys
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"no block of session {session_id!r} reached the cold store in {timeout_s} s")
-        time.sleep(0.05)
 
 
 def only_store(manager: Any) -> Any:
