@@ -29,8 +29,8 @@ Primitives:
   recall-or-recompute costs of both cold tiers ("ram": re-admitting an exported block; "disk":
   reading it from disk, then re-admitting it) and of prefill; None without the engine figures.
 - ``load_probes(model_path=None, env=os.environ, cache_dir=None, refresh=False) -> ProbeResults``:
-  every figure, measured once per device (and per model where it depends on one, keyed by
-  ``kvres.actors.model_files.model_id``), cached in
+  every figure, measured once per device (and per model where it depends on one: prefill, import
+  and c_engage, keyed by ``kvres.actors.model_files.model_id``), cached in
   ``<cache dir>/probes-<device>.json``; the cache dir is ``platformdirs.user_cache_dir("kvres")``
   or ``KVRES_CACHE_DIR``. ``KVRES_HOST_RAM_GBPS``, ``KVRES_PCIE_GBPS``, ``KVRES_VRAM_GBPS`` and
   ``KVRES_C_ENGAGE_MS`` override the figures (and are then not measured).
@@ -70,7 +70,7 @@ from .llama.engine import LlamaContext, LlamaModel
 from .model_files import model_id
 from .tier_env import env_float
 
-CACHE_VERSION = 2  # 2: c_engage is the extra step cost of a spilled tail (fitted with a zero tail)
+CACHE_VERSION = 3  # 2: c_engage is the extra step cost of a spilled tail (fitted with a zero tail); 3: per model
 ENV_CACHE_DIR = "KVRES_CACHE_DIR"
 ENV_HOST_RAM = "KVRES_HOST_RAM_GBPS"
 ENV_PCIE = "KVRES_PCIE_GBPS"
@@ -799,6 +799,9 @@ def load_probes(
             model_figs["prefill_tokens_per_s"], model_figs["prefill_fixed_s"] = measure_prefill_cost(model_path)
         if "import_gbps" not in model_figs:
             model_figs["import_gbps"], model_figs["import_latency_s"] = measure_import_cost(model_path)
+        if overrides["c_engage_ms"] is None and "c_engage_ms" not in model_figs:
+            # the model's own: what a step pays to attend over a spilled tail depends on its layers
+            model_figs["c_engage_ms"] = measure_c_engage(model_path).c_engage_s * 1e3
         if model_figs != model_cached:
             data["models"][key] = model_figs
             dirty = True
@@ -806,14 +809,9 @@ def load_probes(
 
     if overrides["c_engage_ms"] is not None:
         c_ms, sources["c_engage_ms"] = overrides["c_engage_ms"], "env"
-    elif "c_engage_ms" in cached:
-        c_ms, sources["c_engage_ms"] = cached["c_engage_ms"], "cached"
-    elif model_path is not None and engine_probes:
-        m = measure_c_engage(model_path)
-        c_ms, sources["c_engage_ms"] = m.c_engage_s * 1e3, "measured"
-        data["c_engage_ms"] = c_ms
-        data["c_engage_model"] = Path(model_path).name
-        dirty = True
+    elif "c_engage_ms" in model_figs:
+        c_ms = model_figs["c_engage_ms"]
+        sources["c_engage_ms"] = "cached" if model_cached.get("c_engage_ms") == c_ms else "measured"
     else:
         c_ms, sources["c_engage_ms"] = DEFAULT_C_ENGAGE_MS, "default"
 

@@ -138,6 +138,19 @@ def test_engine_probes_cached_per_model(tmp_path: Path, stories_model: Path) -> 
     assert list(json.loads(Path(p.cache_file or "").read_text())["models"]) == [model_id(stories_model)]
 
 
+def test_c_engage_is_measured_for_each_model(tmp_path: Path, stories_model: Path, wide_kv_model: Path) -> None:
+    """A spilled tail costs each model its own: a second model on the same device measures its own
+    c_engage instead of reusing the first one's."""
+    env = _env(tmp_path, KVRES_HOST_RAM_GBPS="11.5")
+    small = load_probes(stories_model, env=env)
+    wide = load_probes(wide_kv_model, env=env)
+    assert small.sources["c_engage_ms"] == wide.sources["c_engage_ms"] == "measured"
+    models = json.loads(Path(wide.cache_file or "").read_text())["models"]
+    assert {k: v["c_engage_ms"] for k, v in models.items()} == {
+        model_id(stories_model): small.c_engage_ms, model_id(wide_kv_model): wide.c_engage_ms}
+    assert load_probes(stories_model, env=env).sources["c_engage_ms"] == "cached"
+
+
 def test_recall_vs_recompute_with_real_costs(stories_model: Path, tmp_path: Path) -> None:
     """A real exported block of stories260K: its bytes, the measured import cost and prefill rate."""
     p = load_probes(stories_model, env=_env(tmp_path, KVRES_HOST_RAM_GBPS="11.5", KVRES_C_ENGAGE_MS="0.1"))
