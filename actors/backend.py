@@ -2,8 +2,9 @@
 
 Primitives:
 - ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None)``:
-  a plain, thread-safe class (works without Ray). ``open_session``, ``append``, ``append_text``, ``generate``,
-  ``stream``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``.
+  a plain, thread-safe class (works without Ray). ``open_session``, ``append``, ``append_text``,
+  ``generate``, ``stream``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``,
+  ``stats``.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals.
 
 Calls of different sessions run concurrently: ``append`` / ``generate`` / ``stream`` become jobs

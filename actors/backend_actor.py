@@ -2,8 +2,9 @@
 
 Primitives:
 - ``BackendServer(config, namespace)``: builds the executor, finds this node's cold store by
-  name, freezes the heap it started with (``heap.freeze_startup_heap``), and forwards: ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a
-  Ray streaming generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
+  name, freezes the heap it started with (``heap.freeze_startup_heap``), and forwards:
+  ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray streaming
+  generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
   ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
   (appends and generations of up to ``CALL_THREADS`` sessions at once, batched together by the

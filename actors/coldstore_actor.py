@@ -12,7 +12,8 @@ Primitives:
   (``platformdirs.user_cache_dir``) on the node the store runs on; used when ``disk_path`` is None
   and ``cache_folder`` is given.
 - ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
-  tier after every change, with the heap it started with frozen (``heap.freeze_startup_heap``); ``MeteredColdStoreActor`` is what the cluster starts on every node.
+  tier after every change, with the heap it started with frozen (``heap.freeze_startup_heap``);
+  ``MeteredColdStoreActor`` is what the cluster starts on every node.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
 
