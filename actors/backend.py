@@ -831,25 +831,40 @@ class BackendHost:
         read from their stores (read, not taken: only the blocks brought back leave), in log
         order; blocks a store no longer has are dropped from the session. What the idle backend
         read for the session (``prepare_recalls``) serves while its cold blocks are the same."""
-        assert self._store is not None
         ready, s.recall_ready = s.recall_ready, None
-        fits = self.config.n_ctx - held
-        if ready is not None and ready.refs is not None and ready.cold == s.cold and ready.tokens <= fits:
+        if ready is not None and ready.refs is not None and ready.cold == s.cold \
+                and ready.tokens <= self.config.n_ctx - held:
             return ready.refs, ready.blocks
+        candidates = self._recall_picks(s, held)
+        return self._keep_read(s, candidates, self._read_cold(candidates))
+
+    def _recall_picks(self, s: _Session, held: int) -> list[ColdRef]:
+        """The cold blocks a scoring pass over ``held`` more tokens has room for, the newest first."""
+        fits = self.config.n_ctx - held
         candidates: list[ColdRef] = []
         for ref in sorted(s.cold, key=lambda r: r.key.token_range.start, reverse=True):
             n = ref.key.token_range.end - ref.key.token_range.start
             if n <= fits:
                 candidates.append(ref)
                 fits -= n
+        return candidates
+
+    def _read_cold(self, refs: Sequence[ColdRef]) -> list[Any]:
+        """The blocks behind ``refs`` (None where gone), one ``get_many`` per store."""
+        assert self._store is not None
         by_store: dict[str, list[int]] = {}
-        for i, ref in enumerate(candidates):
+        for i, ref in enumerate(refs):
             by_store.setdefault(ref.store, []).append(i)
-        read: list[Any] = [None] * len(candidates)
+        read: list[Any] = [None] * len(refs)
         for store, idx in by_store.items():
-            got = self._store.at(store).get_many([candidates[i].key for i in idx])
+            got = self._store.at(store).get_many([refs[i].key for i in idx])
             for i, block in zip(idx, got, strict=True):
                 read[i] = block
+        return read
+
+    def _keep_read(self, s: _Session, candidates: list[ColdRef], read: list[Any]) -> tuple[list[ColdRef], list[Any]]:
+        """The blocks read, in log order; those a store no longer has leave the session."""
+        assert self._store is not None
         gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
         if gone:
             lost = {id(ref) for ref in gone}
@@ -863,8 +878,10 @@ class BackendHost:
         """Idle work (the step loop calls it when no call runs): for the most recently used
         spilling session whose next turn would recall, read its cold blocks and let the executor
         do the part of the recall that needs no turn (``Executor.prepare_recall``), so the turn
-        pays only for the scoring pass, the plan and the exchange. True when it prepared one
-        (it is called again), False when nothing is left to prepare."""
+        pays only for the scoring pass, the plan and the exchange. The blocks are read from the
+        stores without the host lock (a call that comes meanwhile does not wait for a store);
+        what was read is used only if the session did not change in between. True when it
+        prepared one or should look again (it is called again), False when nothing is left."""
         with self._lock:
             if self._store is None or self._loop.pending():
                 return False
@@ -876,9 +893,24 @@ class BackendHost:
                 return False
             session_id = max(waiting)[1]
             s = self._sessions[session_id]
-            t0 = time.perf_counter()
+            cold, used = list(s.cold), s.last_used
+            candidates = self._recall_picks(s, s.resident)
+        t0 = time.perf_counter()
+        try:
+            read = self._read_cold(candidates)
+        except Exception as exc:
+            read = None
+            log.debug("session %r: cold blocks not read ahead (%s)", session_id, exc)
+        with self._lock:
+            now = self._sessions.get(session_id)
+            if now is None or now.suspended is not None or now.cold != cold or now.last_used != used \
+                    or self._loop.pending():
+                return True  # it changed meanwhile: look again (a call that runs now ends the idle work)
+            s = now
             try:
-                refs, blocks = self._recall_candidates(session_id, s, s.resident)
+                if read is None:
+                    raise KvresError("cold blocks not read")
+                refs, blocks = self._keep_read(s, candidates, read)
                 self._kv_executor("recall").prepare_recall(session_id, blocks, s.policy.rebase)
                 s.recall_ready = _RecallReady(list(s.cold), s.last_used, refs, blocks,
                                               sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))
@@ -889,11 +921,11 @@ class BackendHost:
             ready = sorted((x.recall_ready.used, x.recall_ready.nbytes, sid) for sid, x in self._sessions.items()
                            if x.recall_ready is not None and x.recall_ready.refs is not None)
             held = sum(nbytes for _, nbytes, _ in ready)
-            for used, nbytes, sid in ready[:-1]:
+            for used_at, nbytes, sid in ready[:-1]:
                 if held <= RECALL_PREP_BYTES:
                     break
                 held -= nbytes
-                self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used)
+                self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used_at)
             self._count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
             return True
 

@@ -14,8 +14,10 @@ Primitives:
   ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
   ``on_busy(True)`` is called when it takes up jobs after being idle, ``on_busy(False)`` when the
   last of them is done. Once no job has come for ``IDLE_GRACE_S`` after that (the calls' answers
-  have left), ``on_idle() -> more`` is called under ``lock`` until it returns False or a job
-  comes: background work, one short piece per call. ``stop()`` ends it once the step or piece it
+  have left), ``on_idle() -> more`` is called until it returns False or a job comes: background
+  work, one short piece per call, called without ``lock`` (the hook takes it for the part that
+  must not run beside a call, so what it waits for outside, a store's answer, holds up no call
+  that needs only the lock). ``stop()`` ends it once the step or piece it
   is in is done (its pending jobs fail with ``LoopStoppedError``), ``join(timeout)`` waits for that.
 - ``stop_loops(timeout_s)``: stops every step loop of the process and waits for them; it runs at
   interpreter exit, so no loop thread is still inside an engine (a decode, a scoring pass) while
@@ -255,10 +257,11 @@ class StepLoop:
                     self._busy(False)
                     idle_work = self._on_idle is not None
                     self._wake.wait(timeout=IDLE_GRACE_S)
-                if not self._jobs and idle_work and not self._stopping:
-                    idle_work = self._idle()
-                    if idle_work:
-                        continue  # the lock is let go between pieces
+                run_idle = bool(not self._jobs and idle_work and not self._stopping)
+            if run_idle:
+                idle_work = self._idle()  # without the lock: the hook takes it for what needs it
+                continue
+            with self._lock:
                 while not self._jobs and not self._stopping:
                     self._wake.wait()
                 if self._stopping:

@@ -5,6 +5,7 @@ session never holds more than its budget, the answer is right, and the question 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,35 @@ def test_a_recall_prepared_while_the_backend_is_idle_gives_the_same_turn(host: B
     host._loop._on_idle = idle
     assert seen["prepared"] == seen["unprepared"]
     assert seen["prepared"][1] > 0 and seen["prepared"][3] == task.answer_ids
+
+
+def test_the_idle_backend_reads_cold_blocks_without_holding_the_host_lock(host: BackendHost) -> None:
+    """While the idle backend reads a session's cold blocks from the store, a call that comes
+    gets the host lock and answers: the store's answer (a Ray call, a disk read) holds up no one."""
+    task = TASKS[1]
+    q0 = task.question_span[0]
+    policy = ps.policy_for("streaming", task, 0.25, CFG).model_copy(update={"spill": True})
+    port = host._store
+    assert port is not None
+    inner = port.get_many
+    entered, answered = threading.Event(), threading.Event()
+    got_through: list[bool] = []
+
+    def reading(keys: Any) -> Any:  # the real read, once the test's call has had its chance
+        if not entered.is_set():
+            entered.set()
+            got_through.append(answered.wait(10))
+        return inner(keys)
+
+    port.get_many = reading  # type: ignore[method-assign]
+    try:
+        host.open_session("unlocked", policy)
+        host.append("unlocked", task.prompt_ids[:q0])
+        assert entered.wait(30), "the idle backend did not read the session's cold blocks"
+        host.session_stats("unlocked")  # takes the host lock while the read is under way
+        answered.set()
+        assert _prepared(host, "unlocked")
+        assert got_through == [True]
+    finally:
+        del port.get_many
+        host.close("unlocked")
