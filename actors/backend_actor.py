@@ -86,6 +86,17 @@ class BackendServer:
         policy = session_policy_for_tier(self.tier_decision, policy, self.host.config.kv_budget_tokens)
         self.host.open_session(session_id, policy)
 
+    def _policy_here(self, record: SuspendRecord) -> SuspendRecord:
+        """A session that left nothing for kvres to evict (kind "none", spill allowed) runs here as
+        it would have been opened here: on a backend whose KV tier spills, as a spilling session
+        bounded by its resident budget (``session_policy_for_tier``)."""
+        from dataclasses import replace
+
+        from .tier_policy import session_policy_for_tier
+
+        policy = session_policy_for_tier(self.tier_decision, record.policy, self.host.config.kv_budget_tokens)
+        return record if policy is record.policy else replace(record, policy=policy)
+
     @ray.method(concurrency_group="calls")
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
         return self.host.append(session_id, tokens, request_id)
@@ -110,6 +121,8 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
+        if record is not None:  # handed over by another backend: runs with the policy this one gives it
+            record = self._policy_here(record)
         return self.host.resume(session_id, record)
 
     @ray.method(concurrency_group="control")

@@ -102,7 +102,8 @@ def manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     common = {"model_path": GGUF, "n_ctx": N_CTX, "kv_budget_tokens": RESIDENT, "n_seq_max": 2, "n_threads": 1}
     config = KvresConfig(
         backends=[BackendConfig(name="f16spill", **common),
-                  BackendConfig(name="q8spill", type_k="q8_0", **common)],
+                  BackendConfig(name="q8spill", type_k="q8_0", **common),
+                  BackendConfig(name="resident", **{**common, "kv_budget_tokens": N_CTX})],
         cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=16 << 20,
                                    disk_dir=tmp_path_factory.mktemp("tier-spill-coldstore")),
     )
@@ -221,5 +222,28 @@ def test_a_default_session_on_a_quantized_k_spill_tier_runs_to_8x_its_budget(man
             st = session.stats()
             assert st["resident_tokens"] <= budget
         assert st["token_count"] >= 8 * budget and st["counters"]["spills"] > 0
+    finally:
+        session.close()
+
+
+def test_a_default_session_migrated_onto_a_spill_tier_spills_there(manager) -> None:
+    """Opened where the whole context is resident (kind "none"), moved to a backend whose tier
+    spills: it runs there as a session opened there would, bounded by that backend's resident
+    budget, and keeps growing past it by spilling."""
+    decision = _backend_stats(manager, "resident")["tier_decision"]
+    assert decision is None or decision["chosen_spill_bytes"] == 0
+    task = pt.fixed_task_set(1, 1, seed=4, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))[0]
+    session = manager.open_session(backend="resident")
+    try:
+        assert session.stats()["policy"]["kind"] == "none"
+        session.append(task.prompt_ids[:100])
+        session.migrate("f16spill")
+        policy = session.stats()["policy"]
+        assert (policy["kind"], policy["budget_tokens"], policy["spill"]) == ("streaming", RESIDENT, True)
+        session.append(task.prompt_ids[100:])
+        st = session.stats()
+        assert st["backend"] == "f16spill" and st["token_count"] == len(task.prompt_ids)
+        assert st["resident_tokens"] <= RESIDENT and st["counters"]["spills"] > 0
+        assert len(session.generate(4)) == 4
     finally:
         session.close()
