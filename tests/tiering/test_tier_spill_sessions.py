@@ -229,7 +229,10 @@ def test_a_default_session_on_a_quantized_k_spill_tier_runs_to_8x_its_budget(man
 def test_a_default_session_migrated_onto_a_spill_tier_spills_there(manager) -> None:
     """Opened where the whole context is resident (kind "none"), moved to a backend whose tier
     spills: it runs there as a session opened there would, bounded by that backend's resident
-    budget, and keeps growing past it by spilling."""
+    budget, and keeps growing past it by spilling. One holding more than that budget is refused
+    and stays where it was, whole."""
+    from kvres.actors.backend import BackendFullError
+
     decision = _backend_stats(manager, "resident")["tier_decision"]
     assert decision is None or decision["chosen_spill_bytes"] == 0
     task = pt.fixed_task_set(1, 1, seed=4, n_tokens=(300, 394), depth=(1 / 3, 2 / 3))[0]
@@ -247,3 +250,12 @@ def test_a_default_session_migrated_onto_a_spill_tier_spills_there(manager) -> N
         assert len(session.generate(4)) == 4
     finally:
         session.close()
+    big = manager.open_session(backend="resident")
+    try:
+        big.append(task.prompt_ids)
+        with pytest.raises(BackendFullError, match="kv_budget_tokens=128"):
+            big.migrate("f16spill")  # more resident tokens than that whole backend holds
+        st = big.stats()
+        assert big.backend == st["backend"] == "resident" and st["token_count"] == len(task.prompt_ids)
+    finally:
+        big.close()
