@@ -54,6 +54,8 @@ def test_concurrency_writes_json_and_png(tmp_path) -> None:
     saved = json.loads((tmp_path / "concurrency.json").read_text())
     assert [r["sessions"] for r in saved["rows"]] == [1, 2] == [r["sessions"] for r in result["rows"]]
     assert all(r["tokens_per_s"] > 0 and r["engine_tokens_per_s"] > 0 for r in saved["rows"])
+    assert all(r["paired_ratio_to_baseline"] == r["runs"][0]["tokens_per_s"] / r["baseline_runs"][0]
+               for r in saved["rows"])  # one repeat: its own ratio
     assert (tmp_path / "concurrency.png").stat().st_size > 0
 
 
