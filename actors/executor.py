@@ -17,6 +17,8 @@ Primitives:
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
+- ``check_block_token_ids(session_id, log, blocks)``: every block carries the token ids the
+  session's log holds over its range (``BlockMismatchError`` naming the first that does not).
 
 Positions. Every range here is in *token-log* positions: index i is the i-th token the session
 ever received. The engine keeps its own cache position per resident token
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import ClassVar
 
 import numpy as np
@@ -43,7 +46,7 @@ import numpy.typing as npt
 
 from kvres.coldstore.block import KVBlock
 from kvres.policy.capabilities import Capabilities
-from kvres.policy.errors import CapabilityError
+from kvres.policy.errors import BlockMismatchError, CapabilityError
 from kvres.policy.planner import Plan, StreamPolicy
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
@@ -160,6 +163,18 @@ class EngineManagedExecutor(EngineSessions):
     def generate(
         self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[int]: ...
+
+
+def check_block_token_ids(session_id: str, log: Sequence[int], blocks: Sequence[KVBlock]) -> None:
+    starts = np.fromiter((b.token_range.start for b in blocks), dtype=np.int64, count=len(blocks))
+    lens = np.fromiter((len(b.token_range) for b in blocks), dtype=np.int64, count=len(blocks))
+    index = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    carried = np.fromiter(chain.from_iterable(b.token_ids for b in blocks), dtype=np.int64, count=index.size)
+    differs = np.nonzero(np.asarray(log, dtype=np.int64)[index] != carried)[0]
+    if differs.size:
+        b = blocks[int(np.searchsorted(np.cumsum(lens), differs[0], side="right"))]
+        raise BlockMismatchError(f"block for {b.token_range} carries other token ids than session "
+                                 f"{session_id!r} has there")
 
 
 def apply_plan(

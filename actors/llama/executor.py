@@ -63,7 +63,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..executor import RECALL_PREP_BYTES, Executor
+from ..executor import RECALL_PREP_BYTES, Executor, check_block_token_ids
 from ..model_files import model_id, profile_from_gguf, read_gguf_metadata
 from ..sampling import TokenSampler
 from ..session_table import SessionTable
@@ -746,13 +745,7 @@ class LlamaExecutor(SessionTable, Executor):
             b = blocks[int(bad[0])]
             raise BlockMismatchError(f"block for {b.token_range} has a {b.payload_nbytes}-byte payload; its "
                                      f"{len(b.token_range)} cells of this model and KV types take {int(sizes[bad[0]])}")
-        index = np.repeat(cols[:, 0] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        carried = np.fromiter(chain.from_iterable(b.token_ids for b in blocks), dtype=np.int64, count=index.size)
-        differs = np.nonzero(np.asarray(s.tokens, dtype=np.int64)[index] != carried)[0]
-        if differs.size:
-            b = blocks[int(np.searchsorted(np.cumsum(lens), differs[0], side="right"))]
-            raise BlockMismatchError(f"block for {b.token_range} carries other token ids than session "
-                                     f"{session_id!r} has there")
+        check_block_token_ids(session_id, s.tokens, blocks)
 
     def _resident_cells(self, s: _Session) -> tuple[StateCells, npt.NDArray[np.int64]]:
         """The session's resident cells in log order (one state read), with their log indices."""

@@ -33,7 +33,7 @@ from kvres.policy.ranges import Range
 from kvres.policy.recall import exchange_layout
 from kvres.policy.scoring import AttentionCapture
 
-from ..executor import RECALL_PREP_BYTES
+from ..executor import RECALL_PREP_BYTES, check_block_token_ids
 from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
 from .scoring_pass import attention_after
@@ -229,13 +229,8 @@ class StateExecutor(OpenVINOExecutor):
             raise BlockMismatchError(f"block for {b.token_range} of session {b.session_id!r}: a "
                                      f"{b.payload_nbytes}-byte payload and {len(b.positions)} positions; its "
                                      f"{len(b.token_range)} tokens need {int(sizes[bad[0]])} bytes and as many positions")
-        index = np.repeat(cols[:, 0] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        carried = np.fromiter(chain.from_iterable(b.token_ids for b in blocks), dtype=np.int64, count=index.size)
-        differs = np.nonzero(np.asarray(s.tokens, dtype=np.int64)[index] != carried)[0]
-        if differs.size:
-            b = blocks[int(np.searchsorted(np.cumsum(lens), differs[0], side="right"))]
-            raise BlockMismatchError(f"block for {b.token_range} carries other token ids than session "
-                                     f"{session_id!r} has there")
+        check_block_token_ids(session_id, s.tokens, blocks)
+        index = np.repeat(cols[:, 0] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # log index
         source = np.fromiter(chain.from_iterable(b.positions for b in blocks), dtype=np.int64, count=index.size)
         by_len: dict[int, list[int]] = {}
         for i, n in enumerate(lens.tolist()):

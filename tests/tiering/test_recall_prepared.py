@@ -75,3 +75,23 @@ def test_a_prepared_recall_after_another_scoring_pass_restores_its_state_again(e
     a = ex.recall_attention("ready", list(ready.values()), TURN, 4, True)
     b = ex.recall_attention("ready", list(ready.values()), TURN, 4, True)
     assert np.array_equal(a.probs, b.probs)
+
+
+def test_blocks_carrying_other_token_ids_are_refused_before_anything_changes(ex: Any) -> None:
+    """A cold block whose token ids are not the session's over its range (another session's, or
+    forged) is refused by every recall path with the range named; the session is as it was."""
+    from dataclasses import replace
+
+    from kvres.policy import BlockMismatchError
+
+    blocks = _spilled(ex, "forged", False)
+    good = blocks[Range(100, 104)]
+    forged = replace(good, token_ids=tuple(t + 1 for t in good.token_ids))
+    before = (ex.resident_ranges("forged"), ex.cache_positions("forged").tolist())
+    for attempt in (lambda: ex.recall_attention("forged", [forged], TURN, 4, False),
+                    lambda: ex.exchange("forged", [Range(200, 240)], [forged], False)):
+        with pytest.raises(BlockMismatchError, match=r"\[100, 104\).* other token ids than session 'forged'"):
+            attempt()
+        assert (ex.resident_ranges("forged"), ex.cache_positions("forged").tolist()) == before
+    ex.exchange("forged", [Range(200, 240)], [good], False)  # the real block still comes back
+    assert any(r.start <= 100 and r.end >= 104 for r in ex.resident_ranges("forged"))
