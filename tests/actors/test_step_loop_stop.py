@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.scheduler import Job, LoopStoppedError, StepLoop, WaitCountingLock, stop_loops
+from kvres.actors.scheduler import Job, LoopStoppedError, StepLoop, WaitCountingLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_stop_ends_the_loop_after_its_step_and_fails_what_is_pending() -> None:
         loop.submit(Job("c", "append", feed=[1]))
 
 
-def test_stop_loops_stops_idle_work_under_way() -> None:
+def test_stop_ends_idle_work_under_way() -> None:
     pieces: list[float] = []
 
     def step(jobs: list[Job]) -> bool:
@@ -69,7 +69,8 @@ def test_stop_loops_stops_idle_work_under_way() -> None:
     loop = StepLoop(threading.RLock(), step, "idle-work", on_idle=idle)
     loop.submit(Job("a", "append", feed=[1])).wait()
     assert _until(lambda: len(pieces) >= 3)
-    stop_loops(timeout_s=10)
+    loop.stop(10)  # (stop_loops, which stops every loop of the process, runs at exit: the test below)
+    loop.join(10)
     assert loop._thread is not None and not loop._thread.is_alive()
     done = len(pieces)
     time.sleep(0.05)
