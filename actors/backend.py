@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -160,6 +161,7 @@ class BackendHost:
         self._journal = WriteBehindJournal(journal or MemoryJournal())
         self._dirty: set[str] = set()  # sessions changed outside a call of theirs: commit after the step
         self._clock = itertools.count(1)
+        self._reading = False  # a recall's cold blocks are being read ahead (prepare_recalls)
         self._sessions: dict[str, _Session] = {}
         self.fingerprint = executor.fingerprint
         self._lock = WaitCountingLock()
@@ -878,12 +880,13 @@ class BackendHost:
         """Idle work (the step loop calls it when no call runs): for the most recently used
         spilling session whose next turn would recall, read its cold blocks and let the executor
         do the part of the recall that needs no turn (``Executor.prepare_recall``), so the turn
-        pays only for the scoring pass, the plan and the exchange. The blocks are read from the
-        stores without the host lock (a call that comes meanwhile does not wait for a store);
-        what was read is used only if the session did not change in between. True when it
-        prepared one or should look again (it is called again), False when nothing is left."""
+        pays only for the scoring pass, the plan and the exchange. The blocks are read by a reader
+        thread, without the host lock: neither a control call nor the next step waits for a
+        store's answer. What was read is used only if the session did not change meanwhile; then
+        the reader asks the loop for the next piece (``StepLoop.request_idle``). Returns False:
+        the loop has nothing more to do itself."""
         with self._lock:
-            if self._store is None or self._loop.pending():
+            if self._store is None or self._loop.pending() or self._reading:
                 return False
             waiting = [(s.last_used, sid) for sid, s in self._sessions.items()
                        if s.suspended is None and s.cold and s.policy.kvres_evicts and s.policy.spill
@@ -893,41 +896,53 @@ class BackendHost:
                 return False
             session_id = max(waiting)[1]
             s = self._sessions[session_id]
-            cold, used = list(s.cold), s.last_used
-            candidates = self._recall_picks(s, s.resident)
+            piece = (session_id, list(s.cold), s.last_used, self._recall_picks(s, s.resident))
+            self._reading = True
+        threading.Thread(target=self._prepare_read, args=piece, name=f"kvres-recall-read-{self.name}",
+                         daemon=True).start()
+        return False
+
+    def _prepare_read(self, session_id: str, cold: list[ColdRef], used: int, candidates: list[ColdRef]) -> None:
+        """One piece of ``prepare_recalls``, on the reader thread."""
         t0 = time.perf_counter()
         try:
-            read = self._read_cold(candidates)
-        except Exception as exc:
-            read = None
-            log.debug("session %r: cold blocks not read ahead (%s)", session_id, exc)
-        with self._lock:
-            now = self._sessions.get(session_id)
-            if now is None or now.suspended is not None or now.cold != cold or now.last_used != used \
-                    or self._loop.pending():
-                return True  # it changed meanwhile: look again (a call that runs now ends the idle work)
-            s = now
             try:
-                if read is None:
-                    raise KvresError("cold blocks not read")
-                refs, blocks = self._keep_read(s, candidates, read)
-                self._kv_executor("recall").prepare_recall(session_id, blocks, s.policy.rebase)
-                s.recall_ready = _RecallReady(list(s.cold), s.last_used, refs, blocks,
-                                              sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))
-            except Exception as exc:  # the turn does it all itself then
-                log.debug("session %r: recall not prepared (%s)", session_id, exc)
-                s.recall_ready = _RecallReady(list(s.cold), s.last_used)
-            # what the blocks read ahead may hold, all sessions together: the least recently used let go
-            ready = sorted((x.recall_ready.used, x.recall_ready.nbytes, sid) for sid, x in self._sessions.items()
-                           if x.recall_ready is not None and x.recall_ready.refs is not None)
-            held = sum(nbytes for _, nbytes, _ in ready)
-            for used_at, nbytes, sid in ready[:-1]:
-                if held <= RECALL_PREP_BYTES:
-                    break
-                held -= nbytes
-                self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used_at)
-            self._count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
-            return True
+                read: list[Any] | None = self._read_cold(candidates)
+            except Exception as exc:
+                read = None
+                log.debug("session %r: cold blocks not read ahead (%s)", session_id, exc)
+            with self._lock:
+                s = self._sessions.get(session_id)
+                if self._loop.stopping or s is None or s.suspended is not None or s.cold != cold \
+                        or s.last_used != used or self._loop.pending():
+                    return  # it changed meanwhile (or a call runs): the loop looks again when idle
+                self._prepare_from(session_id, s, candidates, read)
+                self._count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
+        finally:
+            with self._lock:
+                self._reading = False
+            self._loop.request_idle()
+
+    def _prepare_from(self, session_id: str, s: _Session, candidates: list[ColdRef], read: list[Any] | None) -> None:
+        try:
+            if read is None:
+                raise KvresError("cold blocks not read")
+            refs, blocks = self._keep_read(s, candidates, read)
+            self._kv_executor("recall").prepare_recall(session_id, blocks, s.policy.rebase)
+            s.recall_ready = _RecallReady(list(s.cold), s.last_used, refs, blocks,
+                                          sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))
+        except Exception as exc:  # the turn does it all itself then
+            log.debug("session %r: recall not prepared (%s)", session_id, exc)
+            s.recall_ready = _RecallReady(list(s.cold), s.last_used)
+        # what the blocks read ahead may hold, all sessions together: the least recently used let go
+        ready = sorted((x.recall_ready.used, x.recall_ready.nbytes, sid) for sid, x in self._sessions.items()
+                       if x.recall_ready is not None and x.recall_ready.refs is not None)
+        held = sum(nbytes for _, nbytes, _ in ready)
+        for used_at, nbytes, sid in ready[:-1]:
+            if held <= RECALL_PREP_BYTES:
+                break
+            held -= nbytes
+            self._sessions[sid].recall_ready = _RecallReady(list(self._sessions[sid].cold), used_at)
 
     def _compress(self, session_id: str) -> None:
         """Cut a scored session (or one on a recall turn) to its budget once, by its scorer."""

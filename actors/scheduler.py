@@ -17,7 +17,8 @@ Primitives:
   have left), ``on_idle() -> more`` is called until it returns False or a job comes: background
   work, one short piece per call, called without ``lock`` (the hook takes it for the part that
   must not run beside a call, so what it waits for outside, a store's answer, holds up no call
-  that needs only the lock). ``stop()`` ends it once the step or piece it
+  that needs only the lock). ``request_idle()``: background work that went on elsewhere has
+  more to do; ``on_idle`` is called again once no job is pending. ``stop()`` ends it once the step or piece it
   is in is done (its pending jobs fail with ``LoopStoppedError``), ``join(timeout)`` waits for that.
 - ``stop_loops(timeout_s)``: stops every step loop of the process and waits for them; it runs at
   interpreter exit, so no loop thread is still inside an engine (a decode, a scoring pass) while
@@ -191,7 +192,17 @@ class StepLoop:
         self._name = name
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._idle_requested = False
         _loops.add(self)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def request_idle(self) -> None:
+        with self._lock:
+            self._idle_requested = True
+            self._wake.notify()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """No step or idle piece starts after this; pending jobs fail. Waits at most ``timeout_s``
@@ -257,15 +268,20 @@ class StepLoop:
                     self._busy(False)
                     idle_work = self._on_idle is not None
                     self._wake.wait(timeout=IDLE_GRACE_S)
+                if self._idle_requested:
+                    self._idle_requested = False
+                    idle_work = self._on_idle is not None
                 run_idle = bool(not self._jobs and idle_work and not self._stopping)
             if run_idle:
                 idle_work = self._idle()  # without the lock: the hook takes it for what needs it
                 continue
             with self._lock:
-                while not self._jobs and not self._stopping:
+                while not self._jobs and not self._stopping and not self._idle_requested:
                     self._wake.wait()
                 if self._stopping:
                     return
+                if not self._jobs:
+                    continue  # idle work was asked for
                 if not busy:
                     busy = True
                     self._busy(True)

@@ -106,3 +106,31 @@ def test_a_failing_idle_hook_does_not_stop_the_loop() -> None:
         time.sleep(0.01)
     loop.submit(Job("b", "append", feed=[1])).wait()
     assert calls[0] >= 1
+
+
+def test_request_idle_runs_the_idle_work_again() -> None:
+    """Background work that finished a piece elsewhere (a reader thread) asks for the next:
+    on_idle is called again without any call having come."""
+    calls: list[float] = []
+
+    def step(jobs: list[Job]) -> bool:
+        for job in jobs:
+            job.finish()
+        return True
+
+    def idle() -> bool:
+        calls.append(time.monotonic())
+        return False  # nothing more for the loop itself
+
+    loop = StepLoop(threading.RLock(), step, "t", on_idle=idle)
+    loop.submit(Job("a", "append", feed=[1])).wait()
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(calls) == 1  # once after the call, then it waits
+    loop.request_idle()
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(calls) == 2

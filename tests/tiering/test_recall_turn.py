@@ -133,9 +133,10 @@ def test_a_recall_prepared_while_the_backend_is_idle_gives_the_same_turn(host: B
     assert seen["prepared"][1] > 0 and seen["prepared"][3] == task.answer_ids
 
 
-def test_the_idle_backend_reads_cold_blocks_without_holding_the_host_lock(host: BackendHost) -> None:
-    """While the idle backend reads a session's cold blocks from the store, a call that comes
-    gets the host lock and answers: the store's answer (a Ray call, a disk read) holds up no one."""
+def test_the_idle_backend_reads_cold_blocks_without_holding_up_calls(host: BackendHost) -> None:
+    """While the idle backend reads a session's cold blocks from the store, calls that come get
+    through, a control call and one that needs an engine step alike: the store's answer (a Ray
+    call, a disk read) holds up no one."""
     task = TASKS[1]
     q0 = task.question_span[0]
     policy = ps.policy_for("streaming", task, 0.25, CFG).model_copy(update={"spill": True})
@@ -152,14 +153,18 @@ def test_the_idle_backend_reads_cold_blocks_without_holding_the_host_lock(host: 
         return inner(keys)
 
     port.get_many = reading  # type: ignore[method-assign]
+    host.open_session("other")
     try:
         host.open_session("unlocked", policy)
         host.append("unlocked", task.prompt_ids[:q0])
         assert entered.wait(30), "the idle backend did not read the session's cold blocks"
         host.session_stats("unlocked")  # takes the host lock while the read is under way
+        host.append("other", task.prompt_ids[:32])  # a step of the engine meanwhile
         answered.set()
         assert _prepared(host, "unlocked")
         assert got_through == [True]
     finally:
         del port.get_many
+        answered.set()
         host.close("unlocked")
+        host.close("other")
