@@ -9,6 +9,8 @@ Primitives:
 - ``KvresConfig``: the whole thing; ``KvresConfig.from_env(env)`` applies ``KVRES_*`` overrides.
 - ``ConfigEnvError``: ``KVRES_CONFIG`` is not a JSON object nor a path to a file holding one, or
   its JSON is malformed or not shaped like a configuration; the message names the variable.
+- ``json_object(value, name, shown, error) -> (object, where)``: a JSON object given inline or as
+  the path of a file holding one (``KVRES_CONFIG``, ``kvres start --config``).
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 """
@@ -42,31 +44,36 @@ class ConfigEnvError(KvresError, ValueError):
     """``KVRES_CONFIG`` holds something kvres cannot use; the message names the variable."""
 
 
-def _config_from_env_var(source: str) -> dict[str, object]:
-    """The JSON object ``KVRES_CONFIG`` holds inline or names a file of."""
-    text = source.strip()
+def json_object(value: str, name: str, shown: str, error: type[KvresError]) -> tuple[dict[str, object], str]:
+    """The JSON object ``value`` holds inline (it starts with ``{`` or ``[``) or in the file it
+    names, and where it was read from (``name``, or ``name`` file 'path'), for messages. ``shown``:
+    how the value reads in a message (``KVRES_CONFIG='...'``, ``--config '...'``). Anything else is
+    ``error``, naming ``name`` and what it must be."""
+    text = value.strip()
+    must = f"{name} must be a JSON object (inline) or a path to a file holding one"
     if text[:1] in ("{", "["):
-        where = "KVRES_CONFIG"
+        where = name
     else:
         path = Path(text).expanduser()
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ConfigEnvError(
-                f"KVRES_CONFIG={source!r:.200} is neither a JSON object nor a path to a readable file "
-                f"({exc.strerror or exc}): KVRES_CONFIG must be a JSON object or a path to a file "
-                "holding one"
+            raise error(
+                f"{shown} is neither a JSON object nor a path to a readable file ({exc.strerror or exc}): {must}"
             ) from exc
-        where = f"KVRES_CONFIG file {str(path)!r}"
+        where = f"{name} file {str(path)!r}"
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigEnvError(f"{where} is not valid JSON: {exc}") from exc
+        raise error(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigEnvError(
-            f"{where} holds a JSON {type(raw).__name__}, {text[:80]!r}: KVRES_CONFIG must be a JSON "
-            "object (inline) or a path to a file holding one"
-        )
+        raise error(f"{where} holds a JSON {type(raw).__name__}, {text[:80]!r}: {must}")
+    return raw, where
+
+
+def _config_from_env_var(source: str) -> dict[str, object]:
+    """The JSON object ``KVRES_CONFIG`` holds inline or names a file of."""
+    raw, where = json_object(source, "KVRES_CONFIG", f"KVRES_CONFIG={source!r:.200}", ConfigEnvError)
     backends = raw.get("backends", [{}])
     if not isinstance(backends, list) or not backends or not all(isinstance(b, dict) for b in backends):
         raise ConfigEnvError(

@@ -31,7 +31,6 @@ when its driver exits, and a head started here does not.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -48,7 +47,7 @@ from typing import Any
 
 from kvres.policy import KvresError
 
-from .config import BackendConfig, KvresConfig
+from .config import BackendConfig, KvresConfig, json_object
 
 DEFAULT_PORT = 6379
 STANDING_KV_NAMESPACE = "kvres-standing"
@@ -133,23 +132,7 @@ class StopReport:
 def config_from_option(value: str) -> KvresConfig:
     """``--config``: a JSON object inline or the path of a file holding one,
     shaped like ``KvresConfig`` (the same as ``KVRES_CONFIG``)."""
-    text, where = value.strip(), "--config"
-    if text[:1] not in ("{", "["):
-        path = Path(text).expanduser()
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigOptionError(
-                f"--config {value!r:.200} is neither a JSON object nor a readable file "
-                f"({exc.strerror or exc})"
-            ) from exc
-        where = f"--config file {str(path)!r}"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigOptionError(f"{where} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigOptionError(f"{where} holds a JSON {type(raw).__name__}, not an object shaped like KvresConfig")
+    raw, _ = json_object(value, "--config", f"--config {value!r:.200}", ConfigOptionError)
     return KvresConfig.model_validate(raw)
 
 

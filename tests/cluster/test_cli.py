@@ -219,7 +219,7 @@ def test_start_and_stop_refuse_bad_options(tmp_path, capsys) -> None:
     assert "--config holds a JSON list" in capsys.readouterr().err
     missing = tmp_path / "missing.json"
     assert main(["start", "--config", str(missing)]) == 1
-    assert f"--config {str(missing)!r} is neither a JSON object nor a readable file" in capsys.readouterr().err
+    assert f"--config {str(missing)!r} is neither a JSON object nor a path to a readable file" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
     assert main(["start", "--config", str(tmp_path / "bad.json")]) == 1
     assert "is not valid JSON" in capsys.readouterr().err
