@@ -1,7 +1,7 @@
 """Many sessions on one backend through the Session API, beside llama.cpp batching them itself.
 
 Run: ``.venv/bin/python -m benchmarks.concurrency [--engine llama|openvino] [--model PATH]
-[--sessions 1,2,4,8,16] [--tokens 128] [--prompt 200] [--threads 2] [--repeats 3] [--out DIR]``
+[--sessions 1,2,4,8,16] [--tokens 128] [--prompt 200] [--threads 2] [--repeats 5] [--out DIR]``
 Writes ``concurrency.json`` and ``concurrency.png`` (``concurrency-openvino.*`` with
 ``--engine openvino``) into DIR (default benchmarks/results).
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.sessions.split(",")]
