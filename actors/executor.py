@@ -17,8 +17,9 @@ Primitives:
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
 - ``apply_plan(executor, session_id, plan, spill=None)``: carry a ``Plan`` out on an executor.
-- ``check_block_token_ids(session_id, log, blocks)``: every block carries the token ids the
-  session's log holds over its range (``BlockMismatchError`` naming the first that does not).
+- ``check_block_token_ids(session_id, log, blocks) -> log index``: every block carries the token
+  ids the session's log holds over its range (``BlockMismatchError`` naming the first that does
+  not); returns the log index of each carried token, blocks in the order given.
 
 Positions. Every range here is in *token-log* positions: index i is the i-th token the session
 ever received. The engine keeps its own cache position per resident token
@@ -165,7 +166,7 @@ class EngineManagedExecutor(EngineSessions):
     ) -> list[int]: ...
 
 
-def check_block_token_ids(session_id: str, log: Sequence[int], blocks: Sequence[KVBlock]) -> None:
+def check_block_token_ids(session_id: str, log: Sequence[int], blocks: Sequence[KVBlock]) -> npt.NDArray[np.int64]:
     starts = np.fromiter((b.token_range.start for b in blocks), dtype=np.int64, count=len(blocks))
     lens = np.fromiter((len(b.token_range) for b in blocks), dtype=np.int64, count=len(blocks))
     index = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
@@ -175,6 +176,7 @@ def check_block_token_ids(session_id: str, log: Sequence[int], blocks: Sequence[
         b = blocks[int(np.searchsorted(np.cumsum(lens), differs[0], side="right"))]
         raise BlockMismatchError(f"block for {b.token_range} carries other token ids than session "
                                  f"{session_id!r} has there")
+    return index
 
 
 def apply_plan(

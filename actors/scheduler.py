@@ -18,8 +18,9 @@ Primitives:
   work, one short piece per call, called without ``lock`` (the hook takes it for the part that
   must not run beside a call, so what it waits for outside, a store's answer, holds up no call
   that needs only the lock). ``request_idle()``: background work that went on elsewhere has
-  more to do; ``on_idle`` is called again once no job is pending. ``stop()`` ends it once the step or piece it
-  is in is done (its pending jobs fail with ``LoopStoppedError``), ``join(timeout)`` waits for that.
+  more to do; ``on_idle`` is called again once no job is pending. ``stop()`` ends it once the
+  step or piece it is in is done (its pending jobs fail with ``LoopStoppedError``),
+  ``join(timeout)`` waits for that.
 - ``stop_loops(timeout_s)``: stops every step loop of the process and waits for them; it runs at
   interpreter exit, so no loop thread is still inside an engine (a decode, a scoring pass) while
   the process unloads the engine's libraries under it.
@@ -271,7 +272,7 @@ class StepLoop:
                 if self._idle_requested:
                     self._idle_requested = False
                     idle_work = self._on_idle is not None
-                run_idle = bool(not self._jobs and idle_work and not self._stopping)
+                run_idle = not self._jobs and idle_work and not self._stopping
             if run_idle:
                 idle_work = self._idle()  # without the lock: the hook takes it for what needs it
                 continue

@@ -229,8 +229,7 @@ class StateExecutor(OpenVINOExecutor):
             raise BlockMismatchError(f"block for {b.token_range} of session {b.session_id!r}: a "
                                      f"{b.payload_nbytes}-byte payload and {len(b.positions)} positions; its "
                                      f"{len(b.token_range)} tokens need {int(sizes[bad[0]])} bytes and as many positions")
-        check_block_token_ids(session_id, s.tokens, blocks)
-        index = np.repeat(cols[:, 0] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))  # log index
+        index = check_block_token_ids(session_id, s.tokens, blocks)  # the log index of each entry
         source = np.fromiter(chain.from_iterable(b.positions for b in blocks), dtype=np.int64, count=index.size)
         by_len: dict[int, list[int]] = {}
         for i, n in enumerate(lens.tolist()):
