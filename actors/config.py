@@ -8,7 +8,7 @@ Primitives:
   threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
   or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
-  ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.kv_budget``), and an
+  ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.sizing.kv_budget``), and an
   explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them.
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.

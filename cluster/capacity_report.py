@@ -14,7 +14,7 @@ Primitives:
 - ``format_table(report) -> str``.
 
 Without ``--memory`` the memory is the free memory of llama.cpp's first GPU, else host RAM. The T*
-terms come from ``kvres.actors.probes.load_probes`` (cached per device, env overrides); only
+terms come from ``kvres.actors.sizing.probes.load_probes`` (cached per device, env overrides); only
 ``--probe`` runs the llama.cpp micro-benchmarks on the model (c_engage, ...), otherwise c_engage is
 the documented default unless cached.
 """
@@ -60,7 +60,7 @@ def _llama_fits(layout: ModelKVLayout, k: str, v: str, budget: float, cells: Cac
 
 
 def _default_memory() -> tuple[int, str]:
-    from kvres.actors.device_memory import host_memory, llama_gpu_memory
+    from kvres.actors.sizing.device_memory import host_memory, llama_gpu_memory
 
     gpu = llama_gpu_memory(0)
     memory = gpu or host_memory()
@@ -100,7 +100,7 @@ def capacity_report(
         row["swa_saving"] = 1.0 - row["kv_bytes_at_context"] / row["dense_kv_bytes_at_context"]
         tiers.append(row)
     if probes is None:
-        from kvres.actors.probes import load_probes
+        from kvres.actors.sizing.probes import load_probes
 
         probes = load_probes(None)
     weights = active_weight_bytes_of(model)
@@ -188,7 +188,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvres.actors.probes import load_probes
+    from kvres.actors.sizing.probes import load_probes
 
     memory = None if args.memory is None else parse_bytes(args.memory)
     if args.context is not None and args.context < 1:

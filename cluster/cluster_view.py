@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from kvres.actors.planner_actor import PLANNER_NAME
+from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 from kvres.policy import KvresError, UnknownSessionError
 
 BACKEND_PREFIX = "kvres-backend-"

@@ -32,14 +32,14 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from kvres.actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
-from kvres.actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.default_model import default_model_path
-from kvres.actors.journal import RayDirectory, RayJournal
+from kvres.actors.host.journal import RayDirectory, RayJournal
+from kvres.actors.host.store_ports import cold_store_name
 from kvres.actors.metrics import label_secret
-from kvres.actors.planner_actor import PLANNER_NAME, PlannerActor
-from kvres.actors.store_ports import cold_store_name
+from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
+from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
+from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, PlannerLostError

@@ -319,7 +319,7 @@ def start_standing(
     call is stopped again and the error raised."""
     import ray
 
-    from kvres.actors.planner_actor import PLANNER_NAME
+    from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 
     from .session import connect
 

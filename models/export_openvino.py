@@ -2,7 +2,7 @@
 
 Primitives:
 - ``export_openvino(gguf_path, out_dir) -> Path``: the IR (built with the project's opset converter,
-  ``kvres.actors.openvino``, from the GGUF's weights), ``openvino_tokenizer.xml`` /
+  ``kvres.actors.engines.openvino``, from the GGUF's weights), ``openvino_tokenizer.xml`` /
   ``openvino_detokenizer.xml`` from the GGUF vocabulary, ``config.json`` and
   ``generation_config.json``: a folder ``openvino_genai.LLMPipeline`` and
   ``ContinuousBatchingPipeline`` load, and ``OpenVINOExecutor`` too.
@@ -44,7 +44,7 @@ def canonical_layer_names(xml_text: str) -> str:
 
 
 def export_openvino(gguf_path: Path, out_dir: Path) -> Path:
-    from kvres.actors.openvino import export_genai_model
+    from kvres.actors.engines.openvino import export_genai_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = export_genai_model(gguf_path, Path(tmp) / "ov")

@@ -1,4 +1,4 @@
-"""Passkey accuracy of a GGUF in llama.cpp (``kvres.actors.llama.engine``; no torch).
+"""Passkey accuracy of a GGUF in llama.cpp (``kvres.actors.engines.llama.engine``; no torch).
 
 Primitives:
 - ``LlamaGreedy(gguf_path, n_ctx=512, n_threads=2)``: one model + context; ``greedy(prompt_ids, n)``
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvres.actors.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 from models import passkey_tasks as pt
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvres.actors.store_ports import StorePort
+from kvres.actors.host.store_ports import StorePort
 from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
 from kvres.policy.recall import RecallCosts
 

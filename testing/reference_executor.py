@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kvres.actors.executor import Executor
-from kvres.actors.session_table import SessionTable
+from kvres.actors.engines.executor import Executor
+from kvres.actors.engines.session_table import SessionTable
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.errors import CapabilityError, RangeError, SessionExistsError

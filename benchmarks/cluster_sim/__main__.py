@@ -57,7 +57,7 @@ def _p99(xs: list[float]) -> float:
 
 
 def _fresh_planner() -> Any:
-    from kvres.actors.planner_actor import PlannerActor
+    from kvres.actors.ray_actors.planner_actor import PlannerActor
 
     planner = PlannerActor.options(num_cpus=0).remote()
     import ray

@@ -45,7 +45,7 @@ def prompt(i: int, n: int, vocab: int) -> list[int]:
 
 def engine_baseline(model: str, n: int, prompt_len: int, tokens: int, threads: int) -> float:
     """Tokens/s of llama.cpp decoding ``n`` sequences in one batch per step (prefill excluded)."""
-    from kvres.actors.llama.engine import LlamaContext, LlamaModel
+    from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
     m = LlamaModel(model)
     ctx = LlamaContext(m, n_ctx=n * (prompt_len + tokens) + 64, n_seq_max=n, n_batch=512, n_threads=threads)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import ray
 
-    from kvres.actors.llama.engine import LlamaModel
+    from kvres.actors.engines.llama.engine import LlamaModel
     from kvres.cluster import BackendConfig, KvresConfig, connect
 
     vocab = LlamaModel(args.model).n_vocab

@@ -298,7 +298,7 @@ def planner_killed(c: FaultCluster, z: Sizes) -> Row:
 def append_past_budget(c: FaultCluster, z: Sizes) -> Row:
     """Not a death: an append of a session kvres may not evict runs past the backend budget after
     some chunks were decoded. The driver sees the typed error; nothing of the call is committed."""
-    from kvres.actors.backend import BackendFullError
+    from kvres.actors.host.backend import BackendFullError
 
     p = prompt(z.prompt, 7)
     plain = SessionPolicy(kind="none")

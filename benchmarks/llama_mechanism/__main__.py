@@ -32,7 +32,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 
 from .measure import measure_eviction, measure_import
 

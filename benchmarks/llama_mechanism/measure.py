@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 from kvres.policy import Range
 from kvres.testing import kl_divergence
 

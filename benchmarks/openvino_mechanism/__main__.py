@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kvres.actors.executor import apply_plan
+from kvres.actors.engines.executor import apply_plan
 from kvres.policy import Block, PlanInput, StreamPolicy, plan_hot_set, split_into_blocks
 
 from .engine_eviction import compare_engine_eviction
@@ -60,7 +60,7 @@ def _plans(n: int) -> dict[str, tuple[int, StreamPolicy]]:
 
 def _measure(model: Path, n: int, name: str, budget: int, stream: StreamPolicy, repeats: int,
              native: LlamaNative) -> dict[str, Any]:
-    from kvres.actors.openvino import openvino_executor
+    from kvres.actors.engines.openvino import openvino_executor
 
     prompt = _prompt(n)
     keys = ("ov_recompute", "ov_state", "llama_shift")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.no_genai:
         import tempfile
 
-        from kvres.actors.openvino.genai import export_genai_model
+        from kvres.actors.engines.openvino.genai import export_genai_model
 
         with tempfile.TemporaryDirectory() as tmp:
             genai_dir = export_genai_model(args.model, Path(tmp) / "genai")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kvres.actors.executor import apply_plan
+from kvres.actors.engines.executor import apply_plan
 from kvres.policy import Block, PlanInput, StreamPolicy, plan_hot_set, split_into_blocks
 from kvres.policy.scorers import SnapKV
 
@@ -44,7 +44,7 @@ def _agree(a: list[int], b: list[int]) -> int:
 
 def _kvres_generate(model: Path, prompt: list[int], new_tokens: int, policy: StreamPolicy,
                     budget: int, scored: bool, rebase: bool) -> list[int]:
-    from kvres.actors.openvino import openvino_executor
+    from kvres.actors.engines.openvino import openvino_executor
 
     ex = openvino_executor(model, mode="state")
     ex.open_session("s")
@@ -73,7 +73,7 @@ def _kvres_generate(model: Path, prompt: list[int], new_tokens: int, policy: Str
 
 def compare_engine_eviction(model: Path, genai_dir: Path, prompt_len: int = 400, new_tokens: int = 32,
                             policy: StreamPolicy | None = None, budget: int = 128) -> dict[str, Any]:
-    from kvres.actors.openvino.genai import EngineEviction, GenAIEngine
+    from kvres.actors.engines.openvino.genai import EngineEviction, GenAIEngine
 
     policy = policy or StreamPolicy(True, sink_tokens=4, recent_tokens=64)
     rng = np.random.default_rng(prompt_len)

@@ -1,4 +1,4 @@
-"""A minimal llama.cpp session, the yardstick OpenVINO is held to, on ``kvres.actors.llama.engine``.
+"""A minimal llama.cpp session, the yardstick OpenVINO is held to, on ``kvres.actors.engines.llama.engine``.
 
 Primitives:
 - ``LlamaNative(model_path, n_ctx=1024, f32_kv=True, n_threads=1)``: one context of two
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvres.actors.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 

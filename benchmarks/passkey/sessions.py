@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvres.actors.openvino.genai import KV_BLOCK
+from kvres.actors.engines.openvino.genai import KV_BLOCK
 from kvres.cluster import BackendConfig, SessionPolicy
 from models import passkey_tasks as pt
 

@@ -107,7 +107,7 @@ def time_actor(inp: BackendPlanInput, callers: int, seconds: float) -> dict[str,
     """Plans through one planner actor from ``callers`` threads (the old path), per plan."""
     import ray
 
-    from kvres.actors.planner_actor import PlannerActor
+    from kvres.actors.ray_actors.planner_actor import PlannerActor
 
     started = not ray.is_initialized()
     if started:

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     import ray
 
-    from kvres.actors.llama import LlamaExecutor
+    from kvres.actors.engines.llama import LlamaExecutor
     from kvres.cluster import BackendConfig, KvresConfig, connect
 
     executor = LlamaExecutor(args.model, n_ctx=2048, n_seq_max=2, n_threads=1)

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import ray
 
-    from kvres.actors.llama.engine import LlamaModel
+    from kvres.actors.engines.llama.engine import LlamaModel
     from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
 
     vocab = LlamaModel(args.model).n_vocab

@@ -14,7 +14,7 @@ reaches the backend actors through ``runtime_env``):
   config stays as it is;
 - f16 + spill: a resident budget of 25% of the prompt (96 of 384 tokens): T* keeps f16 and
   spills; sessions opened with no policy run as spilling streaming sessions of that budget
-  (``kvres.actors.tier_policy``) whose cold blocks recall brings back when the question arrives;
+  (``kvres.actors.sizing.tier_policy``) whose cold blocks recall brings back when the question arrives;
 - q8_0 resident: explicit q8_0/q8_0 (which turns the choice off), the whole context fits;
 - auto: T* on, its probes measured in this run on this model (a fresh probe cache), with a budget
   of 75% of the f16 cache of the context: f16 does not fit and q8_0 does, so T* chooses between

@@ -7,7 +7,7 @@ Primitives: ``probe_machine(model, refresh)``, ``sweep(name, profile_for, head_d
 ``recall_table(model, probes)``, ``plot(report, path)``, ``main(argv)``.
 
 What is reported:
-- this machine's probes (``kvres.actors.probes``: host RAM memcpy GB/s, PCIe / device memory where
+- this machine's probes (``kvres.actors.sizing.probes``: host RAM memcpy GB/s, PCIe / device memory where
   a GPU exists, c_engage from the llama.cpp micro-benchmark with its per-tail step times and extra
   cost over the resident step (the zero tail costs nothing extra), prefill
   rate and block import cost on stories260K); the figures are (re)measured and cached as usual,
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from kvres.actors.model_files import active_weight_bytes_of, layout_from_gguf
-from kvres.actors.probes import ProbeResults, load_probes, measure_block_bytes, measure_c_engage
-from kvres.actors.tier_env import tier_config_from_env
+from kvres.actors.sizing.probes import ProbeResults, load_probes, measure_block_bytes, measure_c_engage
+from kvres.actors.sizing.tier_env import tier_config_from_env
 from kvres.policy.kv_layout import ModelKVLayout
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute
 from kvres.policy.tiering import MIB, ProfileFactory, choose_tier, layout_profile_factory

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvres.actors.config import SessionPolicy
-from kvres.actors.journal import SessionRecord, decode_record, encode_record
-from kvres.actors.store_ports import ColdRef
+from kvres.actors.host.journal import SessionRecord, decode_record, encode_record
+from kvres.actors.host.store_ports import ColdRef
 from kvres.coldstore import BlockKey
 from kvres.policy import Range
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kvres.actors.scheduler import Job, StepLoop
+from kvres.actors.host.scheduler import Job, StepLoop
 
 
 def test_on_busy_brackets_each_stretch_of_work() -> None:

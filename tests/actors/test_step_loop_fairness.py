@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kvres.actors.scheduler import Job, StepLoop, WaitCountingLock
+from kvres.actors.host.scheduler import Job, StepLoop, WaitCountingLock
 
 
 def test_threads_waiting_for_the_lock_get_in_between_steps() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.scheduler import Job, LoopStoppedError, StepLoop, WaitCountingLock
+from kvres.actors.host.scheduler import Job, LoopStoppedError, StepLoop, WaitCountingLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_the_loops_are_stopped_at_interpreter_exit(tmp_path: Path) -> None:
     marker = tmp_path / "pieces"
     script = textwrap.dedent(f"""
         import threading, time
-        from kvres.actors.scheduler import Job, StepLoop
+        from kvres.actors.host.scheduler import Job, StepLoop
 
         def step(jobs):
             for job in jobs:

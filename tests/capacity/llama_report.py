@@ -2,7 +2,7 @@
 
 Primitives: ``CacheReport`` (one cache: cells, layers, K / V types, buffer bytes) and
 ``KVReport`` (the per-layer windowed flags and every cache); ``llama_kv_report(path, **context)``
-loads the model and creates one context with the real engine (``kvres.actors.llama.engine``);
+loads the model and creates one context with the real engine (``kvres.actors.engines.llama.engine``);
 ``llama_log()`` collects what llama.cpp logs inside a ``with`` block, ``parse_kv_log(lines,
 n_ctx)`` reads a report from it (e.g. around building a whole executor).
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvres.actors.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
 MIB = 1024 * 1024
 _LAYER = re.compile(r"load_tensors: layer +(\d+) assigned to device \S+, is_swa = (\d)")

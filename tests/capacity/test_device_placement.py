@@ -11,8 +11,8 @@ import openvino as ov
 import pytest
 
 from kvres.actors.config import BackendConfig
-from kvres.actors.device_placement import ALL_LAYERS, Placement, assigned_gpu_ids, placement_for
-from kvres.actors.engines import make_executor
+from kvres.actors.engines.registry import make_executor
+from kvres.actors.sizing.device_placement import ALL_LAYERS, Placement, assigned_gpu_ids, placement_for
 
 
 def test_placement_from_ray_gpu_ids() -> None:

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors import kv_tier_choice
-from kvres.actors.backend import BackendHost
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import write_tiny_model
-from kvres.actors.device_memory import DeviceMemory, host_memory, llama_devices
-from kvres.actors.device_placement import Placement
-from kvres.actors.engines import make_executor, resolve_kv_tier
-from kvres.actors.kv_budget import (
+from kvres.actors.engines.registry import make_executor, resolve_kv_tier
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
+from kvres.actors.sizing import kv_tier_choice
+from kvres.actors.sizing.device_memory import DeviceMemory, host_memory, llama_devices
+from kvres.actors.sizing.device_placement import Placement
+from kvres.actors.sizing.kv_budget import (
     LLAMA_RESERVED_CELLS,
     LLAMA_RESERVED_SEQS,
     kv_profiles,
@@ -113,7 +113,7 @@ def test_executor_allocation_matches_llama_cpp_for_a_windowed_model(tmp_path: Pa
     assert cells == llama_context_cells(1000) == 1024
     assert allocation.kv_bytes_for_context(cells) == pytest.approx(parse_kv_log(lines, cells).buffer_bytes, rel=0.01)
     assert resident.window_cap == 3 * 128  # three sessions, each its own window
-    from kvres.actors.llama import executor as llama_executor
+    from kvres.actors.engines.llama import executor as llama_executor
 
     assert (llama_executor._RESERVED_CELLS, llama_executor._RESERVED_SEQS) == (LLAMA_RESERVED_CELLS,
                                                                               LLAMA_RESERVED_SEQS)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvres.actors.backend import BackendFullError, BackendHost
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.host.backend import BackendFullError, BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy import UnknownSessionError
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort, ReferenceExecutor

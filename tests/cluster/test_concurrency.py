@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.backend import BackendHost, SessionBusyError
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.engines import make_executor
+from kvres.actors.engines.registry import make_executor
+from kvres.actors.host.backend import BackendHost, SessionBusyError
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.testing import LocalStorePort
 
 PASSKEY = Path(__file__).resolve().parents[2] / "models" / "passkey.gguf"

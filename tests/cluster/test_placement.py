@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import ray
 
-from kvres.actors.planner_actor import PlannerActor
+from kvres.actors.ray_actors.planner_actor import PlannerActor
 from kvres.cluster import BackendConfig, KvresConfig, SessionPolicy
 from kvres.cluster.session import SessionManager
 from kvres.policy import KvresError, SessionExistsError
@@ -156,8 +156,8 @@ class _Counts:
 
 
 def test_load_reports_reach_the_planner_from_one_thread_and_a_held_change_goes_by_itself(manager) -> None:
-    from kvres.actors.load_reports import LoadReporter
-    from kvres.actors.planner_actor import PLANNER_NAME
+    from kvres.actors.ray_actors.load_reports import LoadReporter
+    from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 
     namespace = f"{manager.namespace}-reports"
     planner = PlannerActor.options(name=PLANNER_NAME, namespace=namespace).remote()

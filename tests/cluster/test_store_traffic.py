@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.backend import BackendHost
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.engines import make_executor
+from kvres.actors.engines.registry import make_executor
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort
 from tests.conftest import shared_model_path

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import ray
 
-from kvres.actors.coldstore_actor import ColdStoreActor, ColdStoreServer
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreActor, ColdStoreServer
 from kvres.coldstore import (
     BlockKey,
     BlockTooLargeError,

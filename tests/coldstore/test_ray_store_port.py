@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import ray
 
-from kvres.actors import store_ports
-from kvres.actors.coldstore_actor import ColdStoreActor
-from kvres.actors.store_ports import RayStorePort
+from kvres.actors.host import store_ports
+from kvres.actors.host.store_ports import RayStorePort
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreActor
 from kvres.coldstore import BlockKey
 
 from .helpers import make_block

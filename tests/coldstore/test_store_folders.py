@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.coldstore_actor import ColdStoreServer, default_store_dir
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer, default_store_dir
 from kvres.coldstore import BlockKey, DiskTier, UnsafeStoreDirError, new_secret, private_dir
 
 from .helpers import make_block, payload_of

@@ -1,6 +1,6 @@
 """The llama.cpp executor in the conformance table (stories260K, one thread)."""
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 from tests.conftest import shared_model_path
 
 FACTORIES = {

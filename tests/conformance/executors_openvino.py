@@ -1,6 +1,6 @@
 """The OpenVINO executor in the conformance table, in both mechanisms, on stories260K.gguf."""
 
-from kvres.actors.openvino import openvino_executor
+from kvres.actors.engines.openvino import openvino_executor
 from tests.conftest import shared_model_path
 
 FACTORIES = {

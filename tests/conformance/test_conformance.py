@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvres.actors.executor import apply_plan
+from kvres.actors.engines.executor import apply_plan
 from kvres.policy import (
     Block,
     BlockFlag,

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import ray
 
-from kvres.actors.backend import BackendFullError
+from kvres.actors.host.backend import BackendFullError
 from kvres.cluster import SessionPolicy
 
 from .conftest import kill, logged, only_store, wait_restarted

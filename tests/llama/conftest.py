@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 
 from .tiny_gguf import write_quantizable_model
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 from kvres.policy import Range
 from kvres.policy.scorers import SnapKV
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvres.actors.llama import engine
-from kvres.actors.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.engines.llama import engine
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
 PASSKEY = Path(__file__).resolve().parents[2] / "models" / "passkey.gguf"
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 120, 64)]

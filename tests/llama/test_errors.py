@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.llama import ContextFullError, LlamaExecutor, SessionLimitError
+from kvres.actors.engines.llama import ContextFullError, LlamaExecutor, SessionLimitError
 from kvres.coldstore.errors import BlockFingerprintError
 from kvres.policy import (
     BlockMismatchError,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from kvres.actors.llama import LlamaExecutor
-from kvres.actors.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.engines.llama import LlamaExecutor
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 from kvres.policy import Range
 from kvres.testing import kl_divergence
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.llama import LlamaExecutor
-from kvres.actors.llama.halfs import f16_to_f32, f32_to_f16
-from kvres.actors.llama.state_blob import parse_cells
+from kvres.actors.engines.llama import LlamaExecutor
+from kvres.actors.engines.llama.halfs import f16_to_f32, f32_to_f16
+from kvres.actors.engines.llama.state_blob import parse_cells
 from kvres.policy import BlockMismatchError, RangeError
 from kvres.policy.ranges import Range
 from tests.conftest import shared_model_path

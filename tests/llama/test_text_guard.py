@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvres.actors.llama import LlamaExecutor
+from kvres.actors.engines.llama import LlamaExecutor
 from kvres.policy import CapabilityError
 from tests.conftest import REPO_ROOT
 

@@ -35,7 +35,7 @@ def test_genai_pipeline_answers_passkeys_with_full_cache() -> None:
     _require(COMMITTED)
     import openvino_genai
 
-    from kvres.actors.openvino import GenAIEngine
+    from kvres.actors.engines.openvino import GenAIEngine
 
     openvino_genai.LLMPipeline(str(COMMITTED), "CPU")  # the plain pipeline loads the folder too
     engine = GenAIEngine(COMMITTED, num_threads=1)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors.backend import BackendHost
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.openvino import openvino_executor
+from kvres.actors.engines.openvino import openvino_executor
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort
 

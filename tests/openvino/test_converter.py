@@ -12,9 +12,9 @@ import numpy as np
 import openvino as ov
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative
+from kvres.actors.engines.openvino import StateExecutor, convert_gguf_to_ir, load_model, read_llama_gguf
+from kvres.actors.engines.openvino.rope import RopeParams, rotate_keys
 from kvres.actors.model_files import model_id
-from kvres.actors.openvino import StateExecutor, convert_gguf_to_ir, load_model, read_llama_gguf
-from kvres.actors.openvino.rope import RopeParams, rotate_keys
 
 from .conftest import write_tiny_llama_gguf
 

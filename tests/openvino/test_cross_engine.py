@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative, NativeSession
-from kvres.actors.executor import apply_plan
-from kvres.actors.openvino import OpenVINOExecutor, StateExecutor, openvino_executor
+from kvres.actors.engines.executor import apply_plan
+from kvres.actors.engines.openvino import OpenVINOExecutor, StateExecutor, openvino_executor
 from kvres.policy import Block, PlanInput, Range, StreamPolicy, plan_hot_set, split_into_blocks
 from kvres.testing import kl_divergence
 
@@ -93,7 +93,7 @@ def test_admit_after_eviction_matches_llama(stories_gguf: Path, llama: LlamaNati
 @pytest.mark.parametrize("plan_name", sorted(PLANS))
 def test_project_llama_executor_agrees_with_state_mode(stories_gguf: Path, plan_name: str) -> None:
     """The same plan through ``apply_plan`` on the project's two executors, then an admission."""
-    from kvres.actors.llama import LlamaExecutor
+    from kvres.actors.engines.llama import LlamaExecutor
 
     ov_ex = StateExecutor(stories_gguf)
     llama_ex = LlamaExecutor(stories_gguf, n_ctx=1024, type_k="f32", type_v="f32", flash_attn=False,

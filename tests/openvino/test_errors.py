@@ -11,8 +11,8 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from kvres.actors.executor import apply_plan
-from kvres.actors.openvino import (
+from kvres.actors.engines.executor import apply_plan
+from kvres.actors.engines.openvino import (
     MODES,
     OpenVINOExecutor,
     RecomputeError,

@@ -12,7 +12,7 @@ import openvino_genai as genai
 import pytest
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative, NativeSession
-from kvres.actors.openvino.genai import EngineEviction, GenAIEngine, export_genai_model
+from kvres.actors.engines.openvino.genai import EngineEviction, GenAIEngine, export_genai_model
 from kvres.policy import StreamPolicy
 
 TEXTS = [
@@ -79,7 +79,7 @@ def test_engine_eviction_rejects_bad_sizes() -> None:
 
 
 def test_executor_tokenizes_like_llama_cpp(stories_gguf: Path, genai_dir: Path, llama: LlamaNative) -> None:
-    from kvres.actors.openvino import StateExecutor
+    from kvres.actors.engines.openvino import StateExecutor
 
     for source in (stories_gguf, genai_dir / "openvino_model.xml"):
         ex = StateExecutor(source)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.executor import apply_plan
-from kvres.actors.openvino import (
+from kvres.actors.engines.executor import apply_plan
+from kvres.actors.engines.openvino import (
     MODES,
     CompiledModelCache,
     OpenVINOExecutor,
@@ -18,7 +18,7 @@ from kvres.actors.openvino import (
     StateExecutor,
     openvino_executor,
 )
-from kvres.actors.openvino.states import payload_to_kv
+from kvres.actors.engines.openvino.states import payload_to_kv
 from kvres.policy import Block, PlanInput, Range, StreamPolicy, plan_hot_set, split_into_blocks
 
 PROMPT = [1] + [3 + (i * 29) % 450 for i in range(299)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.openvino import openvino_executor
-from kvres.actors.openvino.executor import OpenVINOExecutor
-from kvres.actors.openvino.state_mode import StateExecutor
+from kvres.actors.engines.openvino import openvino_executor
+from kvres.actors.engines.openvino.executor import OpenVINOExecutor
+from kvres.actors.engines.openvino.state_mode import StateExecutor
 from kvres.coldstore.block import KVBlock
 from kvres.policy import CapabilityError
 from kvres.policy.ranges import Range

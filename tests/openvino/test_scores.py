@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.openvino import StateExecutor, load_model, openvino_executor
-from kvres.actors.openvino.scoring_pass import with_attention_outputs
+from kvres.actors.engines.openvino import StateExecutor, load_model, openvino_executor
+from kvres.actors.engines.openvino.scoring_pass import with_attention_outputs
 from kvres.policy import CapabilityError, Range, RangeError
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.scorers import SnapKV
@@ -65,7 +65,7 @@ def test_attention_capture_is_labelled_by_token_log_index(stories_gguf: Path, mo
 
 
 def test_sdpa_graph_has_no_scores(stories_gguf: Path) -> None:
-    from kvres.actors.openvino import build_llama_model, read_llama_gguf
+    from kvres.actors.engines.openvino import build_llama_model, read_llama_gguf
 
     model = build_llama_model(read_llama_gguf(stories_gguf), attention="sdpa")
     with pytest.raises(CapabilityError, match="no explicit attention"):
@@ -77,7 +77,7 @@ def test_sdpa_graph_has_no_scores(stories_gguf: Path) -> None:
 def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Path) -> None:
     """Where no attention is exposed, capabilities say so and scoring is refused (the planner then
     falls back to recency); the model itself is the same."""
-    from kvres.actors.openvino import convert_gguf_to_ir
+    from kvres.actors.engines.openvino import convert_gguf_to_ir
 
     xml = convert_gguf_to_ir(stories_gguf, tmp_path / "sdpa", attention="sdpa")
     sdpa, explicit = StateExecutor(xml), StateExecutor(stories_gguf)
@@ -92,7 +92,7 @@ def test_sdpa_ir_runs_but_says_it_cannot_score(stories_gguf: Path, tmp_path: Pat
 
 def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> None:
     """One policy keeps the same blocks on either engine: both pool and sum the same way."""
-    from kvres.actors.llama import LlamaExecutor
+    from kvres.actors.engines.llama import LlamaExecutor
 
     ranges = [Range(i, i + 8) for i in range(0, 120, 8)]
     ov_ex = StateExecutor(stories_gguf, score_window=8)
@@ -111,7 +111,7 @@ def test_scores_agree_with_llama_cpp_on_the_same_prompt(stories_gguf: Path) -> N
 
 def test_keys_agree_between_engines(stories_gguf: Path) -> None:
     """The attention-free scorer reads the same post-RoPE keys from either engine."""
-    from kvres.actors.llama import LlamaExecutor
+    from kvres.actors.engines.llama import LlamaExecutor
 
     ov_ex = StateExecutor(stories_gguf)
     ll_ex = LlamaExecutor(stories_gguf, n_ctx=256, n_seq_max=1, n_threads=1, type_k="f32", type_v="f32",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines import make_executor, resolve_kv_tier
+from kvres.actors.engines.registry import make_executor, resolve_kv_tier
 
 PINNED = {"KVRES_HOST_RAM_GBPS": "10", "KVRES_VRAM_GBPS": "10",
           "KVRES_C_ENGAGE_MS": "0.8"}
@@ -41,7 +41,7 @@ def test_auto_tier_on_with_f16_fitting_probes_logs_and_changes_nothing(
     """The seed's promise: when the f16 cache of the whole context fits, turning the choice on
     changes nothing: no probe runs, no record is logged, the config object comes back as is (and
     a memory-budgeted config resolves exactly as with the choice off)."""
-    from kvres.actors import kv_tier_choice, probes
+    from kvres.actors.sizing import kv_tier_choice, probes
 
     def boom(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a probe ran although f16 fits")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kvres.actors import kv_tier_choice
-from kvres.actors.kv_tier_choice import KVTypeChoice, choose_kv_types
 from kvres.actors.model_files import tensor_bytes
-from kvres.actors.probes import ProbeResults
-from kvres.actors.tier_env import EnvValueError
+from kvres.actors.sizing import kv_tier_choice
+from kvres.actors.sizing.kv_tier_choice import KVTypeChoice, choose_kv_types
+from kvres.actors.sizing.probes import ProbeResults
+from kvres.actors.sizing.tier_env import EnvValueError
 from kvres.policy.tiering import MIB
 
 from .refs import QWEN14B, QWEN_CTX

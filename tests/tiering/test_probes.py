@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors import probes
 from kvres.actors.model_files import model_id
-from kvres.actors.probes import ProbeError, load_probes, measure_c_engage, measure_host_ram_gbps
-from kvres.actors.tier_env import EnvValueError
+from kvres.actors.sizing import probes
+from kvres.actors.sizing.probes import ProbeError, load_probes, measure_c_engage, measure_host_ram_gbps
+from kvres.actors.sizing.tier_env import EnvValueError
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute
 
 
@@ -109,7 +109,7 @@ def test_gpu_probes_without_torch(stories_model: Path, monkeypatch: pytest.Monke
     assert probes.gpu_device() is None and not probes.gpu_present() and probes.measure_gpu_gbps() is None
     vram, link = probes.measure_llama_gpu_gbps(stories_model, steps=4, block_tokens=64)
     assert vram > 0 and link > 0
-    from kvres.actors.device_memory import DeviceMemory
+    from kvres.actors.sizing.device_memory import DeviceMemory
 
     fake = DeviceMemory("CUDA0", "a GPU", "gpu", 1 << 30, 1 << 30)  # what a GPU build would list
     monkeypatch.setattr(probes, "gpu_device", lambda: fake)

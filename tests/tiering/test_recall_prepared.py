@@ -22,13 +22,13 @@ PASSKEY = Path(__file__).resolve().parents[2] / "models" / "passkey.gguf"
 @pytest.fixture(params=["llama", "openvino"])
 def ex(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "llama":
-        from kvres.actors.llama import LlamaExecutor
+        from kvres.actors.engines.llama import LlamaExecutor
 
         executor = LlamaExecutor(PASSKEY, n_ctx=1024, n_seq_max=4, n_threads=1)
         yield executor
         executor.close()
     else:
-        from kvres.actors.openvino import openvino_executor
+        from kvres.actors.engines.openvino import openvino_executor
 
         yield openvino_executor(PASSKEY, mode="state")
 

@@ -15,9 +15,9 @@ import pytest
 
 from benchmarks.passkey import harness as h
 from benchmarks.passkey import sessions as ps
-from kvres.actors.backend import BackendHost
-from kvres.actors.coldstore_actor import ColdStoreServer
 from kvres.actors.config import BackendConfig
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort
 from models import passkey_tasks as pt
@@ -31,12 +31,12 @@ CFG = h.EvalConfig()
 def host(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendHost]:
     port = LocalStorePort("n", {"n": ColdStoreServer(8 << 20, tmp_path_factory.mktemp("cold"), 32 << 20)})
     if request.param == "llama":
-        from kvres.actors.llama import LlamaExecutor
+        from kvres.actors.engines.llama import LlamaExecutor
 
         executor: Any = LlamaExecutor(PASSKEY, n_ctx=2048, n_seq_max=2, n_threads=1)
         config = BackendConfig(name="b", model_path=PASSKEY, kv_budget_tokens=2000, n_ctx=2048, n_seq_max=2)
     else:
-        from kvres.actors.openvino import openvino_executor
+        from kvres.actors.engines.openvino import openvino_executor
 
         executor = openvino_executor(PASSKEY, mode="state")
         config = BackendConfig(name="b", engine="openvino", openvino_mode="state", model_path=PASSKEY,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvres.actors.config import SessionPolicy
-from kvres.actors.tier_policy import session_policy_for_tier, spill_recent_tokens
+from kvres.actors.sizing.tier_policy import session_policy_for_tier, spill_recent_tokens
 from kvres.policy.kv_layout import ModelKVLayout
 from kvres.policy.tiering import TierDecision, TieringError, choose_tier, layout_profile_factory
 from models import passkey_tasks as pt
@@ -149,7 +149,7 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
     """Two turns (context, then the question) at a 25%-of-context resident budget: the question's
     turn brings the needle back from the cold store, where the same session without spilling
     (``spill=False``, which keeps kind "none") cannot even hold its context."""
-    from kvres.actors.backend import BackendFullError
+    from kvres.actors.host.backend import BackendFullError
 
     stats = _backend_stats(manager, "f16spill")
     decision = stats["tier_decision"]
@@ -231,7 +231,7 @@ def test_a_default_session_migrated_onto_a_spill_tier_spills_there(manager) -> N
     spills: it runs there as a session opened there would, bounded by that backend's resident
     budget, and keeps growing past it by spilling. One holding more than that budget is refused
     and stays where it was, whole."""
-    from kvres.actors.backend import BackendFullError
+    from kvres.actors.host.backend import BackendFullError
 
     decision = _backend_stats(manager, "resident")["tier_decision"]
     assert decision is None or decision["chosen_spill_bytes"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvres.actors.tier_env import EnvValueError, auto_tier_enabled, env_float, tier_config_from_env
+from kvres.actors.sizing.tier_env import EnvValueError, auto_tier_enabled, env_float, tier_config_from_env
 from kvres.policy.errors import KvresError
 from kvres.policy.tiering import MIB, TierConfig
 

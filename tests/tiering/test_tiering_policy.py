@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvres.actors.tier_env import log_tier_decision
+from kvres.actors.sizing.tier_env import log_tier_decision
 from kvres.policy.capacity import LayerKVProfile, profile_from_metadata
 from kvres.policy.tiering import (
     KV_TIER_LADDER,

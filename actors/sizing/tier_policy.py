@@ -29,9 +29,8 @@ their gaps there.
 
 from __future__ import annotations
 
+from kvres.actors.config import SessionPolicy
 from kvres.policy.tiering import TierDecision, TieringError
-
-from .config import SessionPolicy
 
 SPILL_SINK_TOKENS = 4
 SPILL_BLOCK_TOKENS = 8

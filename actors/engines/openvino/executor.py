@@ -2,7 +2,7 @@
 
 Primitives:
 - ``OpenVINOExecutor(model_path, device="CPU", precision="f32", num_threads=1, score_window=16,
-  score_kernel=7, compiled_cache=SHARED_CACHE)``: an abstract ``kvres.actors.executor.Executor``;
+  score_kernel=7, compiled_cache=SHARED_CACHE)``: an abstract ``kvres.actors.engines.executor.Executor``;
   ``StateExecutor`` (``state_mode.py``) and ``RecomputeExecutor`` (``recompute_mode.py``) are its
   two mechanisms, ``openvino_executor(model_path, mode, **options)`` (``modes.py``) builds one by
   name. Shared here: ``capabilities``, ``open_session``, ``append``, ``token_log``,
@@ -39,8 +39,8 @@ import numpy as np
 import numpy.typing as npt
 import openvino as ov
 
-from kvres.actors.executor import Executor
-from kvres.actors.session_table import SessionTable
+from kvres.actors.engines.executor import Executor
+from kvres.actors.engines.session_table import SessionTable
 from kvres.coldstore.block import KVBlock, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.capacity import LayerKVProfile

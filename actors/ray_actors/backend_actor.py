@@ -20,15 +20,16 @@ from typing import Any
 
 import ray
 
-from .backend import BackendHost, ProbedRecallCosts, SuspendRecord
-from .config import BackendConfig, SessionPolicy
-from .default_model import default_model_path
-from .engines import make_executor, resolve_kv_tier
+from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.default_model import default_model_path
+from kvres.actors.engines.registry import make_executor, resolve_kv_tier
+from kvres.actors.host.backend import BackendHost, ProbedRecallCosts, SuspendRecord
+from kvres.actors.host.journal import RayJournal
+from kvres.actors.host.store_ports import RayStorePort, cold_store_name
+from kvres.actors.metrics import RayMetrics
+
 from .heap import freeze_startup_heap
-from .journal import RayJournal
 from .load_reports import LoadReporter
-from .metrics import RayMetrics
-from .store_ports import RayStorePort, cold_store_name
 
 CALL_THREADS = 256
 CONTROL_THREADS = 8
@@ -79,7 +80,7 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
-        from .tier_policy import session_policy_for_tier
+        from kvres.actors.sizing.tier_policy import session_policy_for_tier
 
         # where T* chose to spill, a session with no eviction policy keeps a resident window and
         # parks the rest in the cold store (its stats show the policy it runs with)
@@ -92,7 +93,7 @@ class BackendServer:
         bounded by its resident budget (``session_policy_for_tier``)."""
         from dataclasses import replace
 
-        from .tier_policy import session_policy_for_tier
+        from kvres.actors.sizing.tier_policy import session_policy_for_tier
 
         policy = session_policy_for_tier(self.tier_decision, record.policy, self.host.config.kv_budget_tokens)
         return record if policy is record.policy else replace(record, policy=policy)

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .config import BackendConfig
+from kvres.actors.config import BackendConfig
 
 ALL_LAYERS = 999  # llama.cpp clamps it to the model's layer count (+ the output layer)
 

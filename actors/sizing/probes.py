@@ -18,7 +18,7 @@ Primitives:
   ``measure_prefill_cost(model_path)``: prefill (tokens/s, fixed s per call);
   ``measure_import_cost(model_path)``: (GB/s, fixed latency) of re-admitting an exported KV block;
   ``measure_block_bytes(model_path, block_tokens)``: sizes of real exported blocks. All four run
-  on ``kvres.actors.llama.engine`` (one context of two sequences, one thread).
+  on ``kvres.actors.engines.llama.engine`` (one context of two sequences, one thread).
 - ``measure_disk_read_cost(directory=None)``: (GB/s, fixed latency s) of reading a block back from
   the cold store's disk tier: blocks written by a real ``kvres.coldstore.DiskTier``, their pages
   dropped from the page cache, read and decoded (``DiskTier.get``: checksum and tag verified).
@@ -59,6 +59,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
+from kvres.actors.model_files import model_id
 from kvres.coldstore import BlockKey, ColdStoreError, DiskTier, KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.errors import KvresError, ModelLoadError
 from kvres.policy.ranges import Range
@@ -66,8 +68,6 @@ from kvres.policy.recall import PrefillCost, RecallCosts, TierCost
 from kvres.policy.tiering import Link, effective_bandwidth, fit_engage_cost
 
 from .device_memory import DeviceMemory, llama_gpu_memory
-from .llama.engine import LlamaContext, LlamaModel
-from .model_files import model_id
 from .tier_env import env_float
 
 CACHE_VERSION = 3  # 2: c_engage is the extra step cost of a spilled tail (fitted with a zero tail); 3: per model
@@ -215,7 +215,7 @@ def measure_llama_gpu_gbps(
     Link: a ``block_tokens`` KV block exported to host memory and written back into the offloaded
     cache (``llama_state_seq_set_data``): bytes / median time. On a CPU-only build both are host
     figures (everything stays in host memory)."""
-    from .model_files import active_weight_bytes_of
+    from kvres.actors.model_files import active_weight_bytes_of
 
     weights = active_weight_bytes_of(model_path)
     with _engine(model_path, n_ctx=block_tokens + 16, n_batch=block_tokens, n_gpu_layers=n_gpu_layers) as eng:

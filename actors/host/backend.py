@@ -8,7 +8,7 @@ Primitives:
 - ``BackendFullError``, ``SessionBusyError``: typed refusals.
 
 Calls of different sessions run concurrently: ``append`` / ``generate`` / ``stream`` become jobs
-of a ``StepLoop`` (``kvres.actors.scheduler``), and every engine step decodes the next token of
+of a ``StepLoop`` (``kvres.actors.host.scheduler``), and every engine step decodes the next token of
 every generating session plus prefill chunks of appending ones in one ``append_many`` (one
 ``llama_decode`` batch on llama.cpp), sampling per session with the session's own sampler. Between
 steps, sessions that need room are planned (``plan``: by default ``plan_backend`` of
@@ -19,9 +19,9 @@ and so wait at most one step. A session suspended to make room comes back by its
 call, as soon as a sequence slot is free.
 - ``SuspendRecord``: everything needed to bring a session back on any backend of the same model.
 
-The executor is a ``kvres.actors.executor.Executor`` (kvres addresses its KV) or an
+The executor is a ``kvres.actors.engines.executor.Executor`` (kvres addresses its KV) or an
 ``EngineManagedExecutor`` (the engine evicts by itself). Blocks go through a
-``kvres.actors.store_ports.StorePort``; every operation moves all of its blocks in one batched call
+``kvres.actors.host.store_ports.StorePort``; every operation moves all of its blocks in one batched call
 per store (a suspend one ``put_many``, a resume one ``pop_many``, an eviction one ``put_many``).
 Whatever a session parked is deleted when it closes. An engine that cannot export KV (a llama.cpp
 sliding-window model) suspends by its token log alone and recomputes on resume.
@@ -43,6 +43,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.engines.executor import RECALL_PREP_BYTES, EngineManagedExecutor, Executor
+from kvres.actors.metrics import COUNTERS, Metrics, NullMetrics
 from kvres.coldstore import ColdStoreError, validate_session_id
 from kvres.policy import (
     BlockMismatchError,
@@ -62,10 +65,7 @@ from kvres.policy.scorers import scorer_for
 from kvres.policy.scoring import H2OAccumulator, block_scores
 from kvres.policy.tokens import token_ids
 
-from .config import BackendConfig, SessionPolicy
-from .executor import RECALL_PREP_BYTES, EngineManagedExecutor, Executor
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
-from .metrics import COUNTERS, Metrics, NullMetrics
 from .sampling import TokenSampler
 from .scheduler import Job, StepLoop, WaitCountingLock
 from .store_ports import ColdRef, StorePort
@@ -83,7 +83,7 @@ class SessionBusyError(KvresError):
 
 
 class ProbedRecallCosts:
-    """This device's measured costs (``kvres.actors.probes.probed_recall_costs``), probed on first
+    """This device's measured costs (``kvres.actors.sizing.probes.probed_recall_costs``), probed on first
     use and cached per device: the RAM tier costs what a measured block import costs, the disk tier
     a measured block file read plus the import, recompute what a measured prefill costs."""
 
@@ -94,7 +94,7 @@ class ProbedRecallCosts:
 
     def __call__(self) -> RecallCosts | None:
         if not self._probed:
-            from .probes import probed_recall_costs
+            from kvres.actors.sizing.probes import probed_recall_costs
 
             self._costs = probed_recall_costs(self._model_path)
             self._probed = True
@@ -169,7 +169,7 @@ class BackendHost:
                               on_busy=store.defer_writes if store is not None else None, on_idle=self.prepare_recalls,
                               on_start=self._claim_decode_threads)
         # the engine's multi-threaded decodes belong to the step loop's thread (see
-        # kvres.actors.llama.engine): other threads decode on one thread until it has started
+        # kvres.actors.engines.llama.engine): other threads decode on one thread until it has started
         reserve = getattr(executor, "reserve_decode_threads", None)
         if reserve is not None:
             reserve()

@@ -1,7 +1,7 @@
-"""kvres.actors.llama: the llama.cpp backend, and the one binding of llama-cpp-python in kvres.
+"""kvres.actors.engines.llama: the llama.cpp backend, and the one binding of llama-cpp-python in kvres.
 
 Primitives:
-- ``LlamaExecutor``: the executor contract (``kvres.actors.executor.Executor``) on one llama.cpp
+- ``LlamaExecutor``: the executor contract (``kvres.actors.engines.executor.Executor``) on one llama.cpp
   context shared by many sessions.
 - ``ContextFullError``, ``SessionLimitError``, ``EngineError``: this backend's typed errors.
 - ``engine``: ``LlamaModel`` and ``LlamaContext``, the low-level API every llama.cpp user in the

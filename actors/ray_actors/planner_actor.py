@@ -4,7 +4,7 @@ placement in one call, without asking any backend.
 
 Primitives:
 - ``PlannerServer(namespace=None)``: with a namespace its directory is kept in Ray's GCS
-  (``kvres.actors.journal.RayDirectory``), so a restarted planner starts with it; without, in memory.
+  (``kvres.actors.host.journal.RayDirectory``), so a restarted planner starts with it; without, in memory.
   - load: ``report_load(LoadReport)`` (a backend's rate-limited push), ``seed(reports)`` (backends
     known from a configuration, empty until they report), ``load()`` (every backend's last
     report and pending placements, and cluster totals).
@@ -31,11 +31,10 @@ from typing import Any, TypeVar, cast
 
 import ray
 
+from kvres.actors.host.journal import Directory, MemoryDirectory, RayDirectory
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.errors import SessionExistsError
 from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
-
-from .journal import Directory, MemoryDirectory, RayDirectory
 
 PLANNER_NAME = "kvres-planner"
 

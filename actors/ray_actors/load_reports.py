@@ -16,9 +16,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from kvres.actors.config import BackendConfig
 from kvres.policy.placement import LoadReport, ReportLimiter
-
-from .config import BackendConfig
 
 logger = logging.getLogger("kvres.placement")
 

@@ -43,6 +43,7 @@ from typing import Any
 import platformdirs
 import ray
 
+from kvres.actors.metrics import RayMetrics
 from kvres.coldstore import (
     BlockKey,
     ColdStore,
@@ -57,7 +58,6 @@ from kvres.coldstore import (
 from kvres.policy.recall import RecallCosts
 
 from .heap import freeze_startup_heap
-from .metrics import RayMetrics
 
 
 def default_store_dir(cache_folder: str) -> Path:

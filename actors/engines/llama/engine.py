@@ -48,10 +48,10 @@ from typing import Any, Literal, overload
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.model_files import check_gguf_file
 from kvres.policy.errors import CapabilityError, ModelLoadError
 from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, KV_TYPES
 
-from ..model_files import check_gguf_file
 from .errors import ContextFullError, EngineError
 
 logger = logging.getLogger("kvres.llama")

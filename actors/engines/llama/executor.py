@@ -4,7 +4,7 @@ Primitives:
 - ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
   n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7,
   n_gpu_layers=None, main_gpu=None)`` (layers offloaded and main device; None: llama.cpp's default), an
-  ``kvres.actors.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
+  ``kvres.actors.engines.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``exchange``, ``tokenize``, ``detokenize``, ``close_session``.
@@ -69,6 +69,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.engines.executor import RECALL_PREP_BYTES, Executor, check_block_token_ids
+from kvres.actors.engines.session_table import SessionTable
+from kvres.actors.host.sampling import TokenSampler
+from kvres.actors.model_files import model_id, profile_from_gguf, read_gguf_metadata
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.capacity import LayerKVProfile
@@ -92,10 +96,6 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..executor import RECALL_PREP_BYTES, Executor, check_block_token_ids
-from ..model_files import model_id, profile_from_gguf, read_gguf_metadata
-from ..sampling import TokenSampler
-from ..session_table import SessionTable
 from .attention import ScoringContext
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads

@@ -35,10 +35,10 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.config import SessionPolicy
 from kvres.coldstore import BlockKey
 from kvres.policy import Range
 
-from .config import SessionPolicy
 from .store_ports import ColdRef
 
 log = logging.getLogger("kvres.journal")

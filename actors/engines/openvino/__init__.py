@@ -1,4 +1,4 @@
-"""kvres.actors.openvino: the OpenVINO backend (converter, stateful IR, executors).
+"""kvres.actors.engines.openvino: the OpenVINO backend (converter, stateful IR, executors).
 
 Primitives:
 - ``openvino_executor(model_path, mode="state"|"recompute", **options)``: the executor of a

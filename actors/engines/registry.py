@@ -3,16 +3,16 @@
 Primitives:
 - ``resolve_kv_tier(config, model_path, env=None, placement=None) -> (config, decision)``: the
   config a backend runs with. A memory-budgeted config (``BackendConfig.memory_budgeted``) gets
-  ``n_ctx`` and ``kv_budget_tokens`` from its bytes (``kvres.actors.kv_budget``); with
+  ``n_ctx`` and ``kv_budget_tokens`` from its bytes (``kvres.actors.sizing.kv_budget``); with
   KVRES_KV_AUTO_TIER=1 a llama backend's KV types come from the T* choice
-  (``kvres.actors.kv_tier_choice``), whose budget is those same bytes (else ``kv_budget_tokens``
+  (``kvres.actors.sizing.kv_tier_choice``), whose budget is those same bytes (else ``kv_budget_tokens``
   priced at f16). When the f16 cache of the whole context fits, nothing is probed or logged and
   the types stay; otherwise the config comes back unchanged.
 - ``make_executor(config, model_path, placement=None)``: a ``LlamaExecutor`` (layers offloaded
   and main GPU from the placement), an OpenVINO executor of the configured mechanism on the
   placement's device (state slicing or re-prefill) or a ``GenAIExecutor`` (openvino-genai: the
   engine evicts). Without a placement it is taken from the GPUs Ray assigned this process
-  (``kvres.actors.device_placement``).
+  (``kvres.actors.sizing.device_placement``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from kvres.actors.config import BackendConfig
+from kvres.actors.sizing.device_placement import Placement, assigned_gpu_ids, placement_for
 from kvres.policy.tiering import TierDecision
 
-from .config import BackendConfig
-from .device_placement import Placement, assigned_gpu_ids, placement_for
 from .executor import EngineManagedExecutor, Executor
 
 logger = logging.getLogger("kvres.capacity")
@@ -38,8 +38,8 @@ def resolve_kv_tier(
     """The config a backend really runs with. KV types the user set explicitly are kept (an
     explicit V type disables the choice)."""
     env = os.environ if env is None else env
-    from .kv_budget import context_cap, memory_budget, resolve_kv_memory
-    from .tier_env import auto_tier_enabled
+    from kvres.actors.sizing.kv_budget import context_cap, memory_budget, resolve_kv_memory
+    from kvres.actors.sizing.tier_env import auto_tier_enabled
 
     if placement is None and config.memory_budgeted:
         placement = placement_for(config, assigned_gpu_ids(), env)
@@ -50,11 +50,10 @@ def resolve_kv_tier(
     explicit_k = config.type_k if "type_k" in config.model_fields_set else None
     explicit_v = config.type_v if "type_v" in config.model_fields_set else None
     if config.engine == "llama" and auto_tier_enabled(env) and explicit_v is None:
+        from kvres.actors.model_files import layout_from_gguf
+        from kvres.actors.sizing.kv_budget import llama_cache_cells
+        from kvres.actors.sizing.kv_tier_choice import choose_kv_types
         from kvres.policy.tiering import layout_profile_factory
-
-        from .kv_budget import llama_cache_cells
-        from .kv_tier_choice import choose_kv_types
-        from .model_files import layout_from_gguf
 
         layout = layout_from_gguf(model_path)
         if budget is not None:  # priced as the engine allocates the context
@@ -95,7 +94,7 @@ def make_executor(
             n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu,
         )
     if config.engine == "openvino-genai":
-        from .openvino.genai_executor import GenAIExecutor
+        from kvres.actors.engines.openvino.genai_executor import GenAIExecutor
 
         return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
     from .openvino import openvino_executor

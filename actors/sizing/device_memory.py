@@ -50,7 +50,7 @@ def host_memory(meminfo: Path = Path("/proc/meminfo")) -> DeviceMemory:
 def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     import llama_cpp
 
-    from .llama.engine import _llama
+    from kvres.actors.engines.llama.engine import _llama
 
     _llama()  # backends registered
     lib = Path(llama_cpp.__file__).parent / "lib"

@@ -2,7 +2,7 @@
 
 Primitives:
 - ``GenAIExecutor(model_path, num_threads=1, work_dir=None)``: a
-  ``kvres.actors.executor.EngineManagedExecutor``, for when kvres does not own the KV:
+  ``kvres.actors.engines.executor.EngineManagedExecutor``, for when kvres does not own the KV:
   ``open_session`` / ``append`` (the token log), ``generate`` (one genai request over the whole
   log; greedy), ``token_log``, ``resident_ranges`` (always empty: no KV is kept between calls),
   ``close_session``, ``tokenize`` / ``detokenize``; ``set_eviction(session_id, stream_policy,
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from kvres.actors.executor import EngineManagedExecutor
+from kvres.actors.engines.executor import EngineManagedExecutor
 from kvres.actors.model_files import model_id
 from kvres.policy import (
     Capabilities,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.engines.executor import RECALL_PREP_BYTES, check_block_token_ids
 from kvres.coldstore.block import KVBlock
 from kvres.policy.errors import BlockMismatchError, CapabilityError
 from kvres.policy.positions import AdmitOp, PositionMap
@@ -33,7 +34,6 @@ from kvres.policy.ranges import Range
 from kvres.policy.recall import exchange_layout
 from kvres.policy.scoring import AttentionCapture
 
-from ..executor import RECALL_PREP_BYTES, check_block_token_ids
 from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
 from .scoring_pass import attention_after

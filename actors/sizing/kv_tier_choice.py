@@ -8,7 +8,7 @@ Primitives:
 With KVRES_KV_AUTO_TIER unset (or 0) nothing is probed, read or logged: the result is exactly the
 previous default, ``(explicit_type_k or "f16", explicit_type_v or "f16", n_ctx, None)``. An explicit
 V type also disables the choice. Otherwise the model's layer structure (GGUF metadata), the probes
-(``kvres.actors.probes.load_probes``: cached per device, env-overridable) and the env config feed
+(``kvres.actors.sizing.probes.load_probes``: cached per device, env-overridable) and the env config feed
 ``kvres.policy.tiering.choose_tier``; the decision is logged at WARNING on "kvres.tiering".
 ``resident_budget_tokens`` is how many tokens of the chosen tier fit the budget; the tail past it
 is the spill (kept in the cold store's RAM tier) and is 0 tokens when the chosen tier fits. A

@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvres.actors.config import BackendConfig
 from kvres.policy.capacity import CapacityError, LayerKVProfile, MemoryBudget, resolve_context_for_budget
 from kvres.policy.kv_layout import LLAMA_CELL_PAD, CacheCells
 
-from .config import BackendConfig
 from .device_memory import DeviceMemory, host_memory, llama_gpu_memory, openvino_device_memory
 from .device_placement import Placement
 
 MIN_N_CTX, MAX_N_CTX, MIN_BUDGET_TOKENS = 64, 1 << 20, 16
-LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.llama.executor
+LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.engines.llama.executor
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def llama_context_cells(n_ctx: int) -> int:
 
 
 def _openvino_profile(config: BackendConfig, model_path: Path) -> LayerKVProfile:
-    from .openvino import openvino_executor
+    from kvres.actors.engines.openvino import openvino_executor
 
     executor = openvino_executor(model_path, mode=config.openvino_mode, device=config.openvino_device,
                                  num_threads=config.n_threads or 1)
@@ -79,7 +79,7 @@ def kv_profiles(
 ) -> tuple[LayerKVProfile, LayerKVProfile]:
     """(allocation, resident) profiles of the backend's engine at these KV types."""
     if config.engine == "llama":
-        from .model_files import layout_from_gguf
+        from kvres.actors.model_files import layout_from_gguf
 
         layout = layout_from_gguf(model_path)
         k, v = type_k or config.type_k, type_v or config.type_v
@@ -131,7 +131,7 @@ def context_cap(config: BackendConfig, model_path: Path) -> int:
         return config.n_ctx
     trained = 0
     if model_path.is_file():
-        from .model_files import read_gguf_metadata
+        from kvres.actors.model_files import read_gguf_metadata
 
         meta = read_gguf_metadata(model_path)
         trained = int(meta.get(f"{meta.get('general.architecture')}.context_length") or 0)

@@ -1,0 +1,1 @@
+"""kvres.actors.host."""
