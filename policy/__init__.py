@@ -6,7 +6,7 @@ Primitives: ``Range``, ``Block``, ``BlockFlag``, ``Capabilities``, ``StreamPolic
 ``kvres.policy.tiering``, recall-or-recompute in ``kvres.policy.recall``, position rules in
 ``kvres.policy.positions``, per-backend planning in ``kvres.policy.backend_planner``, errors in
 ``kvres.policy.errors``. No I/O, no environment, no Ray, no engines: the executor contract that
-carries these decisions out lives in ``kvres.actors.executor``.
+carries these decisions out lives in ``kvres.actors.engines.executor``.
 """
 
 from .blocks import PROTECTED_FLAGS, Block, BlockFlag, split_into_blocks

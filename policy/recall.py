@@ -22,7 +22,7 @@ Primitives:
   resident parts it drops (evicted), the lowest-scoring imports left cold when they need more than
   ``room`` tokens.
 
-Costs come from measured probes (see ``kvres.actors.probes``), the same as T*. Pure: numpy/stdlib.
+Costs come from measured probes (see ``kvres.actors.sizing.probes``), the same as T*. Pure: numpy/stdlib.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Primitives:
 - ``choose_tier(...) -> TierDecision | None``: first tier with ``kv_bytes(i) <= budget + T*``, floor
   fallback, explicit-type handling; ``TierDecision`` holds every term (``summary()`` for the log),
   and ``position_shift``: whether the chosen cache can shift positions.
-- ``TierConfig``: target drop and spill cap (read from the environment by ``kvres.actors.tier_env``).
+- ``TierConfig``: target drop and spill cap (read from the environment by ``kvres.actors.sizing.tier_env``).
 - ``TieringError`` (a ValueError).
 
 The formulas::
