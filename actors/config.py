@@ -42,11 +42,6 @@ class SessionPolicy(BaseModel):
     spill: bool = True
     spill_cap_bytes: int | None = Field(None, ge=0)  # most a session keeps spilled; oldest out first
 
-    @property
-    def kvres_evicts(self) -> bool:
-        """kvres itself plans evictions for this session (streaming or scored)."""
-        return self.kind in ("streaming", "scored")
-
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
         if self.kind == "none":

@@ -24,6 +24,8 @@ import ray
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 from kvres.policy import KvresError, UnknownSessionError
 
+from .ray_auth import follow_local_token
+
 BACKEND_PREFIX = "kvres-backend-"
 COLDSTORE_PREFIX = "kvres-coldstore-"
 
@@ -85,8 +87,6 @@ class ClusterView:
 
 def attach(address: str | None = None, namespace: str = "kvres") -> ClusterView:
     if not ray.is_initialized():
-        from .standing import follow_local_token
-
         follow_local_token()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
                  log_to_driver=False, logging_level=logging.WARNING)

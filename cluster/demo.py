@@ -101,15 +101,13 @@ def passkey_workload(pt: Any, count: int, n_tokens: int) -> Workload:
 
 
 def text_workload(manager: Any, count: int, n_tokens: int) -> Workload:
-    import ray
-
-    handle = manager.backend_handle(BACKENDS[0])
+    backend = manager.backend(BACKENDS[0])
     prompts = []
     for i in range(count):
         rng = random.Random(f"kvres-demo/{i}")
         text = " ".join(rng.choice(_SENTENCES) for _ in range(max(8, n_tokens // 4)))
         try:
-            ids = list(ray.get(handle.tokenize.remote(text, True)))
+            ids = backend.tokenize(text, True)
         except KvresError:  # a vocabulary without byte fallback: token ids instead of text
             ids = [3 + (rng.randrange(40)) for _ in range(n_tokens)]
         while len(ids) < n_tokens:
@@ -119,7 +117,7 @@ def text_workload(manager: Any, count: int, n_tokens: int) -> Workload:
         "text", prompts, None, TEXT_CONTINUATION,
         f"{count} prompts of {n_tokens} tokens; a policy scores the continuation tokens that equal "
         f"the no-eviction run's ({TEXT_CONTINUATION} per prompt, up to the first difference)",
-        lambda ids: str(ray.get(handle.detokenize.remote(list(ids)))),
+        lambda ids: str(backend.detokenize(ids)),
     )
 
 

@@ -11,11 +11,11 @@ Primitives:
   ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
   namespace's cold blocks and store folders unless told to keep them).
 - ``ConnectError``: a kvres actor could not start; ``connect`` then leaves nothing running.
-- ``Session``: ``append(tokens or text)``, ``generate``, ``stream``, ``suspend``, ``resume``,
-  ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``.
+- ``Session`` (``kvres.cluster.session_handle``): what ``open_session`` and ``session`` return.
 
 Each call is one Ray call (generation is batched inside the backend, never one remote call per
-token); errors raised by the actors arrive as their kvres types.
+token), made through the typed clients of the backends (``BackendClient``) and the planner
+(``PlannerClient``); errors raised by the actors arrive as their kvres types.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -34,109 +34,27 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.default_model import default_model_path
-from kvres.actors.host.journal import RayDirectory, RayJournal
+from kvres.actors.host.journal import RayDirectory, RayJournal, SessionRecord
 from kvres.actors.host.store_ports import cold_store_name
 from kvres.actors.metrics import label_secret
 from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
+from kvres.actors.residency import residency_for
 from kvres.coldstore import new_secret, validate_session_id
-from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
+from kvres.policy import KvresError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, PlannerLostError
 from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
-from kvres.policy.tokens import token_ids
 
+from .backend_client import BackendClient
 from .config import BackendConfig, KvresConfig, SessionPolicy
-from .remote_calls import answer, call, wait_until_answers
+from .gcs_config import published_config
+from .planner_client import PlannerClient
+from .ray_auth import follow_local_token
+from .remote_calls import answer, wait_until_answers
+from .session_handle import Session
 
 log = logging.getLogger("kvres.cluster")
-
-
-class Session:
-    def __init__(self, manager: SessionManager, session_id: str, backend: str) -> None:
-        self._manager = manager
-        self.session_id = session_id
-        self.backend = backend
-
-    def __repr__(self) -> str:
-        return f"Session({self.session_id!r} on {self.backend!r})"
-
-    @property
-    def _actor(self) -> Any:
-        return self._manager.backend_handle(self.backend)
-
-    def _call(self, method: str, *args: Any, retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
-        return self._manager.backend_call(self.backend, method, *args, retry_ok=retry_ok)
-
-    def append(self, tokens_or_text: str | Sequence[int]) -> list[int]:
-        """Append token ids, or text (tokenized by the backend's model); returns the token ids.
-        All of them are committed or none; if the backend dies during the call it is repeated
-        once it is back, and never applied twice."""
-        request = uuid.uuid4().hex
-        if isinstance(tokens_or_text, str):
-            return list(self._call("append_text", self.session_id, tokens_or_text, request))
-        tokens = token_ids(tokens_or_text)
-        self._call("append", self.session_id, tokens, request)
-        return tokens
-
-    def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        """Up to ``max_tokens`` tokens, committed together (like an append)."""
-        seed = _seed_for(temperature, seed)
-        return list(self._call("generate", self.session_id, max_tokens, temperature, seed, uuid.uuid4().hex))
-
-    def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> Iterator[int]:
-        """Tokens as they are produced (a Ray streaming generator underneath), committed when the
-        stream ends. If the backend dies midway the stream goes on from the same request once it
-        is back: the same sampler and seed give the same tokens, and none is handed out twice."""
-        seed = _seed_for(temperature, seed)
-        request = uuid.uuid4().hex
-        delivered = 0
-        for attempt in (1, 2):
-            produced = 0
-            try:
-                for ref in self._actor.stream.remote(self.session_id, max_tokens, temperature, seed, request):
-                    token = int(answer(ref))
-                    produced += 1
-                    if produced > delivered:
-                        delivered = produced
-                        yield token
-                return
-            except RayActorError as exc:
-                if attempt == 2:
-                    raise BackendLostError(
-                        f"backend {self.backend!r} died twice during one stream ({type(exc).__name__}); "
-                        f"{delivered} tokens were handed out and not committed: repeat the call"
-                    ) from None
-                self._manager.revive_backend(self.backend)
-
-    def suspend(self) -> None:
-        self._call("suspend", self.session_id)
-
-    def resume(self) -> int:
-        """Bring the session back; returns how many tokens had to be recomputed."""
-        return int(self._call("resume", self.session_id) or 0)
-
-    def migrate(self, backend: str) -> None:
-        """Move to another backend (on another node where there is one); KV travels through the
-        cold store, nothing is lost if the target refuses it."""
-        self._manager.migrate(self, backend)
-
-    def stats(self) -> dict[str, Any]:
-        return dict(self._call("session_stats", self.session_id))
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return str(self._call("detokenize", list(tokens)))
-
-    def close(self) -> None:
-        self._call("close", self.session_id, retry_ok=(UnknownSessionError,))
-        self._manager.planner_call("forget", self.session_id)
-
-
-def _seed_for(temperature: float, seed: int | None) -> int | None:
-    """A sampled call gets a seed here when it has none, so a retry samples the same tokens."""
-    if temperature > 0 and seed is None:
-        return int.from_bytes(os.urandom(4), "little")
-    return seed
 
 
 class ConnectError(KvresError, RuntimeError):
@@ -196,7 +114,7 @@ class SessionManager:
                 self._backends[backend.name] = self._adopt(
                     backend_actor_name(backend.name), functools.partial(self._ensure_backend, backend)
                 )
-            self._await_started("backend", {n: h.ping.remote() for n, h in self._backends.items()})
+            self._await_started("backend", {n: self.backend(n).ping_ref() for n in self._backends})
             self._collect_orphans()
         except BaseException:
             self._undo_start()
@@ -285,14 +203,14 @@ class SessionManager:
     # Every kvres actor restarts when it dies (Ray restarts it, with the arguments it was created
     # with); one killed for good is created again from this configuration. A call that met a death
     # waits for the actor to answer again and is repeated once (see remote_calls).
-    def backend_call(self, name: str, method: str, *args: Any,
-                     retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
-        return call(lambda: getattr(self.backend_handle(name), method).remote(*args),
-                    lambda: self.revive_backend(name), BackendLostError, f"backend {name!r}", retry_ok=retry_ok)
+    def backend(self, name: str) -> BackendClient:
+        """The typed client of backend ``name`` (a ``KvresError`` naming the known ones if none)."""
+        self.backend_handle(name)
+        return BackendClient(name, lambda: self.backend_handle(name), lambda: self.revive_backend(name))
 
-    def planner_call(self, method: str, *args: Any, retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
-        return call(lambda: getattr(self.planner, method).remote(*args), self.revive_planner,
-                    PlannerLostError, "the planner", retry_ok=retry_ok)
+    @property
+    def planner_client(self) -> PlannerClient:
+        return PlannerClient(lambda: self.planner, self.revive_planner)
 
     def revive_backend(self, name: str) -> None:
         cfg = next((b for b in self.config.backends if b.name == name), None)
@@ -304,7 +222,7 @@ class SessionManager:
                 if cfg is None:
                     raise
                 self._backends[name] = self._ensure_backend(cfg)  # killed for good: start it again
-            return self._backends[name].ping.remote()
+            return self.backend(name).ping_ref()
 
         wait_until_answers(ping, BackendLostError, f"backend {name!r}")
 
@@ -314,7 +232,7 @@ class SessionManager:
                 self.planner = ray.get_actor(PLANNER_NAME, namespace=self.namespace)
             except ValueError:
                 self.planner = self._ensure_planner()
-            return self.planner.directory.remote()
+            return self.planner_client.directory_ref()
 
         wait_until_answers(ping, PlannerLostError, "the planner")
 
@@ -345,16 +263,17 @@ class SessionManager:
                        model=str(b.model_path or default_model_path()), node=b.node_id or "")
             for b in self.config.backends
         ]
-        demand = (policy.budget_tokens or 0) if policy.kind != "none" else 0
+        residency = residency_for(policy)
+        planner = self.planner_client
         args = (session_id, None if model is None else os.fspath(model),
-                PlacementPolicy.of(placement, self.config.placement.policy()), policy.kind, demand)
+                PlacementPolicy.of(placement, self.config.placement.policy()), residency.engine_need,
+                residency.bounded_tokens or 0)
         try:
-            placed = self.planner_call("place", *args, [] if getattr(self, "_placement_seeded", False) else seeds,
-                                       retry_ok=(SessionExistsError,))
+            placed = planner.place(*args, [] if getattr(self, "_placement_seeded", False) else seeds)
         except PlacementError:
-            placed = self.planner_call("place", *args, seeds, retry_ok=(SessionExistsError,))
+            placed = planner.place(*args, seeds)
         if placed is None:  # the planner placed it, then died before answering
-            placed = self.planner_call("where", session_id)
+            placed = planner.where(session_id)
         self._placement_seeded = True
         return str(placed)
 
@@ -376,37 +295,37 @@ class SessionManager:
         placed = backend is None
         if backend is None:
             backend = self._place(model, policy, session_id, placement)
-        self.backend_handle(backend)  # a known backend, or a KvresError naming the known ones
+        client = self.backend(backend)  # a known backend, or a KvresError naming the known ones
         try:
-            self.backend_call(backend, "open_session", session_id, policy, retry_ok=(SessionExistsError,))
+            client.open_session(session_id, policy)
         except BaseException:
             if placed:
-                self.planner_call("forget", session_id)  # never opened: not pending there
+                self.planner_client.forget(session_id)  # never opened: not pending there
             raise
         if not placed:
-            self.planner_call("register", session_id, backend)
+            self.planner_client.register(session_id, backend)
         return Session(self, session_id, backend)
 
     def session(self, session_id: str) -> Session:
-        backend: str | None = self.planner_call("where", session_id)
+        backend = self.planner_client.where(session_id)
         if backend is None:
             raise UnknownSessionError(session_id)
         return Session(self, session_id, backend)
 
     def migrate(self, session: Session, backend: str) -> None:
-        self.backend_handle(backend)
+        target = self.backend(backend)
         if backend == session.backend:
             return
         record = self._detach(session)
         try:
-            answer(self.backend_handle(backend).resume.remote(session.session_id, record))
+            target.resume(session.session_id, record, once=True)
         except Exception:
-            answer(self.backend_handle(session.backend).resume.remote(session.session_id, record))  # back home
+            self.backend(session.backend).resume(session.session_id, record, once=True)  # back home
             raise
-        self.planner_call("register", session.session_id, backend)
+        self.planner_client.register(session.session_id, backend)
         session.backend = backend
 
-    def _detach(self, session: Session) -> Any:
+    def _detach(self, session: Session) -> SessionRecord:
         """The session's record, taken off its backend. When the backend dies during the detach
         (or answers that it no longer holds the session), the journal says how far it got: a
         record that names no backend is the one the detach committed, on its way and served by
@@ -414,7 +333,7 @@ class SessionManager:
         the session and the detach is sent again."""
         sid, source = session.session_id, session.backend
         try:
-            return answer(self.backend_handle(source).detach.remote(sid))
+            return self.backend(source).detach(sid, once=True)
         except (RayActorError, UnknownSessionError) as exc:
             error = exc
         if isinstance(error, RayActorError):
@@ -426,22 +345,22 @@ class SessionManager:
             return record
         if isinstance(error, UnknownSessionError):
             raise error
-        return self.backend_call(source, "detach", sid)
+        return self.backend(source).detach(sid)
 
     def status(self, detail: bool = True) -> dict[str, Any]:
         """The cluster: ``load`` is the planner's load view (one call, whatever the size);
         ``backends`` each backend's own stats (one call per backend, sent together), or with
         ``detail=False`` the load view's rows. An actor that is down (restarting) shows as
         ``{"error": ...}`` in its row instead of failing the whole status."""
-        stats = {n: h.stats.remote() for n, h in self._backends.items()} if detail else {}
+        stats = {n: self.backend(n).stats_ref() for n in self._backends} if detail else {}
         stores = {n: s.stats.remote() for n, s in self.cold_stores.items()}
-        view = self.planner_call("load")
+        view = self.planner_client.load()
         return {
             "namespace": self.namespace,
             "backends": [_row(ref, backend=name) for name, ref in stats.items()] if detail else view["backends"],
             "load": view,
             "cold_stores": {name: _row(ref) for name, ref in stores.items()},
-            "sessions": self.planner_call("directory"),
+            "sessions": self.planner_client.directory(),
         }
 
     def shutdown(self, keep_blocks: bool = False) -> None:
@@ -492,8 +411,6 @@ def connect(
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
-            from .standing import follow_local_token
-
             follow_local_token()  # a head started here with token authentication: speak it too
         # no address: start an embedded local cluster ("local"), never a stray one found running
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
@@ -504,8 +421,6 @@ def connect(
     try:
         if config is None:
             # KVRES_CONFIG when set; else what `kvres start` created the namespace with; else defaults
-            from .standing import published_config
-
             explicit = bool(os.environ.get("KVRES_CONFIG"))
             config = (None if explicit or started else published_config(namespace)) or KvresConfig.from_env()
         return SessionManager(namespace, config, started)

@@ -14,14 +14,15 @@ Primitives:
   kills every Ray cluster of the machine).
 - ``check_reachable(address)``: a Ray GCS may answer at HOST:PORT, else ``ClusterUnreachableError``
   within seconds (``ray.init`` takes about a minute to give up).
-- ``token_auth()``: whether this process uses Ray's token authentication (``kvres start`` / ``stop``
-  turn it on as ``ray start`` does: when a token exists on this machine and RAY_AUTH_MODE is unset).
 - ``ray_binary()``: the ``ray`` command of this environment.
-- ``published_config(namespace) -> KvresConfig | None``: the configuration ``kvres start`` created
-  the namespace's actors with (kept in Ray's GCS); drivers should connect with the same backends.
 - ``config_from_option(value) -> KvresConfig``: ``--config``, a JSON object inline or a file.
 - ``StandingCluster``, ``StopReport``; errors ``ClusterUnreachableError``, ``HeadStartError``,
   ``HeadNotLocalError``, ``ConfigOptionError`` (all ``KvresError``).
+
+``kvres start`` / ``stop`` speak Ray's token authentication as ``ray start`` does
+(``ray_auth.follow_local_token``) and keep the configuration in Ray's GCS (``gcs_config``). Ray,
+``session`` and ``cluster_view`` are imported by the functions that use them: kvres's command line
+loads this module to build its parser.
 
 The actors are detached, so they outlive the process that created them; they end with the Ray
 cluster, which is why an embedded cluster (``connect()`` without an address) loses every session
@@ -48,9 +49,10 @@ from typing import Any
 from kvres.policy import KvresError
 
 from .config import BackendConfig, KvresConfig, json_object
+from .gcs_config import forget_config, publish_config, published_config
+from .ray_auth import follow_local_token, token_auth
 
 DEFAULT_PORT = 6379
-STANDING_KV_NAMESPACE = "kvres-standing"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -136,33 +138,6 @@ def config_from_option(value: str) -> KvresConfig:
     return KvresConfig.model_validate(raw)
 
 
-def _publish_config(namespace: str, config: KvresConfig) -> None:
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_put(namespace, config.model_dump_json(), overwrite=True,
-                                 namespace=STANDING_KV_NAMESPACE)
-
-
-def _forget_config(namespace: str) -> None:
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_del(namespace, namespace=STANDING_KV_NAMESPACE)
-
-
-def published_config(namespace: str) -> KvresConfig | None:
-    """What ``kvres start`` created the namespace's actors with, or None (not started that way, or
-    no longer valid here, e.g. a model file that has gone). Needs a connected Ray driver."""
-    from ray.experimental import internal_kv
-
-    data = internal_kv._internal_kv_get(namespace, namespace=STANDING_KV_NAMESPACE)
-    if data is None:
-        return None
-    try:
-        return KvresConfig.model_validate_json(data)
-    except ValueError:
-        return None
-
-
 # ---- reaching a cluster -----------------------------------------------------------------------
 
 
@@ -213,28 +188,6 @@ def check_reachable(address: str) -> None:
             f"no Ray cluster at {address}: something listens on port {port} of {host} but does not "
             "answer as a Ray GCS"
         )
-
-
-def follow_local_token() -> None:
-    """Ray's own rule for a cluster it finds on this machine, applied to an explicit address too:
-    with ``RAY_AUTH_MODE`` unset, a token on this machine (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``,
-    ``RAY_AUTH_TOKEN_PATH``) turns token authentication on. ``ray start --head`` decides the same
-    way, so this process can join the head it has just started; a token sent to a cluster without
-    authentication is ignored."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:  # a Ray without token authentication
-        return
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
-def token_auth() -> bool:
-    """Whether this process speaks to Ray with token authentication."""
-    return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
 
 
 @contextlib.contextmanager
@@ -337,7 +290,7 @@ def start_standing(
             gcs_address = str(ray.get_runtime_context().gcs_address)
             existed = PLANNER_NAME in _kvres_actors(namespace)
             manager = connect(address=gcs_address, namespace=namespace, config=config)
-            _publish_config(namespace, config)
+            publish_config(namespace, config)
             return StandingCluster(gcs_address, namespace, started, not existed,
                                    _running_backends(namespace) or manager.backends(),
                                    getattr(context, "dashboard_url", None) or None, token_auth())
@@ -398,7 +351,7 @@ def stop_standing(
                 backends=[BackendConfig(name=name) for name in _running_backends(namespace)] or [BackendConfig()]
             )
             connect(address=gcs_address, namespace=namespace, config=config).shutdown(keep_blocks=keep_blocks)
-            _forget_config(namespace)
+            forget_config(namespace)
             _wait_gone(namespace)
     pids = stop_head(gcs_address) if stop_ray else []
     return StopReport(gcs_address, namespace, found, keep_blocks, pids)

@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvres.actors.config import SessionPolicy
+from kvres.actors.residency import residency_for
+
 BAR_WIDTH = 64
 TIER_ORDER = {"ram": 0, "disk": 1}
 LEGEND = "# resident   + partly resident   . not resident (parked in the cold store, or dropped)"
@@ -51,16 +54,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 
 def policy_summary(policy: Mapping[str, Any]) -> str:
-    kind = policy.get("kind", "none")
-    if kind == "none":
-        return "none (keep every token resident)"
-    budget = f"budget {policy.get('budget_tokens')} tokens, sinks {policy.get('sink_tokens')}, " \
-             f"recent {policy.get('recent_tokens')}"
-    if kind == "engine":
-        return f"engine-managed ({policy.get('aggregation')}), {budget}"
-    name = "streaming" if kind == "streaming" else f"scored by {policy.get('scorer')}"
-    parked = "spilled to the cold store" if policy.get("spill", True) else "dropped"
-    return f"{name}, {budget}, blocks of {policy.get('block_size')}, evicted blocks {parked}"
+    return residency_for(SessionPolicy.model_validate(dict(policy))).describe()
 
 
 def residency_bar(ranges: Sequence[Sequence[int]], token_count: int, width: int = BAR_WIDTH) -> str:

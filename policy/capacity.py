@@ -9,9 +9,9 @@ Primitives:
   fits a byte budget (windowed floor + marginal growth, not budget / flat bytes per token).
 - ``MemoryBudget(free_bytes, used_bytes=0, reserve_bytes=0, fraction=1.0, target_bytes=None)``:
   ``bytes``, the KV memory a backend may use: ``min(target, fraction * (free - used - reserve))``.
-- ``profile_from_metadata(meta, type_k, type_v)``: the profile from GGUF-style metadata (the layer
-  layout is ``kvres.policy.kv_layout``'s; reading the file is ``kvres.actors.model_files``' job).
 - ``CapacityError`` (a ValueError): inputs that make no sense, named with their limit.
+
+The profile of a model's metadata is ``kvres.policy.kv_layout``'s (``profile_from_metadata``).
 
 Windowed (sliding-window attention) layers keep at most ``window_cap`` cells of KV (the window, or
 what llama.cpp really allocates for it: the window of every sequence plus a micro-batch, padded),
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 from .errors import KvresError
 
@@ -192,9 +191,3 @@ class MemoryBudget:
             return self.target_bytes
         return available if self.target_bytes is None else min(self.target_bytes, available)
 
-
-def profile_from_metadata(meta: dict[str, Any], type_k: str = "f16", type_v: str = "f16") -> LayerKVProfile:
-    """The session-level profile (windowed layers billed for their window) of GGUF-style metadata."""
-    from .kv_layout import layout_from_metadata
-
-    return layout_from_metadata(meta).profile(type_k, type_v)

@@ -8,7 +8,9 @@ Primitives:
   ``source`` (where the windowed layers came from); ``global_layers``, ``windowed_layers``,
   ``profile(type_k, type_v, cells=None)`` prices it as a ``kvres.policy.capacity.LayerKVProfile``.
   ``ModelKVLayout.uniform(...)`` builds one by counts (synthetic models).
-- ``layout_from_metadata(meta)``: the layout from GGUF-style metadata (``<arch>.*`` keys).
+- ``layout_from_metadata(meta)``: the layout from GGUF-style metadata (``<arch>.*`` keys);
+  ``profile_from_metadata(meta, type_k, type_v)`` its session-level ``LayerKVProfile`` (reading the
+  file is ``kvres.actors.model_files``' job).
 - ``swa_pattern(n_layer, n_pattern, dense_first=False)``: llama.cpp's ``set_swa_pattern``.
 - ``SwaRule`` and ``SWA_RULES``: what each llama.cpp loader does with sliding windows.
 - ``CacheCells(n_seq_max=1, n_ubatch=512, kv_unified=True, swa_full=True)``: how many cells
@@ -334,3 +336,8 @@ def layout_from_metadata(meta: Mapping[str, Any]) -> ModelKVLayout:
         recurrent_layers=sum(1 for il in range(owned) if recurrent[il]),
         source=source if window else "dense",
     )
+
+
+def profile_from_metadata(meta: Mapping[str, Any], type_k: str = "f16", type_v: str = "f16") -> LayerKVProfile:
+    """The session-level profile (windowed layers billed for their window) of GGUF-style metadata."""
+    return layout_from_metadata(meta).profile(type_k, type_v)

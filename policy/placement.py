@@ -15,13 +15,14 @@ Primitives:
 - ``LoadView``: the planner's picture: ``seed`` (what the configuration says of a backend that has
   not reported yet: empty), ``report``, ``place(session_id, model, placement, ...)``,
   ``forget_session``, ``loads()``, ``totals()``.
-- ``choose_backend(loads, model, placement, session_kind, demand_tokens) -> str`` (``loads``: any
+- ``choose_backend(loads, model, placement, need, demand_tokens) -> str`` (``loads``: any
   ``Load``, a report plus pending placements) and ``serves(report, model)``: the pure choice.
 - ``PlacementError``, ``LoadReportError``.
 
 Sessions of a model go only to backends of that model (``model`` matches a backend's model path,
 its file name, or its model id), and only to backends whose engine can run the session's policy
-kind (``"engine"`` needs openvino-genai; ``"streaming"`` and ``"scored"`` need any other engine).
+(``EngineNeed``: a policy the engine evicts by itself needs openvino-genai; one kvres evicts needs
+any other engine).
 A session placed since a backend's last report counts against it (its budget as demand, one
 sequence slot) until a report measured after the placement arrives, so a burst of openings
 spreads out even when reports lag. A placement is one pass over the backends in the view, in pure
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, cast
 
 from .errors import KvresError
+from .residency import EngineNeed
 
 PlacementKind = Literal["least_loaded", "pack", "label"]
 PLACEMENT_KINDS: tuple[str, ...] = ("least_loaded", "pack", "label")
@@ -214,13 +216,11 @@ def serves(report: LoadReport, model: str | None) -> bool:
     return model is None or _norm(model) in report.model_names
 
 
-def runs_kind(report: LoadReport, session_kind: str) -> bool:
-    """Whether the backend's engine can run a session of this policy kind."""
-    if session_kind == "engine":
-        return report.engine == ENGINE_MANAGED
-    if session_kind in ("streaming", "scored"):
-        return report.engine != ENGINE_MANAGED
-    return True
+def runs(report: LoadReport, need: EngineNeed) -> bool:
+    """Whether the backend's engine can run a session that needs ``need``."""
+    if need is EngineNeed.ANY:
+        return True
+    return (report.engine == ENGINE_MANAGED) == (need is EngineNeed.ENGINE_MANAGED)
 
 
 class Load(Protocol):
@@ -240,7 +240,7 @@ def choose_backend(
     loads: Iterable[Load],
     model: str | None = None,
     placement: PlacementPolicy | None = None,
-    session_kind: str = "none",
+    need: EngineNeed = EngineNeed.ANY,
     demand_tokens: int = 0,
 ) -> str:
     """The backend for a new session; ties go to the earliest in ``loads``. One pass, no
@@ -256,13 +256,11 @@ def choose_backend(
     best_key = (False, 0, 0)
     packed: Load | None = None
     packed_key = (0, 0)
-    engine_is = session_kind == "engine"  # True: must be ENGINE_MANAGED; False: must not be
-    any_engine = session_kind not in ("engine", "streaming", "scored")
     for load in loads:
         r = load.report
         if (want is not None and want not in r.model_names) or demand_tokens > r.budget_tokens:
             continue
-        if not any_engine and (r.engine == ENGINE_MANAGED) != engine_is:
+        if not runs(r, need):
             continue
         if labels and any(r.labels.get(k) != v for k, v in labels):
             continue
@@ -277,21 +275,21 @@ def choose_backend(
         return packed.report.backend
     if best is not None:
         return best.report.backend
-    raise _no_backend(loads, model, placement, session_kind, demand_tokens)
+    raise _no_backend(loads, model, placement, need, demand_tokens)
 
 
 def _no_backend(
-    loads: Sequence[Load], model: str | None, placement: PlacementPolicy, session_kind: str, demand_tokens: int
+    loads: Sequence[Load], model: str | None, placement: PlacementPolicy, need: EngineNeed, demand_tokens: int
 ) -> PlacementError:
     """Why no backend could take the session, naming the first condition nobody met."""
     pool = [b.report for b in loads if serves(b.report, model)]
     if not pool:
         served = sorted({b.report.model for b in loads})
         return PlacementError(f"no backend serves model {model!r}; backends serve {served}")
-    pool = [r for r in pool if runs_kind(r, session_kind)]
+    pool = [r for r in pool if runs(r, need)]
     if not pool:
-        return PlacementError(f"no backend of model {model!r} runs a {session_kind!r} session "
-                              f"({'only' if session_kind == 'engine' else 'not'} {ENGINE_MANAGED} can)")
+        return PlacementError(f"no backend of model {model!r} runs a session that needs an {need.value} engine "
+                              f"({'only' if need is EngineNeed.ENGINE_MANAGED else 'not'} {ENGINE_MANAGED} can)")
     labelled = [r for r in pool if all(r.labels.get(k) == v for k, v in placement.labels.items())]
     if not labelled:
         seen = {r.backend: dict(r.labels) for r in pool}
@@ -383,10 +381,10 @@ class LoadView:
         now: float,
         model: str | None = None,
         placement: PlacementPolicy | None = None,
-        session_kind: str = "none",
+        need: EngineNeed = EngineNeed.ANY,
         demand_tokens: int = 0,
     ) -> str:
-        backend = choose_backend(self._of_model(model), model, placement, session_kind, demand_tokens)
+        backend = choose_backend(self._of_model(model), model, placement, need, demand_tokens)
         self.forget_session(session_id)
         self._entries[backend].add(session_id, demand_tokens, now)
         self._pending_at[session_id] = backend

@@ -53,6 +53,7 @@ Capture = AttentionCapture | KeyCapture
 @dataclass(frozen=True)
 class Scorer:
     needs: ClassVar[ScorerInput] = "attention"
+    name: ClassVar[str] = ""  # what a SessionPolicy calls it
 
     def score(self, capture: Capture) -> FloatArray:
         raise NotImplementedError
@@ -71,6 +72,7 @@ class Scorer:
 
 @dataclass(frozen=True)
 class SnapKV(Scorer):
+    name: ClassVar[str] = "snapkv"
     window: int = 16
     kernel: int = 7
     pool: Literal["max", "avg"] = "max"
@@ -88,6 +90,8 @@ class SnapKV(Scorer):
 
 @dataclass(frozen=True)
 class H2O(Scorer):
+    name: ClassVar[str] = "h2o"
+
     def score(self, capture: Capture) -> FloatArray:
         return key_mass(self._attention(capture).probs)
 
@@ -95,6 +99,7 @@ class H2O(Scorer):
 @dataclass(frozen=True)
 class KeyNorm(Scorer):
     needs: ClassVar[ScorerInput] = "keys"
+    name: ClassVar[str] = "keynorm"
 
     def score(self, capture: Capture) -> FloatArray:
         if not isinstance(capture, KeyCapture):

@@ -42,7 +42,7 @@ class _Session:
     positions: PositionMap = field(default_factory=PositionMap)
 
 
-class ReferenceExecutor(SessionTable, Executor):
+class ReferenceExecutor(SessionTable[_Session], Executor):
     engine = "reference"
 
     def __init__(self, vocab_size: int = 64, capabilities: Capabilities | None = None) -> None:

@@ -1,5 +1,6 @@
 """The layers: policy <- coldstore <- actors <- cluster, with no import pointing up (lazy ones
-included), kvres.testing above the engines but below the drivers, and no I/O in policy.
+included), kvres.testing above the engines but below the drivers, no I/O in policy, and no import
+cycle among the modules of a package (sub-packages included).
 
 Every module is parsed (not imported), so an import inside a function counts as much as one at the
 top of a file."""
@@ -101,3 +102,124 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     finally:
         ROOT = saved
     assert names == ["kvres.cluster", "kvres.actors.store_ports"]
+
+
+# ---- cycles inside a package ------------------------------------------------------------------
+
+PACKAGES = (*LAYERS, "testing")
+
+
+def _module_name(path: Path, package: str) -> str:
+    rel = path.relative_to(ROOT / package).with_suffix("")
+    parts = list(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    return ".".join(["kvres", package, *parts])
+
+
+def _module_edges(path: Path, package: str, modules: set[str]) -> list[tuple[int, str]]:
+    """The package's own modules ``path`` imports, wherever the import sits: ``from . import x``
+    and ``from .p import x`` name the module ``x`` when it is one, else the package they come from."""
+    here = _module_name(path, package).split(".")
+    if path.name != "__init__.py":
+        here = here[:-1]  # the package the module lives in
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        out += [(node.lineno, t) for t in dict.fromkeys(targets) if t in modules]
+    return out
+
+
+def _import_graph(package: str, root: Path | None = None) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the same package: line of the first such import}."""
+    global ROOT
+    saved, ROOT = ROOT, root or ROOT
+    try:
+        paths = {_module_name(p, package): p for p in _modules(package)}
+        graph: dict[str, dict[str, int]] = {}
+        for name, path in paths.items():
+            edges = graph.setdefault(name, {})
+            for line, target in _module_edges(path, package, set(paths)):
+                edges.setdefault(target, line)
+        return graph
+    finally:
+        ROOT = saved
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (its modules in import order, the first repeated at the end) per knot of modules
+    that import each other (a strongly connected component, Tarjan's); fix one, the next shows."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for component in components:
+        start = min(component)
+        path, seen = [start], {start}
+        while True:  # walk inside the component until a module repeats: that loop is a cycle
+            nxt = min(n for n in graph[path[-1]] if n in component)
+            if nxt in seen:
+                cycles.append([*path[path.index(nxt):], nxt])
+                break
+            path.append(nxt)
+            seen.add(nxt)
+    return cycles
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return "  " + "; ".join(f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(cycle, cycle[1:], strict=False))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_inside_a_package(package: str) -> None:
+    graph = _import_graph(package)
+    cycles = _cycles(graph)
+    assert not cycles, f"import cycles inside {package}/ (imports inside functions count):\n" + "\n".join(
+        _describe(c, graph) for c in cycles
+    )
+
+
+def test_the_cycle_checker_finds_a_lazy_cycle_through_a_sub_package(tmp_path: Path) -> None:
+    pkg = tmp_path / "cluster"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .sub.b import f\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
+    (pkg / "c.py").write_text("from kvres.cluster.sub import b\nimport kvres.cluster.a\n")
+    graph = _import_graph("cluster", tmp_path)
+    assert graph["kvres.cluster"] == {"kvres.cluster.a": 1}
+    assert graph["kvres.cluster.c"] == {"kvres.cluster.sub.b": 1, "kvres.cluster.a": 2}
+    assert _cycles(graph) == [["kvres.cluster.a", "kvres.cluster.sub.b", "kvres.cluster.a"]]

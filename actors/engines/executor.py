@@ -3,8 +3,11 @@
 Primitives:
 - ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
   ``append_many`` (several sessions' tokens in one engine step; a loop over ``append`` unless the
-  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``, ``detokenize``; attributes
-  ``engine`` (a name) and ``fingerprint`` (binds KV blocks to model, precision and geometry).
+  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``,
+  ``detokenize``; with defaults: ``kv_profile`` (KV bytes per token, None where unknown),
+  ``reserve_decode_threads`` / ``claim_decode_threads`` (which thread's decodes may use several
+  threads; nothing by default); attributes ``engine`` (a name) and ``fingerprint`` (binds KV blocks
+  to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
   ``attention`` (a raw capture, where ``Capabilities.attention_capture`` says the engine has one)
@@ -47,6 +50,7 @@ import numpy.typing as npt
 
 from kvres.coldstore.block import KVBlock
 from kvres.policy.capabilities import Capabilities
+from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import BlockMismatchError, CapabilityError
 from kvres.policy.planner import Plan, StreamPolicy
 from kvres.policy.ranges import Range
@@ -93,6 +97,25 @@ class EngineSessions(ABC):
 
     @abstractmethod
     def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def kv_profile(self) -> LayerKVProfile | None:
+        """The KV bytes one token of a session takes in this engine's cache (layers, sliding windows,
+        KV types): what a backend reports its resident and budget bytes by (docs/policies.md, T0).
+        None (this default) where the engine does not say."""
+        return None
+
+    def reserve_decode_threads(self) -> None:
+        """From now until some thread calls ``claim_decode_threads``, decode on one thread whatever
+        thread calls (a backend calls it before its step loop starts, so no control call takes the
+        engine's multi-threaded decodes first). This default does nothing: the engine needs no such
+        rule."""
+        return None
+
+    def claim_decode_threads(self) -> None:
+        """The calling thread (a backend's step loop, as it starts) becomes the one whose decodes use
+        the engine's configured threads; decodes from other threads run on one thread. This default
+        does nothing."""
+        return None
 
 
 class Executor(EngineSessions):

@@ -1,17 +1,19 @@
 """Build the executor a backend config asks for, and the config it really runs with.
 
 Primitives:
+- ``engine_spec(name) -> EngineSpec``, ``ENGINES``, ``UnknownEngineError``: the engines kvres
+  runs and what each says of itself (``engine_specs``); ask them instead of branching on a name.
 - ``resolve_kv_tier(config, model_path, env=None, placement=None) -> (config, decision)``: the
   config a backend runs with. A memory-budgeted config (``BackendConfig.memory_budgeted``) gets
   ``n_ctx`` and ``kv_budget_tokens`` from its bytes (``kvres.actors.sizing.kv_budget``); with
-  KVRES_KV_AUTO_TIER=1 a llama backend's KV types come from the T* choice
-  (``kvres.actors.sizing.kv_tier_choice``), whose budget is those same bytes (else ``kv_budget_tokens``
-  priced at f16). When the f16 cache of the whole context fits, nothing is probed or logged and
-  the types stay; otherwise the config comes back unchanged.
-- ``make_executor(config, model_path, placement=None)``: a ``LlamaExecutor`` (layers offloaded
-  and main GPU from the placement), an OpenVINO executor of the configured mechanism on the
-  placement's device (state slicing or re-prefill) or a ``GenAIExecutor`` (openvino-genai: the
-  engine evicts). Without a placement it is taken from the GPUs Ray assigned this process
+  KVRES_KV_AUTO_TIER=1 the KV types of an engine that allows it come from the T* choice
+  (``kvres.actors.sizing.kv_tier_choice``), whose budget is those same bytes (else
+  ``kv_budget_tokens`` priced at f16). When the f16 cache of the whole context fits, nothing is
+  probed or logged and the types stay; otherwise the config comes back unchanged.
+- ``make_executor(config, model_path, placement=None)``: the engine's executor (a
+  ``LlamaExecutor`` with layers offloaded and main GPU from the placement, an OpenVINO executor
+  of the configured mechanism on the placement's device, or a ``GenAIExecutor``: the engine
+  evicts). Without a placement it is taken from the GPUs Ray assigned this process
   (``kvres.actors.sizing.device_placement``).
 """
 
@@ -26,7 +28,7 @@ from kvres.actors.config import BackendConfig
 from kvres.actors.sizing.device_placement import Placement, assigned_gpu_ids, placement_for
 from kvres.policy.tiering import TierDecision
 
-from .executor import EngineManagedExecutor, Executor
+from .engine_specs import ENGINES, AnyExecutor, EngineSpec, UnknownEngineError, engine_spec
 
 logger = logging.getLogger("kvres.capacity")
 
@@ -41,6 +43,7 @@ def resolve_kv_tier(
     from kvres.actors.sizing.kv_budget import context_cap, memory_budget, resolve_kv_memory
     from kvres.actors.sizing.tier_env import auto_tier_enabled
 
+    spec = engine_spec(config.engine)
     if placement is None and config.memory_budgeted:
         placement = placement_for(config, assigned_gpu_ids(), env)
     budget, source = memory_budget(config, model_path, placement) if config.memory_budgeted else (None, None)
@@ -49,23 +52,27 @@ def resolve_kv_tier(
     type_v: str = config.type_v
     explicit_k = config.type_k if "type_k" in config.model_fields_set else None
     explicit_v = config.type_v if "type_v" in config.model_fields_set else None
-    if config.engine == "llama" and auto_tier_enabled(env) and explicit_v is None:
+    if spec.kv_tier_choice and auto_tier_enabled(env) and explicit_v is None:
         from kvres.actors.model_files import layout_from_gguf
-        from kvres.actors.sizing.kv_budget import llama_cache_cells
         from kvres.actors.sizing.kv_tier_choice import choose_kv_types
+        from kvres.actors.sizing.llama_probes import ProbeEngine
         from kvres.policy.tiering import layout_profile_factory
 
         layout = layout_from_gguf(model_path)
         if budget is not None:  # priced as the engine allocates the context
             budget_bytes, n_ctx = budget.bytes, context_cap(config, model_path)
-            profile_for = layout_profile_factory(layout, llama_cache_cells(config))
+            profile_for = layout_profile_factory(layout, spec.cache_cells(config) if spec.cache_cells else None)
         else:
             profile_for = layout_profile_factory(layout)
             budget_bytes, n_ctx = profile_for("f16", "f16").kv_bytes_for_context(config.kv_budget_tokens), config.n_ctx
         if profile_for(explicit_k or "f16", "f16").kv_bytes_for_context(n_ctx) > budget_bytes:
-            # else the top tier holds the whole context: nothing to choose, probe or log
+            # else the top tier holds the whole context: nothing to choose, probe or log.
+            # The probes run in this process before its step loop: one decode thread (see
+            # kvres.actors.engines.llama.engine), on the backend's device.
+            where = placement or placement_for(config, assigned_gpu_ids(), env)
             choice = choose_kv_types(model_path, n_ctx, budget_bytes, explicit_k, None, env,
-                                     profile_for=profile_for, head_dims=layout.head_dims)
+                                     profile_for=profile_for, head_dims=layout.head_dims,
+                                     engine=ProbeEngine(1, where.n_gpu_layers, where.main_gpu))
             decision = choice.decision
             type_k, type_v = choice.type_k, choice.type_v
             if budget is None and decision is not None:
@@ -80,27 +87,10 @@ def resolve_kv_tier(
     return config, decision
 
 
-def make_executor(
-    config: BackendConfig, model_path: Path, placement: Placement | None = None
-) -> Executor | EngineManagedExecutor:
+def make_executor(config: BackendConfig, model_path: Path, placement: Placement | None = None) -> AnyExecutor:
     if placement is None:
         placement = placement_for(config, assigned_gpu_ids())
-    if config.engine == "llama":
-        from .llama import LlamaExecutor
-
-        return LlamaExecutor(
-            str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
-            type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
-            n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu,
-        )
-    if config.engine == "openvino-genai":
-        from kvres.actors.engines.openvino.genai_executor import GenAIExecutor
-
-        return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
-    from .openvino import openvino_executor
-
-    return openvino_executor(model_path, mode=config.openvino_mode, num_threads=config.n_threads or 1,
-                             device=placement.openvino_device)
+    return engine_spec(config.engine).build(config, model_path, placement)
 
 
-__all__ = ["make_executor", "resolve_kv_tier"]
+__all__ = ["ENGINES", "EngineSpec", "UnknownEngineError", "engine_spec", "make_executor", "resolve_kv_tier"]

@@ -1,8 +1,8 @@
 """The session bookkeeping every executor shares.
 
 Primitives:
-- ``SessionTable``: a base class over ``self._sessions`` (session id -> an object with ``tokens``
-  and ``positions``, a ``kvres.policy.positions.PositionMap``): ``_get`` (raises
+- ``SessionTable[S]``: a base class over ``self._sessions`` (session id -> an ``S``, an object with
+  ``tokens`` and ``positions``, a ``kvres.policy.positions.PositionMap``): ``_get`` (raises
   ``UnknownSessionError``), ``sessions``, ``token_log``, ``resident_ranges``, ``cache_positions``,
   ``_check_block`` (a ``KVBlock`` of this engine's fingerprint carrying the token ids the session
   has at its range).
@@ -10,20 +10,29 @@ Primitives:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from kvres.coldstore.block import KVBlock
 from kvres.policy.errors import BlockMismatchError, UnknownSessionError
+from kvres.policy.positions import PositionMap
 from kvres.policy.ranges import Range
 
 
-class SessionTable:
-    _sessions: dict[str, Any]
+class LoggedSession(Protocol):
+    tokens: list[int]
+    positions: PositionMap
 
-    def _get(self, session_id: str) -> Any:
+
+S = TypeVar("S", bound=LoggedSession)
+
+
+class SessionTable(Generic[S]):
+    _sessions: dict[str, S]
+
+    def _get(self, session_id: str) -> S:
         try:
             return self._sessions[session_id]
         except KeyError:
@@ -51,7 +60,7 @@ class SessionTable:
         self._check_block_tokens(session_id, block)
         return block
 
-    def _check_block_tokens(self, session_id: str, block: Any) -> None:
+    def _check_block_tokens(self, session_id: str, block: KVBlock) -> None:
         rng = block.token_range
         if list(block.token_ids) != self._get(session_id).tokens[rng.start : rng.end]:
             raise BlockMismatchError(

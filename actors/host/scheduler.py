@@ -43,7 +43,7 @@ from typing import Literal
 
 from kvres.policy.errors import KvresError
 
-from .sampling import TokenSampler
+from ..engines.sampling import TokenSampler
 
 _END = object()
 IDLE_GRACE_S = 0.01

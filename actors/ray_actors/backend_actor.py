@@ -1,8 +1,12 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor, finds this node's cold store by
-  name, freezes the heap it started with (``heap.freeze_startup_heap``), and forwards:
+- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.engines.registry``),
+  finds this node's cold store by name, starts measuring its recall costs in the background where
+  its engine takes them (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own
+  threads and device, on the disk folder of this node's cold store; ``stats()["recall_costs"]``
+  says how far that got), freezes the heap it started with (``heap.freeze_startup_heap``), and
+  forwards:
   ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray streaming
   generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
   ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
@@ -16,46 +20,67 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
-from kvres.actors.engines.registry import make_executor, resolve_kv_tier
-from kvres.actors.host.backend import BackendHost, ProbedRecallCosts, SuspendRecord
+from kvres.actors.engines.registry import engine_spec, make_executor, resolve_kv_tier
+from kvres.actors.host.backend import BackendHost, SuspendRecord
 from kvres.actors.host.journal import RayJournal
 from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
+from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
+from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
 
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
 
 CALL_THREADS = 256
 CONTROL_THREADS = 8
+STORE_ANSWER_S = 60.0  # how long the recall probe waits for the cold store to name its disk folder
 
 
 def backend_actor_name(name: str) -> str:
     return f"kvres-backend-{name}"
 
 
+def store_disk_folder(store_name: str, namespace: str) -> str | None:
+    """The folder the node's cold store keeps its disk tiers in (the configured ``disk_dir``, or
+    the default under the user's cache), None when it has no disk tier."""
+    handle = ray.get_actor(store_name, namespace=namespace)
+    folder: Any = ray.get(handle.disk_folder.remote(), timeout=STORE_ANSWER_S)
+    return None if folder is None else str(Path(folder).parent)
+
+
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         model = config.model_path or default_model_path()
-        config, self.tier_decision = resolve_kv_tier(config, model)
-        store = RayStorePort(cold_store_name(self.node_id), namespace)
+        spec = engine_spec(config.engine)
+        placement = placement_for(config, assigned_gpu_ids())
+        config, self.tier_decision = resolve_kv_tier(config, model, placement=placement)
+        store_name = cold_store_name(self.node_id)
+        store = RayStorePort(store_name, namespace)
         self._reports = LoadReporter(config, str(model), self.node_id, namespace)
+        executor = make_executor(config, model, placement)
+        self.recall_costs = None if spec.recall_probe is None else BackgroundRecallCosts(
+            model, spec.recall_probe(executor, placement),
+            disk_folder=lambda: store_disk_folder(store_name, namespace))
         self.host = BackendHost(
             config,
-            make_executor(config, model),
+            executor,
             store=store,
             metrics=RayMetrics(),
-            recall_costs=ProbedRecallCosts(str(model)) if config.engine == "llama" else None,
+            recall_costs=self.recall_costs,
             on_change=lambda: self._reports.changed(self.host),
             journal=RayJournal(namespace),
         )
         self._reports.changed(self.host)
+        if self.recall_costs is not None:  # off the call path: a resume never waits for a probe
+            self.recall_costs.start()
         freeze_startup_heap()
 
     def __repr__(self) -> str:
@@ -141,8 +166,9 @@ class BackendServer:
     @ray.method(concurrency_group="control")
     def stats(self) -> dict[str, Any]:
         tier = self.tier_decision.as_dict() if self.tier_decision is not None else None
+        recall = None if self.recall_costs is None else self.recall_costs.status
         return {**self.host.stats(), "node_id": self.node_id, "kv_types": (self.host.config.type_k,
-                self.host.config.type_v), "tier_decision": tier}
+                self.host.config.type_v), "tier_decision": tier, "recall_costs": recall}
 
     @ray.method(concurrency_group="control")
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:

@@ -5,7 +5,7 @@ Primitives:
   copy_payloads=True, fsync=True, secret=None, cache_folder=None)``: the plain class (works
   without Ray), a ``kvres.coldstore.ColdStore`` (single and batched put / get / delete / tiers,
   ``list_session``, ``drop_session``) plus ``stats`` (a flat ``dict[str, int]`` for metrics),
-  ``drain_dropped``, ``flush``, ``close``, ``session_ids``, ``collect_orphans(live_session_ids,
+  ``drain_dropped``, ``flush``, ``close``, ``session_ids``, ``disk_folder``, ``collect_orphans(live_session_ids,
   min_idle_s)`` (drop the blocks of every session not in the planner's directory) and ``destroy``
   (drop everything, remove the disk folder). A batched call is one Ray call for the whole batch.
 - ``default_store_dir(cache_folder) -> Path``: ``<user cache>/kvres/coldstore/<cache_folder>``
@@ -160,6 +160,10 @@ class ColdStoreServer(ColdStore):
 
     def pid(self) -> int:
         return os.getpid()
+
+    def disk_folder(self) -> str | None:
+        """The disk tier's folder, None without one (where a backend measures disk reads)."""
+        return None if self._store.disk is None else str(self._store.disk.path)
 
     def session_ids(self) -> list[str]:
         """Every session with a block here, sorted."""

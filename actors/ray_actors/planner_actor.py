@@ -8,7 +8,7 @@ Primitives:
   - load: ``report_load(LoadReport)`` (a backend's rate-limited push), ``seed(reports)`` (backends
     known from a configuration, empty until they report), ``load()`` (every backend's last
     report and pending placements, and cluster totals).
-  - placement: ``place(session_id, model=None, placement=None, session_kind="none",
+  - placement: ``place(session_id, model=None, placement=None, need=EngineNeed.ANY,
     demand_tokens=0, seeds=()) -> backend``: chooses from the load view
     (``kvres.policy.placement``) and registers the session there.
   - directory: ``register(session_id, backend)``, ``forget(session_id)``, ``where(session_id)``,
@@ -35,6 +35,7 @@ from kvres.actors.host.journal import Directory, MemoryDirectory, RayDirectory
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.errors import SessionExistsError
 from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
+from kvres.policy.residency import EngineNeed
 
 PLANNER_NAME = "kvres-planner"
 
@@ -91,7 +92,7 @@ class PlannerServer:
         session_id: str,
         model: str | None = None,
         placement: PlacementPolicy | str | None = None,
-        session_kind: str = "none",
+        need: EngineNeed = EngineNeed.ANY,
         demand_tokens: int = 0,
         seeds: Sequence[LoadReport] = (),
     ) -> str:
@@ -102,7 +103,7 @@ class PlannerServer:
         if seeds:
             self._view.seed(seeds)
         backend = self._view.place(session_id, time.time(), model, PlacementPolicy.of(placement),
-                                   session_kind, demand_tokens)
+                                   need, demand_tokens)
         self._durable.put(session_id, backend)
         self._directory[session_id] = backend
         return backend

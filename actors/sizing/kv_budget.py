@@ -1,12 +1,9 @@
 """A backend configured by memory: its KV budget in bytes, resolved into a context and a token budget (T0).
 
 Primitives:
-- ``llama_cache_cells(config)``: how the llama executor of this config allocates its cache (one
-  unified cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's full-size
-  SWA cache) and ``llama_context_cells(n_ctx)``: the cells it creates for ``n_ctx`` tokens (two
-  reserved cells, padded to 256).
 - ``kv_profiles(config, model_path, type_k, type_v) -> (allocation, resident)``: the profile of what
-  the engine allocates for a context, and of what the sessions keep resident (each its own window).
+  the engine allocates for a context, and of what the sessions keep resident (each its own window),
+  from the engine's ``EngineSpec`` (``kvres.actors.engines.engine_specs``), as the KV device is.
 - ``memory_budget(config, model_path, placement) -> MemoryBudget``: the bytes the config grants:
   ``kv_memory_bytes`` as a target, ``kv_memory_fraction`` of the free memory of the device the KV
   lives on (the main GPU from llama.cpp's own device list when layers are offloaded, an OpenVINO
@@ -27,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from kvres.actors.config import BackendConfig
+from kvres.actors.engines.engine_specs import LLAMA_RESERVED_CELLS, engine_spec, llama_context_cells
 from kvres.policy.capacity import CapacityError, LayerKVProfile, MemoryBudget, resolve_context_for_budget
-from kvres.policy.kv_layout import LLAMA_CELL_PAD, CacheCells
+from kvres.policy.kv_layout import LLAMA_CELL_PAD
 
-from .device_memory import DeviceMemory, host_memory, llama_gpu_memory, openvino_device_memory
+from .device_memory import DeviceMemory, host_memory
 from .device_placement import Placement
 
 MIN_N_CTX, MAX_N_CTX, MIN_BUDGET_TOKENS = 64, 1 << 20, 16
-LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.engines.llama.executor
 
 
 @dataclass(frozen=True)
@@ -57,35 +54,12 @@ class MemoryResolution:
         return asdict(self)
 
 
-def llama_cache_cells(config: BackendConfig) -> CacheCells:
-    return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
-                      kv_unified=True, swa_full=True)
-
-
-def llama_context_cells(n_ctx: int) -> int:
-    return CacheCells().context_cells(n_ctx + LLAMA_RESERVED_CELLS)
-
-
-def _openvino_profile(config: BackendConfig, model_path: Path) -> LayerKVProfile:
-    from kvres.actors.engines.openvino import openvino_executor
-
-    executor = openvino_executor(model_path, mode=config.openvino_mode, device=config.openvino_device,
-                                 num_threads=config.n_threads or 1)
-    return executor.kv_profile()
-
-
 def kv_profiles(
     config: BackendConfig, model_path: Path, type_k: str | None = None, type_v: str | None = None
 ) -> tuple[LayerKVProfile, LayerKVProfile]:
     """(allocation, resident) profiles of the backend's engine at these KV types."""
-    if config.engine == "llama":
-        from kvres.actors.model_files import layout_from_gguf
-
-        layout = layout_from_gguf(model_path)
-        k, v = type_k or config.type_k, type_v or config.type_v
-        return layout.profile(k, v, llama_cache_cells(config)), layout.profile(k, v).for_sessions(config.n_seq_max)
-    profile = _openvino_profile(config, model_path)  # KV states grow with the tokens: no fixed cache
-    return profile, profile.for_sessions(config.n_seq_max)
+    return engine_spec(config.engine).kv_profiles(config, model_path, type_k or config.type_k,
+                                                  type_v or config.type_v)
 
 
 def _weights_bytes(model_path: Path) -> float:
@@ -95,17 +69,8 @@ def _weights_bytes(model_path: Path) -> float:
 
 
 def kv_device_memory(config: BackendConfig, placement: Placement | None) -> DeviceMemory:
-    """The memory the backend's KV lives in."""
-    if config.engine == "llama" and placement is not None and placement.gpu_ids and placement.n_gpu_layers:
-        gpu = llama_gpu_memory(placement.main_gpu or 0)
-        if gpu is not None:
-            return gpu
-    if config.engine != "llama":
-        device = placement.openvino_device if placement is not None else config.openvino_device
-        gpu = openvino_device_memory(device)
-        if gpu is not None:
-            return gpu
-    return host_memory()
+    """The memory the backend's KV lives in (its engine's device, else host RAM)."""
+    return engine_spec(config.engine).kv_device(config, placement) or host_memory()
 
 
 def memory_budget(
@@ -159,7 +124,7 @@ def resolve_kv_memory(
     allocation, resident = kv_profiles(config, model_path, k, v)
     grant = budget.bytes
     cap = _even(context_cap(config, model_path))
-    if config.engine == "llama":
+    if engine_spec(config.engine).cache_cells is not None:  # llama.cpp: a padded cache of cells per context
         cells = resolve_context_for_budget(allocation, grant) // LLAMA_CELL_PAD * LLAMA_CELL_PAD
         n_ctx = min(cap, cells - LLAMA_RESERVED_CELLS)
         allocated = allocation.kv_bytes_for_context(llama_context_cells(n_ctx)) if n_ctx > 0 else 0.0

@@ -2,7 +2,7 @@
 
 Primitives:
 - ``choose_kv_types(model_path, n_ctx, budget_bytes, explicit_type_k=None, explicit_type_v=None,
-  env=None, ...) -> (type_k, type_v, resident_budget_tokens, TierDecision | None)``.
+  env=None, ..., engine=ONE_THREAD_CPU) -> (type_k, type_v, resident_budget_tokens, TierDecision | None)``.
 - ``KVTypeChoice``: the same four values as a named tuple.
 
 With KVRES_KV_AUTO_TIER unset (or 0) nothing is probed, read or logged: the result is exactly the
@@ -35,6 +35,7 @@ from kvres.policy.tiering import (
     metadata_profile_factory,
 )
 
+from .llama_probes import ONE_THREAD_CPU, ProbeEngine
 from .probes import ProbeResults, load_probes
 from .tier_env import auto_tier_enabled, log_tier_decision, tier_config_from_env
 
@@ -60,6 +61,7 @@ def choose_kv_types(
     head_dims: tuple[int, int] | None = None,
     weights_active_bytes: float | None = None,
     probes: ProbeResults | None = None,
+    engine: ProbeEngine = ONE_THREAD_CPU,
     log: logging.Logger | None = None,
 ) -> KVTypeChoice:
     """KV types and resident token budget for a new context of ``n_ctx`` tokens.
@@ -68,7 +70,8 @@ def choose_kv_types(
     one decode step reads: ``kvres.actors.model_files.active_weight_bytes_of``) and the model for
     the llama.cpp probes; ``profile_for`` / ``head_dims`` /
     ``weights_active_bytes`` / ``probes`` replace those parts (all four make ``model_path``
-    optional). ``budget_bytes`` is the KV memory the context may keep resident.
+    optional). ``budget_bytes`` is the KV memory the context may keep resident; ``engine`` is what
+    the llama.cpp probes run the model with (threads, offload).
     """
     env = os.environ if env is None else env
     previous = KVTypeChoice(
@@ -96,7 +99,7 @@ def choose_kv_types(
             raise TieringError("choose_kv_types needs model_path or weights_active_bytes")
         weights_active_bytes = active_weight_bytes_of(model_path)
     if probes is None:
-        probes = load_probes(model_path, env=env)
+        probes = load_probes(model_path, env=env, engine=engine)
     decision = choose_tier(
         profile_for,
         n_ctx,

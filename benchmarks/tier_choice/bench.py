@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from kvres.actors.model_files import active_weight_bytes_of, layout_from_gguf
-from kvres.actors.sizing.probes import ProbeResults, load_probes, measure_block_bytes, measure_c_engage
+from kvres.actors.sizing.llama_probes import measure_block_bytes, measure_c_engage
+from kvres.actors.sizing.probes import ProbeResults, load_probes
 from kvres.actors.sizing.tier_env import tier_config_from_env
 from kvres.policy.kv_layout import ModelKVLayout
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute

@@ -10,20 +10,14 @@ import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import write_tiny_model
+from kvres.actors.engines.engine_specs import LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, llama_context_cells
 from kvres.actors.engines.registry import make_executor, resolve_kv_tier
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.actors.sizing import kv_tier_choice
 from kvres.actors.sizing.device_memory import DeviceMemory, host_memory, llama_devices
 from kvres.actors.sizing.device_placement import Placement
-from kvres.actors.sizing.kv_budget import (
-    LLAMA_RESERVED_CELLS,
-    LLAMA_RESERVED_SEQS,
-    kv_profiles,
-    llama_context_cells,
-    memory_budget,
-    resolve_kv_memory,
-)
+from kvres.actors.sizing.kv_budget import kv_profiles, memory_budget, resolve_kv_memory
 from kvres.policy.backend_planner import plan_backend
 from kvres.policy.capacity import CapacityError
 from kvres.testing import LocalStorePort
@@ -44,9 +38,11 @@ def store(tmp_path: Path) -> LocalStorePort:
     return LocalStorePort("node", {"node": ColdStoreServer(1 << 22, tmp_path / "cold", 1 << 24)})
 
 
-def _serve(config: BackendConfig, model: Path, store: LocalStorePort, memory: int) -> dict[str, object]:
+def _serve(config: BackendConfig, model: Path, store: LocalStorePort, memory: int,
+           state_tensors: bool = False) -> dict[str, object]:
     """Two streaming sessions grown far past their budgets; the resident KV bytes never exceed
-    ``memory``. Returns the last stats."""
+    ``memory`` (and, with ``state_tensors``, equal what the OpenVINO engine's KV state tensors
+    hold). Returns the last stats."""
     executor = make_executor(config, model, CPU)
     host = BackendHost(config, executor, plan_backend, store)
     half = config.kv_budget_tokens // 2
@@ -60,7 +56,7 @@ def _serve(config: BackendConfig, model: Path, store: LocalStorePort, memory: in
                 stats = host.stats()
                 assert stats["resident_tokens"] <= config.kv_budget_tokens
                 assert 0 < stats["resident_kv_bytes"] <= memory
-                if config.engine == "openvino":  # what the engine itself holds: its KV state tensors
+                if state_tensors:  # what the engine itself holds: its KV state tensors
                     held = sum(v.state.byte_size for s in executor._sessions.values()  # type: ignore[union-attr]
                                for v in s.request.query_state())
                     assert held == stats["resident_kv_bytes"]  # kvres's bill is the engine's own
@@ -98,7 +94,7 @@ def test_openvino_backend_by_memory(stories_model: Path, store: LocalStorePort) 
                            n_seq_max=2, n_threads=1)
     tuned, _ = resolve_kv_tier(config, stories_model, env={}, placement=CPU)
     assert (tuned.n_ctx, tuned.kv_budget_tokens) == (400, 400)
-    _serve(tuned, stories_model, store, memory)
+    _serve(tuned, stories_model, store, memory, state_tensors=True)
 
 
 def test_executor_allocation_matches_llama_cpp_for_a_windowed_model(tmp_path: Path) -> None:

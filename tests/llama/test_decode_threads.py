@@ -1,37 +1,63 @@
 """One thread per process decodes with its context's ``n_threads`` (``engine.claim_decode_threads``):
 a decode from any other live thread runs on one thread, so libgomp starts no second team of
 worker threads (two teams on few cores slow every decode 2-3x, docs/notes.md), and gives the same
-logits."""
+logits.
+
+A thread's workers are counted by name, not by the process's thread count (which any library may
+change at any moment): each decoding thread here gets a name of its own, and Linux gives a new
+thread the name of the thread that starts it, so the threads that carry that name are the decoding
+thread and the OpenMP team it started (libgomp keeps it as long as that thread lives)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvres.actors.engines.llama import engine
 from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
 PASSKEY = Path(__file__).resolve().parents[2] / "models" / "passkey.gguf"
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 120, 64)]
+N_THREADS = 2
+_names = (f"kvres-dec{os.getpid() % 1000}-{i}" for i in itertools.count())  # at most 15 bytes
 
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _named(name: str) -> int:
+    """How many threads of this process are called ``name``."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            count += Path(f"/proc/self/task/{tid}/comm").read_text().rstrip("\n") == name
+    return count
 
 
-def _decode_in_a_live_thread(ctx: LlamaContext, seq: int) -> tuple[np.ndarray, int, Callable[[], None]]:
-    """Decodes in a thread that stays alive afterwards: the logits, the process's thread count
-    while it lives, and what ends it (and waits for its end)."""
+def _decode_in_a_named_thread(
+    ctx: LlamaContext, seq: int, claim: bool = False
+) -> tuple[np.ndarray, int, Callable[[], None]]:
+    """Decodes ``TOKENS`` into ``seq`` from position 0 in a new thread (which first claims the
+    decode threads, if ``claim``) that stays alive afterwards: the logits, how many threads that
+    thread started (its OpenMP workers) and what ends it (and waits for its end)."""
     out: dict[str, object] = {}
     done, release = threading.Event(), threading.Event()
+    name = next(_names)
 
     def run() -> None:
-        out["logits"] = ctx.decode(TOKENS, 0, seq)
-        done.set()
+        try:
+            Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
+            if claim:
+                engine.claim_decode_threads()
+            ctx.seq_rm(seq, -1, -1)
+            out["logits"] = ctx.decode(TOKENS, 0, seq)
+            out["started"] = _named(name) - 1
+        finally:
+            done.set()
         release.wait()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -42,58 +68,45 @@ def _decode_in_a_live_thread(ctx: LlamaContext, seq: int) -> tuple[np.ndarray, i
         release.set()
         thread.join()
 
-    return out["logits"], _threads(), end  # type: ignore[return-value]
+    assert "started" in out, "the decoding thread failed"
+    return out["logits"], out["started"], end  # type: ignore[return-value]
 
 
-def _fewest_new_threads(ctx: LlamaContext, seq: int, tries: int = 3) -> tuple[np.ndarray, int]:
-    """The logits of a decode in a new live thread, and the fewest threads that appeared with it
-    over ``tries`` such threads. OpenMP workers would come with every one of them (each thread
-    that runs a parallel decode gets its own team); a thread some other library starts at the
-    same moment comes once."""
-    fewest, logits = 1 << 30, None
-    for _ in range(tries):
-        ctx.seq_rm(seq, -1, -1)  # each try decodes the same tokens from position 0
-        before = _threads()
-        got, during, end = _decode_in_a_live_thread(ctx, seq)
-        end()
-        logits = got if logits is None else logits
-        fewest = min(fewest, during - before)
-        if fewest == 1:
-            break
-    assert logits is not None
-    return logits, fewest
-
-
-def test_another_live_thread_decodes_on_one_thread_and_starts_no_workers() -> None:
+@pytest.fixture
+def ctx() -> Iterator[LlamaContext]:
     model = LlamaModel(PASSKEY)
-    ctx = LlamaContext(model, n_ctx=512, n_seq_max=3, n_threads=2)
+    context = LlamaContext(model, n_ctx=512, n_seq_max=3, n_threads=N_THREADS)
     try:
-        engine.claim_decode_threads()
-        mine = ctx.decode(TOKENS, 0, 0)  # the claiming thread: two threads (its team starts here)
-        theirs, new = _fewest_new_threads(ctx, 1)
-        assert new == 1, "only the decoding thread itself is new: no OpenMP workers for it"
-        assert np.array_equal(mine, theirs)  # one thread or two: the same numbers
+        yield context
     finally:
-        ctx.close()
+        engine.claim_decode_threads()  # the test thread decodes with n_threads again, as before
+        context.close()
         model.close()
 
 
-def test_a_reservation_keeps_the_first_decoding_thread_from_taking_the_team() -> None:
-    model = LlamaModel(PASSKEY)
-    ctx = LlamaContext(model, n_ctx=512, n_seq_max=3, n_threads=2)
+def test_another_live_thread_decodes_on_one_thread_and_starts_no_workers(ctx: LlamaContext) -> None:
+    mine, team, end_mine = _decode_in_a_named_thread(ctx, 0, claim=True)
     try:
-        claimed = threading.Thread(target=engine.claim_decode_threads)
-        claimed.start()
-        claimed.join()  # the claiming thread is gone: the team is free again
-        engine.reserve_decode_threads()
-        _, new = _fewest_new_threads(ctx, 0)
-        assert new == 1, "the first decoding thread started OpenMP workers"
-        ctx.seq_rm(0, -1, -1)
-        _, _, end = _decode_in_a_live_thread(ctx, 0)
-        taken = engine._team is not None and engine._team.is_alive()
-        end()
-        assert not taken  # reserved: nobody took the team by decoding first
+        # the claiming thread decodes with n_threads: its OpenMP team (the count sees workers)
+        assert team == N_THREADS - 1
+        theirs, started, end_theirs = _decode_in_a_named_thread(ctx, 1)
+        end_theirs()
     finally:
-        engine.claim_decode_threads()
-        ctx.close()
-        model.close()
+        end_mine()
+    assert started == 0, "a thread that did not claim started OpenMP workers"
+    assert np.array_equal(mine, theirs)  # one thread or two: the same numbers
+
+
+def test_a_reservation_keeps_the_first_decoding_thread_from_taking_the_team(ctx: LlamaContext) -> None:
+    claimed = threading.Thread(target=engine.claim_decode_threads)
+    claimed.start()
+    claimed.join()  # the claiming thread is gone: the team is free again
+    engine.reserve_decode_threads()
+    _, started, end = _decode_in_a_named_thread(ctx, 0)
+    taken = engine._team is not None and engine._team.is_alive()
+    end()
+    assert started == 0, "the first decoding thread started OpenMP workers"
+    assert not taken  # reserved: nobody took the team by decoding first
+    _, team, end = _decode_in_a_named_thread(ctx, 0, claim=True)
+    end()
+    assert team == N_THREADS - 1  # the claim ends the reservation

@@ -137,14 +137,14 @@ def test_quantized_cells_read_back_as_f16_are_the_f16_cache_within_its_error(
     """What a scoring pass over a quantized cache attends with (a recall turn on a q8_0 / q4_0
     tier): its K and V rows dequantized to f16 match an f16 cache of the same tokens to within
     the format's error, q8_0 closer than q4_0."""
-    from kvres.actors.engines.llama.executor import _as_f16
+    from kvres.actors.engines.llama.recall import as_f16
     from kvres.actors.engines.llama.state_blob import parse_cells
 
     def cells(kv: str) -> tuple[np.ndarray, np.ndarray]:
         executor = make_llama(model=quant_model, type_k=kv, type_v=kv)
         executor.open_session("s")
         executor.append("s", TOKENS[:64])
-        got = _as_f16(parse_cells([executor.export_range("s", Range(0, 64)).payload]), kv, kv)
+        got = as_f16(parse_cells([executor.export_range("s", Range(0, 64)).payload]), kv, kv)
         assert got.k_types == got.v_types == (1,) * got.k.shape[0] and got.v_el == 2
         return got.k.view("<f2").astype(np.float32), got.v.view("<f2").astype(np.float32)
 
@@ -162,4 +162,4 @@ def test_quantized_cells_read_back_as_f16_are_the_f16_cache_within_its_error(
     f16.open_session("s")
     f16.append("s", TOKENS[:4])
     with pytest.raises(CapabilityError, match="q5_1"):
-        _as_f16(parse_cells([f16.export_range("s", Range(0, 4)).payload]), "q5_1", "f16")
+        as_f16(parse_cells([f16.export_range("s", Range(0, 4)).payload]), "q5_1", "f16")

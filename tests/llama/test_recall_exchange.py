@@ -5,6 +5,8 @@ decoded taken by the next append instead of decoding it again."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.llama.halfs import f16_to_f32, f32_to_f16
+from kvres.actors.engines.llama.engine import f16_to_f32, f32_to_f16
 from kvres.actors.engines.llama.state_blob import parse_cells
 from kvres.policy import BlockMismatchError, RangeError
 from kvres.policy.ranges import Range
@@ -139,3 +141,20 @@ def test_a_different_append_discards_the_scored_turn(ex: LlamaExecutor) -> None:
     assert np.abs(ex.append("taken", other) - ex.append("decoded", other)).max() < 1e-3
     assert ex._sessions["taken"].prefill is None
 
+
+
+def test_a_dropped_executor_frees_its_engine_at_once() -> None:
+    """The recall half holds no strong reference back to its executor: dropping an executor that
+    recalled (without ``close``) frees its contexts at once, not at some later GC pass."""
+    executor = LlamaExecutor(PASSKEY, n_ctx=1024, n_seq_max=4, n_threads=1)
+    blocks = list(_spilled(executor, "s", rebase=False).values())
+    assert executor.prepare_recall("s", blocks, False)
+    executor.recall_attention("s", blocks, TURN, 4, False)
+    executor.exchange("s", [], blocks, False)
+    gone = weakref.ref(executor)
+    gc.disable()
+    try:
+        del executor
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvres.policy.capacity import (
-    CapacityError,
-    LayerKVProfile,
-    MemoryBudget,
+from kvres.policy.capacity import CapacityError, LayerKVProfile, MemoryBudget, resolve_context_for_budget
+from kvres.policy.kv_layout import (
+    CacheCells,
+    ModelKVLayout,
+    layout_from_metadata,
     profile_from_metadata,
-    resolve_context_for_budget,
+    swa_pattern,
 )
-from kvres.policy.kv_layout import CacheCells, ModelKVLayout, layout_from_metadata, swa_pattern
 from kvres.policy.kv_types import kv_type_row_bytes
 
 GiB = 1024**3

@@ -16,6 +16,7 @@ from kvres.policy.placement import (
     choose_backend,
     serves,
 )
+from kvres.policy.residency import EngineNeed
 
 MODEL = "/models/stories260K.gguf"
 
@@ -73,13 +74,13 @@ def test_sessions_of_a_model_go_only_to_backends_of_that_model() -> None:
 
 def test_engine_kinds_and_session_size_narrow_the_choice() -> None:
     pool = loads(report("llama", 0), report("genai", 0, engine="openvino-genai"), report("tiny", 0, budget=100))
-    assert choose_backend(pool, MODEL, session_kind="engine") == "genai"
-    assert choose_backend(pool, MODEL, session_kind="streaming") == "llama"
-    assert choose_backend(pool, MODEL, session_kind="streaming", demand_tokens=1000) == "llama"
+    assert choose_backend(pool, MODEL, need=EngineNeed.ENGINE_MANAGED) == "genai"
+    assert choose_backend(pool, MODEL, need=EngineNeed.KVRES_ADDRESSED) == "llama"
+    assert choose_backend(pool, MODEL, need=EngineNeed.KVRES_ADDRESSED, demand_tokens=1000) == "llama"
     with pytest.raises(PlacementError, match="budget_tokens=2000 fits no backend.*largest kv_budget_tokens .* 1000"):
-        choose_backend(pool, MODEL, session_kind="streaming", demand_tokens=2000)
-    with pytest.raises(PlacementError, match="runs a 'engine' session"):
-        choose_backend(loads(report("llama")), MODEL, session_kind="engine")
+        choose_backend(pool, MODEL, need=EngineNeed.KVRES_ADDRESSED, demand_tokens=2000)
+    with pytest.raises(PlacementError, match="runs a session that needs an engine-managed engine"):
+        choose_backend(loads(report("llama")), MODEL, need=EngineNeed.ENGINE_MANAGED)
 
 
 def test_least_loaded_prefers_a_free_slot_then_free_tokens_then_fewer_sessions() -> None:
@@ -114,7 +115,7 @@ def test_node_labels() -> None:
 def test_a_burst_of_placements_spreads_before_any_backend_reports() -> None:
     view = LoadView()
     view.seed([report(n) for n in ("a", "b", "c")])
-    placed = [view.place(f"s{i}", now=1.0, model=MODEL, session_kind="streaming", demand_tokens=100)
+    placed = [view.place(f"s{i}", now=1.0, model=MODEL, need=EngineNeed.KVRES_ADDRESSED, demand_tokens=100)
               for i in range(6)]
     assert placed == ["a", "b", "c", "a", "b", "c"]
     assert {b.name: (b.pending_sessions, b.free_tokens) for b in view.loads()} == {

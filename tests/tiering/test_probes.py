@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.model_files import model_id
-from kvres.actors.sizing import probes
-from kvres.actors.sizing.probes import ProbeError, load_probes, measure_c_engage, measure_host_ram_gbps
+from kvres.actors.sizing import gpu_probes, host_ram_probe, probe_cache, probes
+from kvres.actors.sizing.host_ram_probe import measure_host_ram_gbps
+from kvres.actors.sizing.llama_probes import ONE_THREAD_CPU, ProbeEngine, measure_c_engage, probe_context
+from kvres.actors.sizing.probe_cache import device_key, model_key
+from kvres.actors.sizing.probe_common import ProbeError
+from kvres.actors.sizing.probes import load_probes
 from kvres.actors.sizing.tier_env import EnvValueError
 from kvres.policy.recall import PrefillCost, TierCost, recall_or_recompute
 
@@ -21,7 +24,7 @@ def test_host_ram_bandwidth_is_plausible() -> None:
 
 
 def test_an_elided_copy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probes.np, "copyto", lambda dst, src: None)
+    monkeypatch.setattr(host_ram_probe.np, "copyto", lambda dst, src: None)
     with pytest.raises(ProbeError, match="checksum"):
         measure_host_ram_gbps(buffer_bytes=1024**2, repeats=1)
 
@@ -34,12 +37,12 @@ def test_cache_written_then_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(probes, "measure_host_ram_gbps", lambda: 12.5)
     first = load_probes(env=_env(tmp_path), engine_probes=False)
     path = Path(first.cache_file or "")
-    assert path.parent == tmp_path and path.name == f"probes-{probes.device_key()}.json"
+    assert path.parent == tmp_path and path.name == f"probes-{device_key()}.json"
     data = json.loads(path.read_text())
     assert data["host_ram_gbps"] == 12.5 and data["device"] == first.device
     assert first.sources["host_ram_gbps"] == "measured"
     assert first.c_engage_ms == probes.DEFAULT_C_ENGAGE_MS and first.sources["c_engage_ms"] == "default"
-    if not probes.gpu_present():  # this machine: no device link, the "device" is host RAM
+    if not gpu_probes.gpu_present():  # this machine: no device link, the "device" is host RAM
         assert first.pcie_gbps is None and first.link == "none" and first.vram_gbps == 12.5
 
     def boom() -> float:
@@ -106,21 +109,22 @@ def test_gpu_probes_without_torch(stories_model: Path, monkeypatch: pytest.Monke
     """No GPU here: llama.cpp's own device list says so (no torch involved). The llama.cpp
     bandwidth probe runs on whatever it offloads to (the CPU here); a GPU that neither torch nor a
     model can measure gets the documented fallback figures, logged and not cached."""
-    assert probes.gpu_device() is None and not probes.gpu_present() and probes.measure_gpu_gbps() is None
-    vram, link = probes.measure_llama_gpu_gbps(stories_model, steps=4, block_tokens=64)
+    assert gpu_probes.gpu_device() is None and not gpu_probes.gpu_present() and gpu_probes.measure_gpu_gbps() is None
+    vram, link = gpu_probes.measure_llama_gpu_gbps(stories_model, steps=4, block_tokens=64)
     assert vram > 0 and link > 0
     from kvres.actors.sizing.device_memory import DeviceMemory
 
     fake = DeviceMemory("CUDA0", "a GPU", "gpu", 1 << 30, 1 << 30)  # what a GPU build would list
-    monkeypatch.setattr(probes, "gpu_device", lambda: fake)
-    monkeypatch.setattr(probes, "_torch_cuda", lambda: None)
+    monkeypatch.setattr(gpu_probes, "gpu_device", lambda: fake)
+    monkeypatch.setattr(gpu_probes, "_torch_cuda", lambda: None)
     monkeypatch.setattr(probes, "measure_host_ram_gbps", lambda: 12.5)
     measured: list[object] = []
-    monkeypatch.setattr(probes, "measure_llama_gpu_gbps", lambda path: measured.append(path) or (900.0, 25.0))
-    assert probes.measure_gpu_gbps(stories_model) == (900.0, 25.0) and measured == [stories_model]
+    monkeypatch.setattr(gpu_probes, "measure_llama_gpu_gbps",
+                        lambda path, main_gpu=None: measured.append(path) or (900.0, 25.0))
+    assert gpu_probes.measure_gpu_gbps(stories_model) == (900.0, 25.0) and measured == [stories_model]
     with caplog.at_level("WARNING", logger="kvres.tiering"):
         p = load_probes(env=_env(tmp_path), engine_probes=False)
-    assert (p.vram_gbps, p.pcie_gbps) == (probes.FALLBACK_VRAM_GBPS, probes.FALLBACK_PCIE_GBPS)
+    assert (p.vram_gbps, p.pcie_gbps) == (gpu_probes.FALLBACK_VRAM_GBPS, gpu_probes.FALLBACK_PCIE_GBPS)
     assert p.sources["vram_gbps"] == p.sources["pcie_gbps"] == "default"
     assert "fallback" in caplog.text and "KVRES_VRAM_GBPS" in caplog.text
     assert "vram_gbps" not in json.loads(Path(p.cache_file or "").read_text())
@@ -135,7 +139,7 @@ def test_engine_probes_cached_per_model(tmp_path: Path, stories_model: Path) -> 
     again = load_probes(stories_model, env=env)
     assert again.sources["c_engage_ms"] == "cached" and again.sources["model"] == "cached"
     assert again.prefill_tokens_per_s == p.prefill_tokens_per_s
-    assert list(json.loads(Path(p.cache_file or "").read_text())["models"]) == [model_id(stories_model)]
+    assert list(json.loads(Path(p.cache_file or "").read_text())["models"]) == [model_key(stories_model, ONE_THREAD_CPU)]
 
 
 def test_c_engage_is_measured_for_each_model(tmp_path: Path, stories_model: Path, wide_kv_model: Path) -> None:
@@ -147,7 +151,8 @@ def test_c_engage_is_measured_for_each_model(tmp_path: Path, stories_model: Path
     assert small.sources["c_engage_ms"] == wide.sources["c_engage_ms"] == "measured"
     models = json.loads(Path(wide.cache_file or "").read_text())["models"]
     assert {k: v["c_engage_ms"] for k, v in models.items()} == {
-        model_id(stories_model): small.c_engage_ms, model_id(wide_kv_model): wide.c_engage_ms}
+        model_key(stories_model, ONE_THREAD_CPU): small.c_engage_ms,
+        model_key(wide_kv_model, ONE_THREAD_CPU): wide.c_engage_ms}
     assert load_probes(stories_model, env=env).sources["c_engage_ms"] == "cached"
 
 
@@ -155,7 +160,7 @@ def test_recall_vs_recompute_with_real_costs(stories_model: Path, tmp_path: Path
     """A real exported block of stories260K: its bytes, the measured import cost and prefill rate."""
     p = load_probes(stories_model, env=_env(tmp_path, KVRES_HOST_RAM_GBPS="11.5", KVRES_C_ENGAGE_MS="0.1"))
     assert p.import_gbps is not None and p.import_latency_s is not None and p.prefill_tokens_per_s
-    with probes._engine(stories_model, n_ctx=136) as eng:
+    with probe_context(stories_model, n_ctx=136) as eng:
 
         def next_logits() -> np.ndarray:  # decode one probe token at 128, keep its logits, drop it
             out = eng.decode([7], 128)
@@ -179,74 +184,33 @@ def test_recall_vs_recompute_with_real_costs(stories_model: Path, tmp_path: Path
     assert recall_or_recompute(len(blob), 64, disk, prefill).action == "recompute"
 
 
-# -- the disk tier's read cost ------------------------------------------------------------------
-
-def test_disk_read_cost_of_a_real_disk_tier(tmp_path: Path) -> None:
-    """Blocks written by a real DiskTier, dropped from the page cache, read back and decoded."""
-    gbps, latency = probes.measure_disk_read_cost(tmp_path, block_bytes=(16 << 10, 256 << 10), repeats=2)
-    assert np.isfinite(gbps) and gbps > 0 and np.isfinite(latency) and latency >= 0
-    assert list(tmp_path.iterdir()) == []  # the probe's tier is gone
-    with pytest.raises(ProbeError, match="repeats >= 1"):
-        probes.measure_disk_read_cost(tmp_path, repeats=0)
-
-
-def test_disk_read_cost_cached_per_file_system_and_env_overridable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[Path] = []
-    monkeypatch.setattr(probes, "measure_disk_read_cost", lambda d: calls.append(d) or (0.8, 2e-4))
-    env = _env(tmp_path / "cache")
-    first = probes.load_disk_read_cost(tmp_path, env=env)
-    assert (first.gbps, first.latency_s, first.sources["gbps"]) == (0.8, 2e-4, "measured")
-    again = probes.load_disk_read_cost(tmp_path, env=env)
-    assert (again.gbps, again.sources["latency_s"]) == (0.8, "cached") and calls == [tmp_path]
-    assert "disk" in json.loads(Path(probes.cache_path(env)).read_text())
-    pinned = probes.load_disk_read_cost(tmp_path, env={**env, "KVRES_DISK_READ_GBPS": "0.2",
-                                                       "KVRES_DISK_LATENCY_MS": "15"})
-    assert (pinned.gbps, pinned.latency_s, dict(pinned.sources)) == (0.2, 0.015, {"gbps": "env", "latency_s": "env"})
-    with pytest.raises(EnvValueError, match="KVRES_DISK_READ_GBPS"):
-        probes.load_disk_read_cost(tmp_path, env={**env, "KVRES_DISK_READ_GBPS": "0"})
-    assert probes.load_probes(env={**env, "KVRES_HOST_RAM_GBPS": "10"}, engine_probes=False)  # shares the file
-    assert probes.load_disk_read_cost(tmp_path, env=env).sources["gbps"] == "cached" and len(calls) == 1
+def test_model_figures_are_kept_per_probe_engine(tmp_path: Path, stories_model: Path) -> None:
+    """Prefill on two threads is not prefill on one: each probe engine measures and caches its own."""
+    env = _env(tmp_path, KVRES_HOST_RAM_GBPS="11.5", KVRES_C_ENGAGE_MS="0.1")
+    one = probes.load_model_figures(stories_model, env=env, c_engage=False)
+    two = probes.load_model_figures(stories_model, env=env, c_engage=False, engine=ProbeEngine(n_threads=2))
+    assert one[1] == two[1] == {"prefill_tokens_per_s", "prefill_fixed_s", "import_gbps", "import_latency_s"}
+    models = json.loads(probe_cache.cache_path(env).read_text())["models"]
+    assert set(models) == {model_key(stories_model, ONE_THREAD_CPU), model_key(stories_model, ProbeEngine(2))}
+    assert probes.load_model_figures(stories_model, env=env, engine=ProbeEngine(2), c_engage=False) == (two[0], frozenset())
+    nothing = probes.load_model_figures(stories_model, env=env, engine=ProbeEngine(3), measure=False)
+    assert nothing == ({}, frozenset())
 
 
-def _spilled_store(tmp_path: Path):
-    """Six 64 KiB blocks of one session, the three oldest spilled from RAM to the disk tier."""
-    from kvres.coldstore import BlockKey, TieredStore
-    from tests.coldstore.helpers import make_block, payload_of
-
-    blocks = [make_block(payload_of(64 << 10, i), start=16 * i, n_tokens=16) for i in range(6)]
-    store = TieredStore.open(3 * (64 << 10) + 8192, tmp_path / "disk", 1 << 22)
-    for block in blocks:
-        store.put(block)
-    keys = [BlockKey.of(b) for b in blocks]
-    return store, keys, [b.payload_nbytes for b in blocks]
+def test_probe_engine_bad_values_are_named() -> None:
+    with pytest.raises(ProbeError, match="n_threads=0"):
+        ProbeEngine(n_threads=0)
+    with pytest.raises(ProbeError, match="n_gpu_layers=-1"):
+        ProbeEngine(n_gpu_layers=-1)
 
 
-def test_probed_recall_costs_price_both_tiers_and_a_slow_disk_is_recomputed(
-    stories_model: Path, tmp_path: Path
-) -> None:
-    """probed_recall_costs gives "ram" and "disk"; pop_many reads a block only where its tier's
-    cost beats recomputing its tokens, so with a slow disk the disk blocks come back None (the
-    backend recomputes them) and are removed unread, while RAM blocks are read."""
-    env = _env(tmp_path / "cache", KVRES_HOST_RAM_GBPS="11.5", KVRES_C_ENGAGE_MS="0.1")
-    measured = probes.probed_recall_costs(stories_model, env=env, disk_dir=tmp_path)
-    assert measured is not None and set(measured.tiers) == {"ram", "disk"}
-    disk, ram = measured.tiers["disk"], measured.tiers["ram"]
-    assert 0 < disk.bandwidth_gbps < ram.bandwidth_gbps and disk.latency_s >= ram.latency_s
-
-    slow = probes.probed_recall_costs(stories_model, disk_dir=tmp_path, env={
-        **env, "KVRES_DISK_READ_GBPS": "0.001", "KVRES_DISK_LATENCY_MS": "1000"})
-    fast = probes.probed_recall_costs(stories_model, disk_dir=tmp_path, env={
-        **env, "KVRES_DISK_READ_GBPS": "1000", "KVRES_DISK_LATENCY_MS": "0"})
-    assert slow is not None and fast is not None
-    for costs, disk_read in ((slow, False), (fast, True)):
-        store, keys, nbytes = _spilled_store(tmp_path / f"store-{disk_read}")
-        tiers = store.tiers(keys)
-        assert tiers.count("disk") == 3 and tiers.count("ram") == 3
-        worth = [costs.worth_reading(n, 16, t or "") for n, t in zip(nbytes, tiers, strict=True)]
-        assert all(w == disk_read for w, t in zip(worth, tiers, strict=True) if t == "disk")
-        got = store.pop_many(keys, nbytes, costs)
-        assert [b is not None for b in got] == worth
-        assert not any(k in store for k in keys)  # read or not, every popped block is gone
-        store.close()
+def test_cache_updates_merge_instead_of_replacing(tmp_path: Path) -> None:
+    """Two writers (a backend's probe child and a T* choice) each keep what they measured."""
+    path = tmp_path / "probes-x.json"
+    probe_cache.update_cache(path, "x", {"host_ram_gbps": 10.0, "models": {"a": {"import_gbps": 1.0}}})
+    probe_cache.update_cache(path, "x", {"models": {"a": {"c_engage_ms": 0.2}, "b": {"import_gbps": 2.0}}})
+    data = probe_cache.read_cache(path)
+    assert data["host_ram_gbps"] == 10.0 and data["device"] == "x"
+    assert data["models"] == {"a": {"import_gbps": 1.0, "c_engage_ms": 0.2}, "b": {"import_gbps": 2.0}}
+    path.write_text(json.dumps({**data, "version": probe_cache.CACHE_VERSION - 1}))
+    assert probe_cache.read_cache(path) == {}  # another version's figures are not used

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvres.actors.sizing.tier_env import log_tier_decision
-from kvres.policy.capacity import LayerKVProfile, profile_from_metadata
+from kvres.policy.capacity import LayerKVProfile
+from kvres.policy.kv_layout import profile_from_metadata
 from kvres.policy.tiering import (
     KV_TIER_LADDER,
     MIB,

@@ -5,7 +5,13 @@ Primitives:
   context shared by many sessions.
 - ``ContextFullError``, ``SessionLimitError``, ``EngineError``: this backend's typed errors.
 - ``engine``: ``LlamaModel`` and ``LlamaContext``, the low-level API every llama.cpp user in the
-  tree (probes, benchmarks, model evaluation) builds on.
+  tree (probes, benchmarks, model evaluation) builds on, and the only module here that calls
+  llama.cpp or ggml (ctypes).
+
+The executor's parts: ``cache_ops`` (cell-level operations on the context), ``session``,
+``blocks`` (the KV block format and its checks), ``state_blob`` (state blobs as arrays),
+``recall`` (cold blocks scored and exchanged in numpy, with ``rope`` and ``quant_rows``),
+``attention`` (the scoring context).
 
 Importing this package loads neither llama.cpp nor Ray; llama.cpp loads on first use.
 """

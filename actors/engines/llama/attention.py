@@ -36,9 +36,8 @@ import numpy.typing as npt
 
 from kvres.policy.scoring import AttentionCapture
 
-from .engine import LlamaContext, LlamaModel, eval_callback
+from .engine import LlamaContext, LlamaModel, eval_callback, read_f32, tensor_name
 from .errors import EngineError
-from .ggml_tensor import read_f32, tensor_name
 
 _KQ_SOFTMAX = re.compile(r"kq_soft_max-(\d+)$")
 

@@ -7,6 +7,8 @@ Primitives:
   sessions hold (``live``) and the parked ones.
   ``place(seq, tokens, first) -> logits``: compute tokens into ``seq`` at positions ``first..``
   attending to the sequence's cells before ``first``.
+  ``place_many(items) -> logits per item``: ``(seq, tokens, first)`` items, each continuing its
+  sequence at its last position + 1, decoded in the same batches (continuous batching).
   ``remove(seq, positions, shift)``: drop the cells at ``positions`` (one contiguous span of
   the sequence), then move the cells after them by ``shift`` (re-basing).
   ``shift(seq, p0, delta)``: move ``[p0, inf)``. ``drop(seq)``: free a whole sequence.
@@ -129,6 +131,16 @@ class CacheOps:
             ctx.seq_cp(scratch, seq, first, first + n)
         finally:
             ctx.seq_rm(scratch, -1, -1)
+        self.live += n
+        return logits
+
+    def place_many(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[npt.NDArray[np.float32]]:
+        for seq, tokens, first in items:
+            self.unpark(seq, first, first + len(tokens))
+        n = sum(len(tokens) for _, tokens, _ in items)
+        self.reserve(n)
+        logits = self.ctx.decode_many([(tokens, first, seq) for seq, tokens, first in items])
+        self.shift_pending = False
         self.live += n
         return logits
 

@@ -7,11 +7,12 @@ Primitives:
   ``rotate(keys, delta, axis=-2)``: keys ``(..., head_dim)`` (after RoPE, as the cache holds them)
   turned by ``delta`` positions, one delta per cell along ``axis`` (R(p + d) = R(d) R(p): no
   recompute).
-- ``key_rotation(model_ptr, metadata) -> KeyRotation | None``: the rotation of a loaded model, or
-  None where numpy would not reproduce llama.cpp's (scaled, YaRN or multi-section RoPE, no RoPE).
+- ``key_rotation(model, metadata) -> KeyRotation | None``: the rotation of a loaded
+  ``engine.LlamaModel`` (its GGUF ``metadata``), or None where numpy would not reproduce llama.cpp's
+  (scaled, YaRN or multi-section RoPE, no RoPE).
 
 Why here: a batched exchange rewrites a session's whole cache in one state restore (see
-``executor.LlamaExecutor.exchange``); the cells that move are turned here instead of by one
+``recall``); the cells that move are turned here instead of by one
 ``seq_add`` per range (each a pass over the cache on the next decode).
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .engine import LlamaModel
 
 DEFAULT_FREQ_BASE = 10000.0  # llama.cpp's rope_freq_base when the GGUF names none
 
@@ -76,13 +79,8 @@ class KeyRotation:
         return out
 
 
-def key_rotation(model_ptr: Any, metadata: Mapping[str, Any]) -> KeyRotation | None:
-    import llama_cpp as ll
-
-    rope_type = int(ll.llama_model_rope_type(model_ptr))
-    if rope_type not in (ll.LLAMA_ROPE_TYPE_NORM, ll.LLAMA_ROPE_TYPE_NEOX):
-        return None
-    if float(ll.llama_model_rope_freq_scale_train(model_ptr)) != 1.0:
+def key_rotation(model: LlamaModel, metadata: Mapping[str, Any]) -> KeyRotation | None:
+    if model.rope not in ("norm", "neox") or model.rope_freq_scale != 1.0:
         return None
     arch = metadata.get("general.architecture")
     scaling = metadata.get(f"{arch}.rope.scaling.type")
@@ -92,4 +90,4 @@ def key_rotation(model_ptr: Any, metadata: Mapping[str, Any]) -> KeyRotation | N
     if n_rot is None:
         return None
     base = float(metadata.get(f"{arch}.rope.freq_base") or DEFAULT_FREQ_BASE)
-    return KeyRotation(base, int(n_rot), neox=rope_type == ll.LLAMA_ROPE_TYPE_NEOX)
+    return KeyRotation(base, int(n_rot), neox=model.rope == "neox")

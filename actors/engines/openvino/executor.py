@@ -59,7 +59,7 @@ from kvres.policy.tokens import token_ids
 
 from .compiled import SHARED_CACHE, CompiledModelCache, compile_config
 from .rope import rotate_keys
-from .scoring_pass import attention_probs, with_attention_outputs
+from .scoring_pass import ScoringPass, with_attention_outputs
 from .states import KVArrays, kv_len, kv_to_payload, payload_to_kv, read_kv, take, write_kv
 from .text import TextCodec
 
@@ -94,7 +94,7 @@ def _kv_element(compiled: ov.CompiledModel, precision: str) -> tuple[str, int]:
         return precision, 32
 
 
-class OpenVINOExecutor(SessionTable, Executor):
+class OpenVINOExecutor(SessionTable[Session], Executor):
     engine = ENGINE
     mode: ClassVar[str]
     _sessions: dict[str, Session]
@@ -121,7 +121,7 @@ class OpenVINOExecutor(SessionTable, Executor):
         self.device = device
         self.loaded, self._compiled = compiled_cache.get(Path(model_path), device, precision, num_threads)
         self._score_compiled: ov.CompiledModel | None = None
-        self._score_outputs: list[str] = []
+        self._score_pass: ScoringPass | None = None
         self._score_config = compile_config(precision, num_threads)
         self.kv_type, self._kv_bits = _kv_element(self._compiled, precision)
         self.fingerprint = make_fingerprint(
@@ -322,24 +322,24 @@ class OpenVINOExecutor(SessionTable, Executor):
         if not mask.any():
             raise RangeError(f"session {session_id!r} has no resident tokens to score")
         self.sync(session_id)
-        request = self._score_request()
+        scoring = self._scoring_pass()
         log_index = np.nonzero(mask)[0].astype(np.int64)
-        probs = attention_probs(
-            request, self.loaded.state_names, self._score_outputs,
+        probs = scoring.attention_probs(
             self._kv(s), np.asarray(s.tokens)[mask].tolist(), s.positions.all_positions()[mask].tolist(),
             window or self.score_window,
         )
         return AttentionCapture(probs, log_index, log_index[log_index.size - probs.shape[2]:])
 
-    def _score_request(self) -> ov.InferRequest:
-        """The scoring pass's request (one, reused: its states are reset after every pass; whoever
+    def _scoring_pass(self) -> ScoringPass:
+        """The scoring pass (one request, reused: its states are reset after every pass; whoever
         takes it may change them, so what a recall preparation loaded into it is forgotten)."""
         self._score_holds = None
-        if self._score_compiled is None:
-            model, self._score_outputs = with_attention_outputs(self.loaded.model)
+        if self._score_pass is None:
+            model, outputs = with_attention_outputs(self.loaded.model)
             self._score_compiled = ov.Core().compile_model(model, self.device, self._score_config)
-            self._score_req = self._score_compiled.create_infer_request()
-        return self._score_req
+            self._score_pass = ScoringPass(self._score_compiled.create_infer_request(), self.loaded.state_names,
+                                           outputs)
+        return self._score_pass
 
     def keys(self, session_id: str) -> KeyCapture:
         s = self._get(session_id)

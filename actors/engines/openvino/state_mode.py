@@ -36,8 +36,7 @@ from kvres.policy.scoring import AttentionCapture
 
 from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
-from .scoring_pass import attention_after
-from .states import KVArrays, concat, read_kv, take, write_kv
+from .states import KVArrays, concat, read_kv, take
 
 
 class StateExecutor(OpenVINOExecutor):
@@ -116,9 +115,8 @@ class StateExecutor(OpenVINOExecutor):
         self._recall_memo = prep.memo
         first = prep.first
         loaded = self._score_holds is prep
-        probs, logits, own = attention_after(
-            self._score_request(), self.loaded.state_names, self._score_outputs, prep.kv, toks,
-            list(range(first, first + len(toks))), window, loaded=loaded)
+        probs, logits, own = self._scoring_pass().attention_after(
+            prep.kv, toks, list(range(first, first + len(toks))), window, loaded=loaded)
         s.prefill = _Prefill(tuple(toks), own, first, logits, s.positions.all_positions())
         keys = np.concatenate([prep.memo.merged.index, len(s.tokens) + np.arange(len(toks), dtype=np.int64)])
         return AttentionCapture(probs, keys, keys[keys.size - probs.shape[2]:].copy())
@@ -136,7 +134,7 @@ class StateExecutor(OpenVINOExecutor):
         self.sync(session_id)
         prep = self._recall_prep(session_id, s, blocks, rebase)
         self._recall_preps[session_id] = prep
-        write_kv(self._score_request(), self.loaded.state_names, prep.kv)
+        self._scoring_pass().load(prep.kv)
         self._score_holds = prep
         held = sum(p.nbytes for p in self._recall_preps.values())
         while held > RECALL_PREP_BYTES and len(self._recall_preps) > 1:

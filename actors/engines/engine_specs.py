@@ -1,0 +1,151 @@
+"""One spec per engine kvres runs: how to build its executor and what sizing needs to know of it.
+
+Primitives:
+- ``EngineSpec``: one engine: ``build(config, model_path, placement)`` its executor;
+  ``kv_profiles(config, model_path, type_k, type_v) -> (allocation, resident)`` for sizing;
+  ``kv_device(config, placement)`` the device memory its KV lives in (None: host RAM);
+  ``cache_cells(config)`` how it allocates a fixed cache for a context (llama.cpp), None when its
+  KV grows with the tokens; ``kv_tier_choice`` whether T* may choose its KV types;
+  ``recall_probe(executor, placement)`` the ``ProbeEngine`` its recall costs are measured with,
+  None when it takes no measured costs (it reads every cold block).
+- ``ENGINES``: "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
+  ``UnknownEngineError`` naming the name and the known ones).
+- llama.cpp's cache as the llama executor creates it: ``llama_cache_cells(config)`` (one unified
+  cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's full-size SWA
+  cache) and ``llama_context_cells(n_ctx)`` (two reserved cells, padded to 256);
+  ``LLAMA_RESERVED_CELLS``, ``LLAMA_RESERVED_SEQS``, ``LLAMA_N_BATCH``.
+
+Callers ask here (through ``kvres.actors.engines.registry``) instead of branching on the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvres.actors.config import BackendConfig
+from kvres.actors.sizing.device_memory import DeviceMemory, llama_gpu_memory, openvino_device_memory
+from kvres.actors.sizing.device_placement import Placement
+from kvres.policy.capacity import LayerKVProfile
+from kvres.policy.errors import KvresError
+from kvres.policy.kv_layout import CacheCells
+
+from .executor import EngineManagedExecutor, Executor
+
+if TYPE_CHECKING:
+    from kvres.actors.sizing.llama_probes import ProbeEngine
+
+LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.engines.llama.executor
+
+AnyExecutor = Executor | EngineManagedExecutor
+
+
+class UnknownEngineError(KvresError, ValueError):
+    """A backend names an engine the registry does not know."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    build: Callable[[BackendConfig, Path, Placement], AnyExecutor]
+    kv_profiles: Callable[[BackendConfig, Path, str, str], tuple[LayerKVProfile, LayerKVProfile]]
+    kv_device: Callable[[BackendConfig, Placement | None], DeviceMemory | None]
+    cache_cells: Callable[[BackendConfig], CacheCells] | None = None
+    kv_tier_choice: bool = False
+    recall_probe: Callable[[AnyExecutor, Placement], ProbeEngine] | None = None
+
+
+# -- llama.cpp ------------------------------------------------------------------------------------
+
+def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
+    from .llama import LlamaExecutor
+
+    return LlamaExecutor(
+        str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
+        type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
+        n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu,
+    )
+
+
+def llama_cache_cells(config: BackendConfig) -> CacheCells:
+    return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
+                      kv_unified=True, swa_full=True)
+
+
+def llama_context_cells(n_ctx: int) -> int:
+    return CacheCells().context_cells(n_ctx + LLAMA_RESERVED_CELLS)
+
+
+def _llama_profiles(config: BackendConfig, model_path: Path, type_k: str, type_v: str
+                    ) -> tuple[LayerKVProfile, LayerKVProfile]:
+    from kvres.actors.model_files import layout_from_gguf
+
+    layout = layout_from_gguf(model_path)
+    return (layout.profile(type_k, type_v, llama_cache_cells(config)),
+            layout.profile(type_k, type_v).for_sessions(config.n_seq_max))
+
+
+def _llama_kv_device(config: BackendConfig, placement: Placement | None) -> DeviceMemory | None:
+    if placement is not None and placement.gpu_ids and placement.n_gpu_layers:
+        return llama_gpu_memory(placement.main_gpu or 0)
+    return None
+
+
+def _llama_recall_probe(executor: AnyExecutor, placement: Placement) -> ProbeEngine:
+    """The backend's own decode threads and offload (the probes then measure what it runs)."""
+    from kvres.actors.sizing.llama_probes import ProbeEngine
+
+    from .llama import LlamaExecutor
+
+    if not isinstance(executor, LlamaExecutor):
+        raise TypeError(f"a llama backend's executor must be a LlamaExecutor, got {type(executor).__name__}")
+    return ProbeEngine(executor.n_threads, placement.n_gpu_layers, placement.main_gpu)
+
+
+# -- OpenVINO -------------------------------------------------------------------------------------
+
+def _openvino_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
+    from .openvino import openvino_executor
+
+    return openvino_executor(model_path, mode=config.openvino_mode, num_threads=config.n_threads or 1,
+                             device=placement.openvino_device)
+
+
+def _genai_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
+    from .openvino.genai_executor import GenAIExecutor
+
+    return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
+
+
+def _openvino_profiles(config: BackendConfig, model_path: Path, type_k: str, type_v: str
+                       ) -> tuple[LayerKVProfile, LayerKVProfile]:
+    """KV states grow with the tokens: no fixed cache; the profile of the model's IR (the KV types
+    are the IR's own)."""
+    from .openvino import openvino_executor
+
+    executor = openvino_executor(model_path, mode=config.openvino_mode, device=config.openvino_device,
+                                 num_threads=config.n_threads or 1)
+    profile = executor.kv_profile()
+    return profile, profile.for_sessions(config.n_seq_max)
+
+
+def _openvino_kv_device(config: BackendConfig, placement: Placement | None) -> DeviceMemory | None:
+    return openvino_device_memory(placement.openvino_device if placement is not None else config.openvino_device)
+
+
+ENGINES: Mapping[str, EngineSpec] = {
+    "llama": EngineSpec("llama", _llama_build, _llama_profiles, _llama_kv_device, cache_cells=llama_cache_cells,
+                        kv_tier_choice=True, recall_probe=_llama_recall_probe),
+    "openvino": EngineSpec("openvino", _openvino_build, _openvino_profiles, _openvino_kv_device),
+    "openvino-genai": EngineSpec("openvino-genai", _genai_build, _openvino_profiles, _openvino_kv_device),
+}
+
+
+def engine_spec(name: str) -> EngineSpec:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise UnknownEngineError(f"unknown engine {name!r}; kvres runs {', '.join(ENGINES)}") from None
+

@@ -1,0 +1,115 @@
+"""What the parts of a backend host share: its engine, store, sessions, lock and step loop.
+
+Primitives:
+- ``HostContext(config, executor, store, metrics, journal, on_change)``: the session table
+  (``sessions``, ``get`` with the journal fallback, ``new_session``, ``tick``), bookkeeping
+  (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the engine as
+  kvres addresses it (``kv_executor(what)``; None where the engine manages its KV), and the
+  hooks the host sets once its parts exist (``rebuild``, ``open_on_engine``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+
+from kvres.policy import KvresError
+
+from ..config import BackendConfig, SessionPolicy
+from ..engines.executor import EngineManagedExecutor, Executor
+from ..metrics import Metrics
+from ..residency import residency_for
+from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
+from .scheduler import StepLoop, WaitCountingLock
+from .sessions import HostSession
+from .store_ports import StorePort
+
+
+class HostContext:
+    def __init__(
+        self, config: BackendConfig, executor: Executor | EngineManagedExecutor, store: StorePort | None,
+        metrics: Metrics, journal: Journal | None, on_change: Callable[[], None] | None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.executor = executor
+        self.kv = executor if isinstance(executor, Executor) else None  # kvres addresses its KV
+        self.store = store
+        self.metrics = metrics
+        self.journal = WriteBehindJournal(journal or MemoryJournal())
+        self.on_change = on_change
+        self.fingerprint = executor.fingerprint
+        self.sessions: dict[str, HostSession] = {}
+        self.dirty: set[str] = set()  # changed outside a call of theirs: committed after the step
+        self.lock = WaitCountingLock()
+        self.peak_resident_tokens = 0  # the most the engine held after any step
+        self._clock = itertools.count(1)
+        self.loop: StepLoop  # set by the host once its step function exists
+        self.rebuild: Callable[[str], HostSession]  # a session the journal has and this process not
+        self.open_on_engine: Callable[[str, HostSession, Sequence[int]], None]
+
+    # -- the session table ------------------------------------------------------------------
+    def tick(self) -> int:
+        return next(self._clock)
+
+    def new_session(self, policy: SessionPolicy, record: SessionRecord | None = None, *, parked: bool = False,
+                    committed: SessionRecord | None = None) -> HostSession:
+        """A session of ``policy``, empty or carrying ``record``'s counters, cold blocks, logits
+        and exactness (``parked``: suspended with that record)."""
+        residency = residency_for(policy)
+        s = HostSession(policy, residency, residency.ranking(self.executor.capabilities()), self.tick())
+        if record is not None:
+            s.counters, s.cold = dict(record.counters), list(record.cold)
+            s.last_logits, s.exact = record.last_logits, record.exact
+            s.committed = record if committed is None else committed
+            if parked:
+                s.park(record)
+        return s
+
+    def get(self, session_id: str, *, live: bool = True) -> HostSession:
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.rebuild(session_id)
+        if live and not s.live:
+            raise KvresError(f"session {session_id!r} is suspended; resume it first")
+        return s
+
+    def token_log(self, session_id: str) -> list[int]:
+        s = self.get(session_id, live=False)
+        return list(s.record.token_log) if not s.live else self.executor.token_log(session_id)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def count(self, session_id: str, name: str, value: int = 1) -> None:
+        counters = self.sessions[session_id].counters
+        counters[name] = counters.get(name, 0) + value
+        self.metrics.count(name, self.name, session_id, value)
+
+    def refresh_resident(self, session_id: str) -> int:
+        s = self.sessions[session_id]
+        s.resident = sum(len(r) for r in self.executor.resident_ranges(session_id)) if s.live else 0
+        return s.resident
+
+    def publish(self) -> None:
+        """Metrics and the load report (``on_change``) after a change of sessions or residency."""
+        total = 0
+        for sid, s in self.sessions.items():
+            total += s.resident
+            self.metrics.set_resident(self.name, sid, s.resident)
+        self.metrics.set_backend_resident(self.name, total)
+        if self.on_change is not None:
+            self.on_change()
+
+    def busy(self) -> set[str]:
+        return {job.session_id for job in self.loop.pending()}
+
+    def held(self) -> int:
+        """Tokens the live sessions hold."""
+        return sum(s.resident for s in self.sessions.values() if s.live)
+
+    def free_tokens(self, incoming: Mapping[str, int]) -> int:
+        return self.config.kv_budget_tokens - self.held() - sum(incoming.values())
+
+    def kv_executor(self, what: str) -> Executor:
+        if self.kv is None:
+            raise KvresError(f"backend {self.name!r} ({self.config.engine}) cannot {what}: the engine manages its KV")
+        return self.kv

@@ -1,0 +1,147 @@
+"""A session's durability: its journal record, written after every call, and what a failure undoes.
+
+Primitives:
+- ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False)``
+  (the session's record to the journal; ``later``: written behind, for changes that add no
+  token), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
+  others' calls changed), ``rebuild(session_id)`` (a session the journal says this backend serves
+  and this process does not hold: it comes back suspended), ``fail(job, error)`` and
+  ``roll_back(session_id)`` (a failed call commits nothing: back to the last commit).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from kvres.coldstore import ColdStoreError, validate_session_id
+from kvres.policy import KvresError, UnknownSessionError
+
+from .context import HostContext
+from .journal import SessionRecord
+from .scheduler import Job
+from .sessions import HostSession
+
+log = logging.getLogger("kvres.backend")
+
+
+class Durability:
+    def __init__(self, ctx: HostContext) -> None:
+        self.ctx = ctx
+
+    def snapshot(self, session_id: str) -> SessionRecord:
+        ctx = self.ctx
+        s = ctx.sessions[session_id]
+        if not s.live:
+            record = replace(s.record, counters=dict(s.counters), backend=ctx.name, state="suspended", exact=s.exact)
+        else:
+            record = SessionRecord(
+                session_id, list(ctx.executor.token_log(session_id)), list(ctx.executor.resident_ranges(session_id)),
+                [], list(s.cold), s.policy, s.last_logits, dict(s.counters), ctx.fingerprint,
+                backend=ctx.name, state="live", exact=s.exact,
+            )
+        if s.committed is not None:
+            record.request_id, record.result = s.committed.request_id, s.committed.result
+            record.generation = s.committed.generation
+        record.generation += 1
+        return record
+
+    def commit(
+        self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None,
+        later: bool = False,
+    ) -> SessionRecord:
+        """Write the session's record to the journal (``backend`` overrides who serves it: ""
+        while it moves); a call's commit also records its request id and result."""
+        record = self.snapshot(session_id)
+        if request_id is not None:
+            record.request_id, record.result = request_id, result
+        if backend is not None:
+            record.backend = backend
+        if later:
+            self.ctx.journal.save_later(record)
+        else:
+            self.ctx.journal.save(record)
+        self.ctx.sessions[session_id].committed = record
+        self.ctx.dirty.discard(session_id)
+        return record
+
+    def commit_new(self, session_id: str) -> None:
+        """A new session's first record; if it cannot be written the session is not opened."""
+        try:
+            self.commit(session_id)
+        except BaseException:
+            s = self.ctx.sessions.pop(session_id)
+            if s.live:
+                self.ctx.executor.close_session(session_id)
+            raise
+
+    def flush_dirty(self) -> None:
+        """Commit sessions changed by others' calls (evicted, suspended for room); a session with
+        a call of its own running is committed by that call."""
+        ctx = self.ctx
+        if not ctx.dirty:
+            return
+        running = ctx.busy()
+        for sid in list(ctx.dirty):
+            if sid not in ctx.sessions:
+                ctx.dirty.discard(sid)
+            elif sid not in running:
+                self.commit(sid, later=True)
+
+    def rebuild(self, session_id: str) -> HostSession:
+        """A session the journal says this backend serves but this process does not hold (the
+        backend was restarted): it comes back suspended, and its next call resumes it (parked
+        blocks imported, the rest recomputed from its token log)."""
+        ctx = self.ctx
+        try:
+            validate_session_id(session_id)
+        except ColdStoreError:
+            raise UnknownSessionError(session_id) from None
+        record = ctx.journal.load(session_id)
+        if record is None or record.backend != ctx.name:
+            raise UnknownSessionError(session_id)
+        if record.fingerprint != ctx.fingerprint:
+            raise KvresError(
+                f"session {session_id!r} was made with model fingerprint {record.fingerprint!r}; backend "
+                f"{ctx.name!r} now runs {ctx.fingerprint!r} and cannot rebuild it"
+            )
+        s = ctx.new_session(record.policy, record, parked=True)
+        ctx.sessions[session_id] = s
+        ctx.count(session_id, "rebuilds")
+        s.park(replace(record, counters=dict(s.counters)))
+        log.warning("backend %r rebuilt session %r from its journal (%d tokens, %s)", ctx.name, session_id,
+                    len(record.token_log), "was live" if record.state == "live" else "was suspended")
+        return s
+
+    def fail(self, job: Job, error: BaseException) -> None:
+        """A call that fails commits nothing: its session goes back to its last commit."""
+        if not job.done:
+            try:
+                self.roll_back(job.session_id)
+            except Exception:
+                log.exception("rolling back session %r after a failed call failed", job.session_id)
+        job.finish(error)
+
+    def roll_back(self, session_id: str) -> None:
+        """Undo what a failed call did to a live session: back to its committed record (suspended
+        by it, so the next call resumes it: parked blocks imported, the rest recomputed), blocks it
+        spilled since released. Nothing to do when none of the call's tokens landed."""
+        ctx = self.ctx
+        s = ctx.sessions.get(session_id)
+        record = None if s is None else s.committed
+        if s is None or record is None or not s.live:
+            return
+        landed = len(ctx.executor.token_log(session_id)) != len(record.token_log) or record.state != "live"
+        if not landed and s.cold == record.cold:
+            return
+        keep = set(record.cold) | set(record.blocks)
+        spilled = [ref for ref in s.cold if ref not in keep]
+        if spilled and ctx.store is not None:
+            ctx.store.release(spilled)
+        ctx.executor.close_session(session_id)
+        ctx.count(session_id, "rollbacks")
+        s.park(replace(record, counters=dict(s.counters), state="suspended"))
+        s.cold, s.last_logits, s.exact = list(record.cold), record.last_logits, record.exact
+        s.forget_turn()
+        ctx.publish()

@@ -1,0 +1,69 @@
+"""The step of a backend whose engine evicts by itself (openvino-genai): each call runs whole.
+
+Primitives:
+- ``ManagedStepper(ctx, executor, durability, parking)``: ``step(jobs)`` runs every pending call at
+  once on the engine (it cannot batch across sessions from here), a suspended session resumed
+  first; ``open_on_engine`` tells the engine the session's eviction (``Residency.engine_eviction``);
+  ``check_policy`` refuses policies that need kvres to evict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvres.policy.residency import Residency
+
+from ..config import SessionPolicy
+from ..engines.executor import EngineManagedExecutor
+from .admission import check_managed_policy
+from .context import HostContext
+from .durability import Durability
+from .parking import Parking
+from .scheduler import Job
+from .sessions import HostSession
+from .stepper import complete
+
+
+class ManagedStepper:
+    step_tokens = 0  # not stepped token by token
+
+    def __init__(self, ctx: HostContext, executor: EngineManagedExecutor, durability: Durability,
+                 parking: Parking) -> None:
+        self.ctx = ctx
+        self.executor = executor
+        self.durability = durability
+        self.parking = parking
+
+    def check_policy(self, policy: SessionPolicy, residency: Residency) -> None:
+        check_managed_policy(self.ctx, policy, residency)
+
+    def open_on_engine(self, session_id: str, s: HostSession, tokens: Sequence[int]) -> None:
+        self.executor.open_session(session_id, tokens)
+        eviction = s.residency.engine_eviction()
+        if eviction is not None:
+            self.executor.set_eviction(session_id, *eviction)
+
+    def step(self, jobs: list[Job]) -> bool:
+        for job in jobs:
+            self._run(job)
+        return True
+
+    def _run(self, job: Job) -> None:
+        ctx = self.ctx
+        try:
+            s = ctx.sessions.get(job.session_id)
+            if s is not None and not s.live:
+                self.parking.resume(job.session_id, None)
+            if job.kind == "append":
+                self.executor.append(job.session_id, job.feed)
+                ctx.metrics.count_tokens(ctx.name, "prompt", len(job.feed))
+            else:
+                assert job.sampler is not None
+                tokens = self.executor.generate(job.session_id, job.remaining, job.sampler.temperature,
+                                                job.sampler.seed)
+                for token in tokens:
+                    job.emit(token)
+                ctx.metrics.count_tokens(ctx.name, "generated", len(tokens))
+            complete(ctx, self.durability, job)
+        except Exception as exc:
+            self.durability.fail(job, exc)

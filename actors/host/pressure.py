@@ -1,0 +1,267 @@
+"""Memory pressure: a backend's sessions kept within its budget and their own.
+
+Primitives:
+- ``Pressure(ctx, plan, suspend)``: ``make_room(incoming, newcomer=None, newcomer_tokens=0,
+  ahead=None, busy=None)`` (plan when a session or the backend would go over budget and carry the
+  plan out: idle sessions suspended through ``suspend``, ranges evicted), ``needs_plan`` and
+  ``fits`` (cheap checks before planning), ``evict`` (a spilling session parks the ranges first,
+  in one store call), ``cap_spill`` (a session's spilled bytes kept under its cap), ``compress`` /
+  ``compress_now`` (a scored session cut to its budget by its ranking), ``view`` / ``with_scores``
+  (what the planner sees of a session).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from kvres.policy import KvresError, Range
+from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
+from kvres.policy.scorers import KeyCapture
+from kvres.policy.scoring import AttentionCapture
+
+from ..engines.executor import Executor
+from .context import HostContext
+from .errors import BackendFullError
+from .scheduler import Job
+from .sessions import HostSession
+from .store_ports import ColdRef
+
+
+class EngineScores:
+    """One session's scoring inputs, read from the engine (``kvres.policy.residency.ScoreSource``)."""
+
+    def __init__(self, executor: Executor, session_id: str, s: HostSession) -> None:
+        self._executor, self._session_id, self._s = executor, session_id, s
+
+    def attention(self, window: int) -> AttentionCapture:
+        return self._executor.attention(self._session_id, window)
+
+    def keys(self) -> KeyCapture:
+        return self._executor.keys(self._session_id)
+
+    def log_length(self) -> int:
+        return len(self._executor.token_log(self._session_id))
+
+    def resident_tokens(self) -> int:
+        return self._s.resident
+
+
+class Pressure:
+    def __init__(
+        self, ctx: HostContext, plan: Callable[[BackendPlanInput], BackendPlan], suspend: Callable[[str], object],
+    ) -> None:
+        self.ctx = ctx
+        self._plan = plan
+        self._suspend = suspend
+
+    # -- what the planner sees --------------------------------------------------------------
+    def view(self, session_id: str, incoming: int, active: bool) -> SessionView:
+        s = self.ctx.sessions[session_id]
+        r = s.residency
+        view = SessionView(
+            session_id=session_id,
+            resident_ranges=tuple(self.ctx.executor.resident_ranges(session_id)),
+            last_used=s.last_used,
+            active=active,
+            incoming_tokens=incoming,
+            budget_tokens=r.budget,
+            stream_policy=r.stream_policy(),
+            evictable=r.evicts,
+            block_size=r.block_size,
+        )
+        if not s.retrieved:
+            return view
+        # blocks recalled this turn outrank the rest (which go by recency, as streaming would)
+        blocks = view.blocks()
+        scores = tuple(float(any(r.start < blocks.ends[i] and blocks.starts[i] < r.end for r in s.retrieved))
+                       for i in range(len(blocks)))
+        return replace(view, scores=scores)
+
+    def with_scores(self, view: SessionView) -> SessionView:
+        s = self.ctx.sessions[view.session_id]
+        if not s.scored_now or not view.resident_ranges:
+            return view
+        table = view.blocks()
+        ranges = [table[i].range for i in range(len(table))]
+        return replace(view, scores=tuple(self.block_scores(view.session_id, ranges)))
+
+    def block_scores(self, session_id: str, ranges: list[Range]) -> list[float]:
+        """One score per range by the session's ranking (``kvres.policy.residency.Ranking``)."""
+        s = self.ctx.sessions[session_id]
+        if s.ranking is None:
+            raise KvresError(f"backend {self.ctx.name!r} has nothing to rank session {session_id!r}'s blocks by")
+        return s.ranking.block_scores(EngineScores(self.ctx.kv_executor("score"), session_id, s), ranges)
+
+    # -- compressing a scored session -------------------------------------------------------
+    def compress_now(self, s: HostSession, job: Job, done: bool) -> bool:
+        """When a scored session is cut to its budget: at the end of its call; during an append
+        only when the rest of it does not fit the backend's free room (so the observation window
+        is the end of the prompt whenever the prompt fits); during a generate once it outgrows
+        its budget (twice the budget: the cache, and so each decode step, stays bounded)."""
+        if done:
+            return True
+        if job.kind == "append":
+            return len(job.feed) > self.ctx.free_tokens({})
+        budget = s.residency.budget_tokens or 0
+        return s.resident > budget + max(s.residency.block_size, budget)
+
+    def compress(self, session_id: str) -> None:
+        """Cut a scored session (or one on a recall turn) to its budget once, by its ranking."""
+        s = self.ctx.sessions[session_id]
+        recalled, s.retrieved = s.retrieved, []  # scores rank them now, not the recall
+        try:
+            self._cut_to_budget(session_id)
+        finally:
+            if s.compressing:
+                s.compressing = False
+                kept = self.ctx.executor.resident_ranges(session_id)
+                s.retrieved = [r for r in recalled if any(k.start <= r.start and r.end <= k.end for k in kept)]
+
+    def _cut_to_budget(self, session_id: str) -> None:
+        ctx = self.ctx
+        s = ctx.sessions[session_id]
+        budget = s.residency.budget_tokens
+        accumulates = s.ranking is not None and s.ranking.accumulates
+        if not accumulates and (budget is None or s.resident <= budget):
+            return
+        view = self.view(session_id, 0, True)
+        if budget is None or s.resident <= budget:
+            self.with_scores(view)  # an accumulating ranking still sees the rows of this call
+            return
+        plan = self._plan(BackendPlanInput([self.with_scores(view)], ctx.config.kv_budget_tokens,
+                                           ctx.executor.capabilities()))
+        for action in plan.actions:
+            if action.kind == "evict":
+                self.evict(session_id, action.ranges, action.rebase)
+
+    # -- budget checks and planning ---------------------------------------------------------
+    def needs_plan(self, incoming: Mapping[str, int], newcomer_tokens: int) -> bool:
+        ctx = self.ctx
+        live = [(sid, s) for sid, s in ctx.sessions.items() if s.live]
+        total = sum(s.resident for _, s in live) + sum(incoming.values()) + newcomer_tokens
+        if total > ctx.config.kv_budget_tokens:
+            return True
+        for sid, s in live:
+            if s.scored_now and sid in incoming:
+                continue  # compressed after its chunk, not before: only the backend budget binds
+            budget = s.residency.budget
+            if budget is not None and s.resident + incoming.get(sid, 0) > budget:
+                return True
+        return False
+
+    def fits(self, s: HostSession, n: int, used: int) -> bool:
+        """What ``needs_plan`` would find for ``n`` more tokens of ``s`` (not yet in the step)
+        when its last check in this step found nothing to plan and ``used`` tokens are held or
+        coming: only the backend's budget and the session's own can bind."""
+        if used + n > self.ctx.config.kv_budget_tokens:
+            return False
+        budget = s.residency.budget
+        if s.scored_now or budget is None:
+            return True
+        return s.resident + n <= budget
+
+    def make_room(
+        self,
+        incoming: Mapping[str, int],
+        newcomer: str | None = None,
+        newcomer_tokens: int = 0,
+        ahead: Mapping[str, int] | None = None,
+        busy: set[str] | None = None,
+    ) -> bool:
+        """Make room for ``incoming`` tokens per live session (and, for a ``newcomer`` being
+        opened or resumed, a sequence slot and ``newcomer_tokens``): plan when a session or the
+        backend would go over budget, planning room for ``ahead`` tokens where given, and carry
+        the plan out. Sessions with a running call (``busy``) are never suspended for it. True
+        when it changed anything (a session suspended or a plan carried out)."""
+        ctx = self.ctx
+        busy = ctx.busy() if busy is None else busy
+        live = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer]
+        if newcomer is not None and len(live) >= ctx.config.n_seq_max:
+            # every sequence slot is taken: the least recently used idle session has to go
+            idle = [sid for sid in live if sid not in busy and sid not in incoming]
+            if not idle:
+                raise BackendFullError(
+                    f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
+                    f"serving running calls; {newcomer!r} has to wait for one"
+                )
+            victim = min(idle, key=lambda sid: ctx.sessions[sid].last_used)
+            self._suspend(victim)
+            ctx.count(victim, "suspends")
+            live.remove(victim)
+            if not self.needs_plan(incoming, newcomer_tokens):
+                return True
+        elif not self.needs_plan(incoming, newcomer_tokens):
+            return False
+        planned = {**incoming, **(ahead or {})}
+        active = set(planned) | busy
+        views = [self.view(sid, planned.get(sid, 0), sid in active) for sid in live]
+        views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
+        if newcomer is not None:
+            views.append(SessionView(newcomer, (), last_used=1 << 62, active=True, incoming_tokens=newcomer_tokens))
+        t0 = time.perf_counter()
+        plan = self._plan(BackendPlanInput(views, ctx.config.kv_budget_tokens, ctx.executor.capabilities()))
+        ctx.metrics.observe_plan_ms(ctx.name, (time.perf_counter() - t0) * 1e3)
+        for action in plan.actions:
+            if action.kind == "suspend":
+                self._suspend(action.session_id)
+                ctx.count(action.session_id, "suspends")
+            else:
+                self.evict(action.session_id, action.ranges, action.rebase)
+        if plan.over_budget and self.needs_plan(incoming, newcomer_tokens):
+            who = newcomer if newcomer is not None else ", ".join(sorted(incoming))
+            more = newcomer_tokens if newcomer is not None else sum(incoming.values())
+            raise BackendFullError(
+                f"backend {ctx.name!r} cannot fit {more} more tokens for session {who!r} "
+                f"within kv_budget_tokens={ctx.config.kv_budget_tokens}: " + "; ".join(plan.diagnostics[-2:])
+            )
+        return True
+
+    # -- carrying a plan out ----------------------------------------------------------------
+    def evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:
+        """Evict ``ranges``; a spilling session parks them first, all in one store call."""
+        ctx = self.ctx
+        executor = ctx.kv_executor("evict")
+        s = ctx.sessions[session_id]
+        ordered = sorted(ranges, reverse=True)
+        if s.residency.spill and ctx.store is not None and executor.capabilities().kv_export:
+            refs = ctx.store.park([executor.export_range(session_id, r) for r in ordered])
+            self.keep_spilled(session_id, refs, len(ordered))
+        for rng in ordered:
+            executor.evict_range(session_id, rng, rebase=rebase)
+            ctx.count(session_id, "evictions")
+        first = ordered[-1].start if ordered else None
+        if first is not None and any(r.end > first for r in executor.resident_ranges(session_id)):
+            s.exact = False  # later tokens attended to what left: their KV cannot be recomputed as it is
+        ctx.dirty.add(session_id)
+        if s.ranking is not None:
+            s.ranking.drop(ordered)  # an evicted key's accumulated attention goes with it
+        ctx.refresh_resident(session_id)
+
+    def keep_spilled(self, session_id: str, refs: list[ColdRef], blocks: int) -> None:
+        """``blocks`` blocks of the session were just parked as ``refs``: counted, and the
+        session's spill cap applied."""
+        ctx = self.ctx
+        ctx.sessions[session_id].cold.extend(refs)
+        ctx.count(session_id, "spills", blocks)
+        ctx.count(session_id, "spilled_bytes", sum(ref.nbytes for ref in refs))
+        self._cap_spill(session_id)
+
+    def _cap_spill(self, session_id: str) -> None:
+        """Keep a session's spilled bytes under its policy's ``spill_cap_bytes``: the oldest
+        spills go first (deleted from their stores; their tokens stay in the log)."""
+        ctx = self.ctx
+        s = ctx.sessions[session_id]
+        cap = s.policy.spill_cap_bytes
+        if cap is None or ctx.store is None:
+            return
+        held = sum(ref.nbytes for ref in s.cold)
+        dropped: list[ColdRef] = []
+        while s.cold and held > cap:
+            ref = s.cold.pop(0)
+            held -= ref.nbytes
+            dropped.append(ref)
+        if dropped:
+            ctx.store.release(dropped)
+            ctx.count(session_id, "spill_dropped", len(dropped))

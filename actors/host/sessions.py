@@ -1,0 +1,96 @@
+"""A session as the backend host holds it, with its state as an explicit value.
+
+Primitives:
+- ``SessionState``: ``LIVE`` (its KV on the engine) or ``SUSPENDED`` (parked: ``HostSession.parked``
+  holds the record resume brings back).
+- ``HostSession``: the session's policy and residency object (built once at open), its ranking
+  (with any running scoring state), counters, cold blocks, last logits, resident and peak tokens,
+  its last commit; ``park(record)`` / ``record`` (the parked record).
+- ``RecallReady``: a spilling session's cold blocks as read ahead for its next recall.
+- ``SuspendRecord``: what a suspend hands over (the session's journal record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+from kvres.coldstore import KVBlock
+from kvres.policy import Range
+from kvres.policy.residency import Ranking, Residency
+
+from ..config import SessionPolicy
+from ..metrics import COUNTERS
+from .journal import SessionRecord
+from .store_ports import ColdRef
+
+SuspendRecord = SessionRecord
+
+
+class SessionState(Enum):
+    LIVE = "live"
+    SUSPENDED = "suspended"
+
+
+@dataclass(frozen=True)
+class RecallReady:
+    """A spilling session's cold blocks as read for its next recall (while the backend was
+    idle): ``refs`` and their ``blocks`` (``tokens`` of them, ``nbytes``), valid while ``cold`` is
+    its list; prepared again after any call of the session (``used``: its ``last_used`` then).
+    ``refs`` None: considered and not held (it failed, or others were more recent)."""
+
+    cold: list[ColdRef]
+    used: int
+    refs: list[ColdRef] | None = None
+    blocks: list[KVBlock] = field(default_factory=list)
+    tokens: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class HostSession:
+    policy: SessionPolicy
+    residency: Residency
+    ranking: Ranking | None  # what ranks its blocks when it is cut or recalls (None: nothing can)
+    last_used: int
+    state: SessionState = SessionState.LIVE
+    parked: SessionRecord | None = None  # SUSPENDED: the record a resume brings back
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    cold: list[ColdRef] = field(default_factory=list)  # spilled by eviction
+    last_logits: npt.NDArray[np.float32] | None = None
+    resident: int = 0  # resident tokens, kept in step with the executor (cheap budget checks)
+    peak: int = 0  # the most this session held after any step
+    committed: SessionRecord | None = None  # as of its last commit (what a failed call rolls back to)
+    exact: bool = True  # recomputing its resident ranges from the log gives the KV they hold
+    compressing: bool = False  # this turn recalled cold blocks: compress after the append
+    retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
+    recall_ready: RecallReady | None = None  # its cold blocks, read while the backend was idle
+
+    @property
+    def live(self) -> bool:
+        return self.state is SessionState.LIVE
+
+    @property
+    def scored_now(self) -> bool:
+        """Cut to its budget by scores after each chunk (a scored policy, or a recall turn)."""
+        return self.residency.compresses or self.compressing
+
+    @property
+    def record(self) -> SessionRecord:
+        """The parked record of a suspended session."""
+        if self.parked is None:
+            raise AssertionError("a live session has no parked record")
+        return self.parked
+
+    def park(self, record: SessionRecord) -> None:
+        self.state, self.parked = SessionState.SUSPENDED, record
+        self.resident, self.recall_ready = 0, None
+
+    def forget_turn(self) -> None:
+        """Back to an earlier state: what this turn scored and recalled no longer holds."""
+        if self.ranking is not None:
+            self.ranking.reset()
+        self.compressing, self.retrieved = False, []

@@ -1,0 +1,201 @@
+"""The step of a backend whose KV kvres addresses: every pending call's share in one engine call.
+
+Primitives:
+- ``KVStepper(ctx, durability, pressure, recall, parking)``: ``step(jobs)``, the step loop's step
+  function (under the host lock): a suspended session's job brings it back first where a slot
+  can be had; a generating job adds one sampled token, an appending job a chunk (a turn's first
+  step recalls its cold blocks first); room is made for each (``Pressure.make_room``, counting
+  what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
+  session's logits, counters and compression after it. A call that fails is rolled back; a call
+  that is done is committed, then answered. ``open_on_engine`` and ``check_policy``: what opening
+  a session takes on this engine.
+
+Budget: the step never lets the live sessions hold more than ``kv_budget_tokens`` after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy.residency import Residency
+
+from ..config import SessionPolicy
+from ..engines.executor import Executor
+from .admission import check_kv_policy
+from .context import HostContext
+from .durability import Durability
+from .errors import BackendFullError
+from .parking import Parking
+from .pressure import Pressure
+from .recall import Recall
+from .scheduler import Job
+from .sessions import HostSession
+
+STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
+
+
+def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
+    """The call is done: commit the session (with the call's id and answer), then answer."""
+    job.result = len(ctx.executor.token_log(job.session_id))
+    answer: object = (job.result - job.appended, job.result) if job.kind == "append" else list(job.produced)
+    try:
+        durability.commit(job.session_id, job.request_id, answer)
+    except Exception as exc:
+        durability.fail(job, exc)
+        return
+    job.finish()
+
+
+class KVStepper:
+    def __init__(
+        self, ctx: HostContext, executor: Executor, durability: Durability, pressure: Pressure, recall: Recall,
+        parking: Parking,
+    ) -> None:
+        self.ctx = ctx
+        self.executor = executor
+        self.durability = durability
+        self.pressure = pressure
+        self.recall = recall
+        self.parking = parking
+        self.step_tokens = STEP_TOKENS
+
+    def check_policy(self, policy: SessionPolicy, residency: Residency) -> None:
+        check_kv_policy(self.ctx, policy, residency)
+
+    def open_on_engine(self, session_id: str, s: HostSession, tokens: Sequence[int]) -> None:
+        self.executor.open_session(session_id, tokens)
+
+    def step(self, jobs: list[Job]) -> bool:
+        """One engine step for ``jobs``; True when any of them progressed."""
+        progressed = False
+        busy = {job.session_id for job in jobs}
+        batch: list[tuple[Job, list[int]]] = []
+        incoming: dict[str, int] = {}
+        capacity = self.step_tokens
+        held: int | None = None  # what live sessions hold, as of a room check that changed nothing
+        for job in jobs:
+            s = self.ctx.sessions.get(job.session_id)
+            if s is None:
+                self.durability.fail(job, UnknownSessionError(job.session_id))
+                progressed = True
+                continue
+            if not s.live:
+                held = None
+                admitted = self._admit(job, busy)
+                progressed |= admitted or job.done
+                if not admitted:
+                    continue
+                s = self.ctx.sessions[job.session_id]
+            if self._nothing_to_generate(job, s):
+                progressed = True
+                continue
+            if job.kind == "append" and not job.started:
+                held = None  # a recall may change what the session holds
+                job.started = True
+                try:
+                    self.recall.recall(job.session_id, len(job.feed))
+                except Exception as exc:
+                    self.durability.fail(job, exc)
+                    progressed = True
+                    continue
+            n = min(self._want(job, s, incoming), capacity)
+            if n <= 0:
+                break
+            try:
+                if held is None or not self.pressure.fits(s, n, held + sum(incoming.values())):
+                    # room for the whole chunk ahead (a generate plans ahead like an append would)
+                    ahead = n if job.kind == "append" else s.residency.ahead(job.remaining)
+                    changed = self.pressure.make_room({**incoming, job.session_id: n},
+                                                      ahead={job.session_id: ahead}, busy=busy)
+                    held = None if changed else self.ctx.held()
+            except BackendFullError as exc:
+                if not batch:
+                    self.durability.fail(job, exc)
+                    progressed = True
+                continue  # otherwise it waits for the jobs ahead of it
+            except Exception as exc:
+                self.durability.fail(job, exc)
+                progressed = True
+                continue
+            toks = [job.sampler.sample(s.last_logits)] if job.sampler is not None and s.last_logits is not None \
+                else job.feed[:n]
+            batch.append((job, toks))
+            incoming[job.session_id] = n
+            capacity -= n
+        if not batch:
+            return progressed
+        self._run(batch, incoming)
+        return True
+
+    @staticmethod
+    def _nothing_to_generate(job: Job, s: HostSession) -> bool:
+        """A generate with nothing left to generate, or before any prompt, is finished here."""
+        if job.kind != "generate" or (job.remaining and s.last_logits is not None):
+            return False
+        job.finish(None if job.remaining == 0 else KvresError(
+            f"session {job.session_id!r} has no tokens yet: append a prompt first"))
+        return True
+
+    def _admit(self, job: Job, busy: set[str]) -> bool:
+        """Bring a suspended session in for its job if a slot can be had (an idle session may be
+        suspended for it); False while every slot serves a running call."""
+        ctx = self.ctx
+        try:
+            self.parking.resume(job.session_id, None, busy=busy)
+            ctx.count(job.session_id, "resumes")
+            return True
+        except BackendFullError as exc:
+            if not any(sid in ctx.sessions and ctx.sessions[sid].live for sid in busy):
+                job.finish(exc)  # nothing running will ever free room for it
+            return False
+        except Exception as exc:
+            job.finish(exc)
+            return False
+
+    def _want(self, job: Job, s: HostSession, incoming: dict[str, int]) -> int:
+        """The job's share of this step before the step's capacity: one token for a generate, a
+        chunk for an append (a session cut to budget after each chunk gets at most the free room)."""
+        if job.kind == "generate":
+            return 1
+        want = s.residency.chunk(len(job.feed))
+        if s.scored_now:
+            want = min(want, max(1, self.ctx.free_tokens(incoming)))  # compress after each chunk
+        return want
+
+    def _run(self, batch: list[tuple[Job, list[int]]], incoming: dict[str, int]) -> None:
+        """One ``append_many`` for the batch; then logits, counters, compression, completion."""
+        ctx = self.ctx
+        try:
+            logits = self.executor.append_many([(job.session_id, toks) for job, toks in batch])
+        except Exception as exc:
+            for job, _ in batch:
+                ctx.refresh_resident(job.session_id)
+                self.durability.fail(job, exc)
+            return
+        ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if job.kind == "generate"))
+        ctx.metrics.count_tokens(ctx.name, "prompt", sum(len(t) for j, t in batch if j.kind == "append"))
+        ctx.peak_resident_tokens = max(ctx.peak_resident_tokens, sum(
+            s.resident + incoming.get(sid, 0) for sid, s in ctx.sessions.items()))
+        finished = False
+        for (job, toks), lg in zip(batch, logits, strict=True):
+            s = ctx.sessions[job.session_id]
+            s.last_logits = lg
+            s.resident += len(toks)
+            s.peak = max(s.peak, s.resident)
+            if job.kind == "generate":
+                job.emit(toks[0])
+                done = job.remaining == 0
+            else:
+                del job.feed[: len(toks)]
+                done = not job.feed
+            try:
+                if s.scored_now and self.pressure.compress_now(s, job, done):
+                    self.pressure.compress(job.session_id)
+            except Exception as exc:
+                self.durability.fail(job, exc)
+            if done and not job.done:
+                complete(ctx, self.durability, job)
+            finished |= job.done
+        if finished:
+            ctx.publish()

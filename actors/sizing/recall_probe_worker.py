@@ -1,0 +1,66 @@
+"""The child process a backend measures its recall costs in (``recall_costs.BackgroundRecallCosts``).
+
+Run: ``python -m kvres.actors.sizing.recall_probe_worker MODEL [--threads N] [--gpu-layers N]
+[--main-gpu I] [--disk-dir DIR | --no-disk] [--nice N]``. Measures what is not cached
+(``recall_costs.probed_recall_costs``, which caches it), prints the costs as one JSON line
+(``recall_costs.recall_costs_to_json``; ``null`` without engine figures) and exits 0; a probe that
+fails exits 1 with its error on stderr. It exits as soon as its parent is gone.
+
+Primitives: ``main(argv=None) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent() -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)  # orphaned: the backend that wanted the figures is gone
+
+    threading.Thread(target=watch, name="kvres-probe-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument("--main-gpu", type=int, default=None)
+    disk = parser.add_mutually_exclusive_group()
+    disk.add_argument("--disk-dir", default=None)
+    disk.add_argument("--no-disk", action="store_true")
+    parser.add_argument("--nice", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+
+    from kvres.policy.errors import KvresError
+
+    from .llama_probes import ProbeEngine
+    from .recall_costs import probed_recall_costs, recall_costs_to_json
+
+    try:
+        engine = ProbeEngine(args.threads, args.gpu_layers, args.main_gpu)
+        costs = probed_recall_costs(args.model, disk_dir=args.disk_dir, disk_tier=not args.no_disk, engine=engine)
+    except (KvresError, OSError) as exc:
+        print(f"recall probe of {args.model!r} failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(recall_costs_to_json(costs)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    _exit_with_parent()
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Residency policies: what a session keeps resident, one small object per policy (the kvpress style).
+
+Primitives:
+- ``Residency``: the base, a frozen object built once when a session opens. Its fields are the
+  window's shape (``sink_tokens``, ``recent_tokens``, ``block_size``, ``budget_tokens``, ``rebase``,
+  ``spill``, ``observation_window``); it says what it needs (``needs_scores``, ``requirements``)
+  and decides: ``evicts`` (kvres plans this session's evictions), ``compresses`` (it is cut to its
+  budget by scores after a prefill, not planned chunk by chunk), ``chunk(remaining)`` (the most an
+  append prefills in one step), ``ahead(remaining)`` (what a generate plans room for),
+  ``stream_policy()``, ``engine_eviction()``, ``describe()`` (one line for people).
+- ``NoEviction``, ``Streaming``, ``Scored`` (SnapKV, H2O or KeyNorm), ``EngineEvicts`` (the engine
+  evicts inside each request).
+- ``EngineNeed``: which engines can run a session (``Residency.engine_need``, what placement asks).
+- ``Ranking``: what ranks a session's blocks when it is cut or recalls (``ranking_for``): its
+  ``scorer``, ``block_scores(source, ranges)`` and, for H2O, the running accumulator (every query
+  row counted once); ``by_attention_window``: SnapKV, the ranking a recall's scoring pass can use.
+- ``ScoreSource``: what a ranking reads from the engine (``attention``, ``keys``, ``log_length``,
+  ``resident_tokens``).
+- ``recall_scorer(caps)``: what ranks the blocks of a session that has no scorer of its own.
+
+Pure: no engine, no I/O. The backend host asks these objects; no code outside the factory that
+builds them compares policy kinds or scorer names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+import numpy as np
+
+from .capabilities import Capabilities
+from .planner import StreamPolicy
+from .ranges import Range
+from .scorers import H2O, KeyCapture, KeyNorm, Scorer, SnapKV
+from .scoring import AttentionCapture, H2OAccumulator, block_scores
+
+
+class ScoreSource(Protocol):
+    """The engine side of scoring one session."""
+
+    def attention(self, window: int) -> AttentionCapture: ...
+
+    def keys(self) -> KeyCapture: ...
+
+    def log_length(self) -> int: ...
+
+    def resident_tokens(self) -> int: ...
+
+
+@dataclass
+class Ranking:
+    """Ranks a session's resident blocks. SnapKV reads the last ``window`` rows; KeyNorm the
+    resident keys; H2O adds the rows processed since its last capture to what every key received
+    (each row counted once) and ranks by the total."""
+
+    scorer: Scorer
+    window: int
+    _accumulated: H2OAccumulator | None = None
+    _scored_upto: int = 0  # the log length whose rows the accumulator has seen
+
+    @property
+    def by_attention_window(self) -> bool:
+        return isinstance(self.scorer, SnapKV)
+
+    @property
+    def accumulates(self) -> bool:
+        """It must see every call's rows, even when nothing is cut (H2O)."""
+        return isinstance(self.scorer, H2O)
+
+    def block_scores(self, source: ScoreSource, ranges: list[Range]) -> list[float]:
+        if self.scorer.needs == "keys":
+            return self.scorer.block_scores(source.keys(), ranges)
+        if not self.accumulates:
+            return self.scorer.block_scores(source.attention(self.window), ranges)
+        log_len = source.log_length()
+        new_rows = min(log_len - self._scored_upto, source.resident_tokens())
+        if self._accumulated is None:
+            self._accumulated = H2OAccumulator()
+        if new_rows > 0:
+            capture = source.attention(new_rows)
+            self._accumulated.add(capture.probs, capture.key_positions)
+        self._scored_upto = log_len
+        totals = self._accumulated.scores
+        return [float(x) for x in block_scores(totals, np.arange(totals.size), ranges)]
+
+    def drop(self, ranges: Sequence[Range]) -> None:
+        """Evicted keys take their accumulated attention with them."""
+        if self._accumulated is not None:
+            self._accumulated.drop(ranges)
+
+    def reset(self) -> None:
+        """The session went back to an earlier state: start counting rows again."""
+        self._accumulated, self._scored_upto = None, 0
+
+
+def recall_scorer(caps: Capabilities, window: int) -> Scorer | None:
+    """What ranks blocks on a recall turn of a session without a scorer of its own: SnapKV by a
+    scoring pass where the engine captures attention, KeyNorm where it reads its keys, else none."""
+    if caps.attention_capture:
+        return SnapKV(window=window)
+    if caps.key_access:
+        return KeyNorm()
+    return None
+
+
+class EngineNeed(Enum):
+    """Which engines can run a session: any, those whose KV kvres addresses (kvres evicts), or
+    those that evict by themselves."""
+
+    ANY = "any"
+    KVRES_ADDRESSED = "kvres-addressed"
+    ENGINE_MANAGED = "engine-managed"
+
+
+@dataclass(frozen=True)
+class Residency:
+    sink_tokens: int = 4
+    recent_tokens: int = 64
+    block_size: int = 16
+    budget_tokens: int | None = None
+    rebase: bool = True
+    spill: bool = True
+    observation_window: int = 16
+    name: str = "none"
+    evicts: bool = field(default=False, init=False)  # kvres plans this session's evictions
+    compresses: bool = field(default=False, init=False)  # cut to budget by scores after a prefill
+
+    @property
+    def budget(self) -> int | None:
+        """The session's own resident budget, where kvres enforces one."""
+        return self.budget_tokens if self.evicts else None
+
+    @property
+    def engine_need(self) -> EngineNeed:
+        return EngineNeed.KVRES_ADDRESSED if self.evicts else EngineNeed.ANY
+
+    @property
+    def bounded_tokens(self) -> int | None:
+        """The most the session keeps resident where its policy bounds it (kvres's eviction or
+        the engine's), else None."""
+        return self.budget_tokens if self.evicts else None
+
+    @property
+    def spills(self) -> bool:
+        """Evicted blocks go to the cold store (and come back by recall)."""
+        return self.evicts and self.spill
+
+    def stream_policy(self) -> StreamPolicy:
+        return StreamPolicy(self.evicts, self.sink_tokens, self.recent_tokens, self.rebase)
+
+    def chunk(self, remaining: int) -> int:
+        """The most an append prefills in one step."""
+        return remaining
+
+    def ahead(self, remaining: int) -> int:
+        """What a generate with ``remaining`` tokens to go plans room for at once."""
+        return self.chunk(remaining)
+
+    def own_scorer(self) -> Scorer | None:
+        """The scorer the policy names (kind "scored"), else None."""
+        return None
+
+    def ranking(self, caps: Capabilities) -> Ranking | None:
+        """What ranks this session's blocks on this engine: its own scorer, else the recall
+        scorer the engine allows."""
+        scorer = self.own_scorer() or recall_scorer(caps, self.observation_window)
+        return None if scorer is None else Ranking(scorer, self.observation_window)
+
+    def requirements(self) -> tuple[str, ...]:
+        """Capabilities (``Capabilities`` field names) the engine must have: evicting from the
+        middle, and closing the gaps where ``rebase`` (keeping them moves no cell)."""
+        if not self.evicts:
+            return ()
+        return ("remove_middle", "position_shift") if self.rebase else ("remove_middle",)
+
+    def engine_eviction(self) -> tuple[StreamPolicy, int, str] | None:
+        """What an engine that evicts by itself is told (stream policy, budget, aggregation)."""
+        return None
+
+    def describe(self) -> str:
+        """One line for people (``kvres inspect``)."""
+        parked = "spilled to the cold store" if self.spill else "dropped"
+        return (f"{self.name}, budget {self.budget_tokens} tokens, sinks {self.sink_tokens}, recent "
+                f"{self.recent_tokens}, blocks of {self.block_size}, evicted blocks {parked}")
+
+
+@dataclass(frozen=True)
+class NoEviction(Residency):
+    """Everything stays resident (spilled or suspended only as a whole)."""
+
+    def describe(self) -> str:
+        return "none (keep every token resident)"
+
+
+@dataclass(frozen=True)
+class Streaming(Residency):
+    """Sinks + the recent window, evicted step by step; an append prefills in chunks of at most
+    half the evictable room, so the window never overflows within a step."""
+
+    name: str = "streaming"
+    evicts: bool = field(default=True, init=False)
+
+    def chunk(self, remaining: int) -> int:
+        if self.budget_tokens is None:
+            return remaining
+        room = self.budget_tokens - self.sink_tokens - self.recent_tokens
+        return min(remaining, max(1, room // 2))
+
+
+@dataclass(frozen=True)
+class Scored(Residency):
+    """Compress after prefill: prefilled whole (in chunks as large as the free room), then cut to
+    the budget by the scorer."""
+
+    name: str = "scored"
+    scorer: Scorer = field(default_factory=SnapKV)
+    evicts: bool = field(default=True, init=False)
+    compresses: bool = field(default=True, init=False)
+
+    def ahead(self, remaining: int) -> int:
+        return 1
+
+    def own_scorer(self) -> Scorer | None:
+        return self.scorer
+
+    def describe(self) -> str:
+        return super().describe().replace(self.name, f"scored by {self.scorer.name}", 1)
+
+    def requirements(self) -> tuple[str, ...]:
+        needs = {"attention": "attention_capture", "keys": "key_access"}[self.scorer.needs]
+        return (needs, *super().requirements())
+
+
+@dataclass(frozen=True)
+class EngineEvicts(Residency):
+    """The engine evicts inside each request (openvino-genai's CacheEvictionConfig)."""
+
+    name: str = "engine"
+    aggregation: str = "NORM_SUM"
+
+    @property
+    def engine_need(self) -> EngineNeed:
+        return EngineNeed.ENGINE_MANAGED
+
+    @property
+    def bounded_tokens(self) -> int | None:
+        return self.budget_tokens
+
+    def ranking(self, caps: Capabilities) -> Ranking | None:
+        return None
+
+    def engine_eviction(self) -> tuple[StreamPolicy, int, str] | None:
+        return StreamPolicy(True, self.sink_tokens, self.recent_tokens), self.budget_tokens or 0, self.aggregation
+
+    def describe(self) -> str:
+        return (f"engine-managed ({self.aggregation}), budget {self.budget_tokens} tokens, sinks "
+                f"{self.sink_tokens}, recent {self.recent_tokens}")
+
+
+__all__ = [
+    "EngineEvicts", "EngineNeed", "NoEviction", "Ranking", "Residency", "Scored", "ScoreSource", "Streaming", "recall_scorer",
+]
