@@ -4,8 +4,12 @@ Primitives:
 - ``BackendClient(name, handle, revive)``: ``handle()`` is the actor's handle now (looked up again
   after a death: a backend created anew has a new one), ``revive()`` waits until the actor answers
   again (or raises ``BackendLostError``). Calls that wait for their answer: ``open_session``,
-  ``append``, ``append_text``, ``generate``, ``stream`` (an iterator of tokens), ``suspend``,
-  ``resume``, ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``. Calls sent
+  ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,
+  ``append_messages``, ``cancel``, ``truncate``, ``fork``, ``tokens``, ``export``, ``restore``,
+  ``suspend``, ``resume``,
+  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``.
+- ``TokenStream``: the tokens of a streaming generate; ``generation`` once it ended; leaving it
+  early commits only what it handed out. Calls sent
   without waiting, returning the ``ObjectRef``: ``ping_ref``, ``stats_ref``.
 
 A call that meets the backend's death waits for it to come back and is sent once more
@@ -18,13 +22,16 @@ that means.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ray import ObjectRef
 from ray.exceptions import RayActorError
 
 from kvres.actors.config import SessionPolicy
+from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.journal import SessionRecord
 from kvres.policy import SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError
@@ -36,7 +43,7 @@ class BackendClient:
     def __init__(self, name: str, handle: Callable[[], Any], revive: Callable[[], None]) -> None:
         self.name = name
         self._handle = handle
-        self._revive = revive
+        self.revive = revive
 
     def __repr__(self) -> str:
         return f"BackendClient({self.name!r})"
@@ -45,7 +52,7 @@ class BackendClient:
               once: bool = False) -> Any:
         if once:
             return answer(submit(self._handle()))
-        return call(lambda: submit(self._handle()), self._revive, BackendLostError, f"backend {self.name!r}",
+        return call(lambda: submit(self._handle()), self.revive, BackendLostError, f"backend {self.name!r}",
                     retry_ok=retry_ok)
 
     # -- sessions -------------------------------------------------------------------------------
@@ -59,34 +66,47 @@ class BackendClient:
     def append_text(self, session_id: str, text: str, request_id: str) -> list[int]:
         return [int(t) for t in self._call(lambda h: h.append_text.remote(session_id, text, request_id))]
 
-    def generate(self, session_id: str, max_tokens: int, temperature: float, seed: int | None,
-                 request_id: str) -> list[int]:
-        return [int(t) for t in self._call(
-            lambda h: h.generate.remote(session_id, max_tokens, temperature, seed, request_id))]
+    def generate(self, session_id: str, request: GenerationRequest, request_id: str) -> Generation:
+        answer_: Generation = self._call(lambda h: h.generate.remote(session_id, request, request_id))
+        return answer_
 
-    def stream(self, session_id: str, max_tokens: int, temperature: float, seed: int | None,
-               request_id: str) -> Iterator[int]:
-        """Tokens as the backend produces them (a Ray streaming generator). After a death the
-        request is sent again once the backend is back: the same sampler and seed give the same
-        tokens, and those already handed out are skipped."""
-        delivered = 0
-        for attempt in (1, 2):
-            produced = 0
-            try:
-                for ref in self._handle().stream.remote(session_id, max_tokens, temperature, seed, request_id):
-                    token = int(answer(ref))
-                    produced += 1
-                    if produced > delivered:
-                        delivered = produced
-                        yield token
-                return
-            except RayActorError as exc:
-                if attempt == 2:
-                    raise BackendLostError(
-                        f"backend {self.name!r} died twice during one stream ({type(exc).__name__}); "
-                        f"{delivered} tokens were handed out and not committed: repeat the call"
-                    ) from None
-                self._revive()
+    def stream(self, session_id: str, request: GenerationRequest, request_id: str) -> TokenStream:
+        return TokenStream(self, session_id, request, request_id)
+
+    def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str) -> Any:
+        """The backend's streaming generator of one request (tokens, then the ``Generation``)."""
+        return self._handle().stream.remote(session_id, request, request_id)
+
+    def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
+             request_id: str) -> Generation:
+        answer_: Generation = self._call(lambda h: h.chat.remote(session_id, messages, request, request_id))
+        return answer_
+
+    def append_messages(self, session_id: str, messages: list[dict[str, Any]], request_id: str) -> int:
+        return int(self._call(lambda h: h.append_messages.remote(session_id, messages, request_id)))
+
+    def cancel(self, session_id: str, request_id: str, keep: int) -> Generation | None:
+        answer_: Generation | None = self._call(lambda h: h.cancel.remote(session_id, request_id, keep))
+        return answer_
+
+    def truncate(self, session_id: str, length: int) -> int:
+        return int(self._call(lambda h: h.truncate.remote(session_id, length)))
+
+    def fork(self, source_id: str, new_id: str) -> None:
+        """A repeat that finds the new session open means the first attempt forked it."""
+        self._call(lambda h: h.fork.remote(source_id, new_id), retry_ok=(SessionExistsError,))
+
+    def tokens(self, session_id: str) -> list[int]:
+        return [int(t) for t in self._call(lambda h: h.tokens.remote(session_id))]
+
+    def export(self, session_id: str) -> bytes:
+        return bytes(self._call(lambda h: h.export.remote(session_id)))
+
+    def restore(self, data: bytes, session_id: str) -> int:
+        """Tokens recomputed bringing the restored session in. A repeat that finds it open means
+        the first attempt restored it."""
+        answer_ = self._call(lambda h: h.restore.remote(data, session_id), retry_ok=(SessionExistsError,))
+        return 0 if answer_ is None else int(answer_[1])
 
     def suspend(self, session_id: str) -> None:
         self._call(lambda h: h.suspend.remote(session_id))
@@ -109,11 +129,11 @@ class BackendClient:
         return dict(self._call(lambda h: h.session_stats.remote(session_id)))
 
     # -- the backend ----------------------------------------------------------------------------
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return [int(t) for t in self._call(lambda h: h.tokenize.remote(text, add_bos))]
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return [int(t) for t in self._call(lambda h: h.tokenize.remote(text, add_bos, special))]
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return str(self._call(lambda h: h.detokenize.remote(list(tokens))))
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return str(self._call(lambda h: h.detokenize.remote(list(tokens), special)))
 
     def ping_ref(self) -> ObjectRef[str]:
         """The node id the backend runs on, once it has started (its constructor has run)."""
@@ -123,3 +143,93 @@ class BackendClient:
     def stats_ref(self) -> ObjectRef[dict[str, Any]]:
         ref: ObjectRef[dict[str, Any]] = self._handle().stats.remote()
         return ref
+
+
+@dataclass
+class _StreamState:
+    """What a stream's generator and its handle share (the generator holds this, not the handle,
+    so dropping the handle closes the generator at once)."""
+
+    client: BackendClient
+    session_id: str
+    request: GenerationRequest
+    request_id: str
+    generation: Generation | None = None
+    delivered: int = 0
+
+
+class TokenStream:
+    """Tokens as the backend produces them (a Ray streaming generator); ``generation`` (why it
+    ended) once it has. Leaving it early (``close()``, dropping it after a ``break``) ends the
+    call on the backend with only the tokens handed out committed. After a backend death the
+    request is sent again once the backend is back: the same sampler and seed give the same
+    tokens, and those already handed out are skipped."""
+
+    def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str) -> None:
+        self._state = _StreamState(client, session_id, request, request_id)
+        self._tokens = _run(self._state)
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def generation(self) -> Generation | None:
+        return self._state.generation
+
+    @property
+    def delivered(self) -> int:
+        return self._state.delivered
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self._state.generation is None else self._state.generation.finish_reason
+
+    def close(self) -> None:
+        """Leave the stream: the backend keeps (commits) only the tokens handed out so far."""
+        self._tokens.close()
+
+
+def _run(state: _StreamState) -> Generator[int, None, None]:
+    client = state.client
+    try:
+        for attempt in (1, 2):
+            produced = 0
+            try:
+                for ref in client.stream_refs(state.session_id, state.request, state.request_id):
+                    item = answer(ref)
+                    if isinstance(item, Generation):
+                        state.generation = item
+                        continue
+                    produced += 1
+                    if produced > state.delivered:
+                        state.delivered = produced
+                        yield int(item)
+                return
+            except RayActorError as exc:
+                if attempt == 2:
+                    raise BackendLostError(
+                        f"backend {client.name!r} died twice during one stream ({type(exc).__name__}); "
+                        f"{state.delivered} tokens were handed out and not committed: repeat the call"
+                    ) from None
+                client.revive()
+    finally:
+        if state.generation is None:
+            _leave(state)
+
+
+def _leave(state: _StreamState) -> None:
+    try:
+        state.generation = state.client.cancel(state.session_id, state.request_id, state.delivered)
+    except Exception as exc:  # the stream was left: its caller has nothing to receive an error
+        logging.getLogger("kvres.cluster").warning(
+            "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, state.delivered,
+            type(exc).__name__, exc)

@@ -8,6 +8,8 @@ Primitives:
   placement=None)`` (placed by the planner from the load backends push: one Ray call whatever the
   number of backends; a session id is ASCII letters, digits, ``.``, ``_``, ``-``, not starting
   with ``.``, at most 128 characters, else ``InvalidSessionIdError``), ``session(session_id)``,
+  ``sessions()`` (every open session), ``fork(session, new_id)``, ``restore(path)`` (a session
+  ``Session.export`` wrote),
   ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
   namespace's cold blocks and store folders unless told to keep them).
 - ``ConnectError``: a kvres actor could not start; ``connect`` then leaves nothing running.
@@ -26,6 +28,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -42,7 +45,8 @@ from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.residency import residency_for
 from kvres.coldstore import new_secret, validate_session_id
-from kvres.policy import KvresError, UnknownSessionError
+from kvres.coldstore.session_file import peek_session
+from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, PlannerLostError
 from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
 
@@ -311,6 +315,47 @@ class SessionManager:
         if backend is None:
             raise UnknownSessionError(session_id)
         return Session(self, session_id, backend)
+
+    def sessions(self) -> list[Session]:
+        """Every open session of the namespace (the planner's directory), in id order."""
+        return [Session(self, sid, backend) for sid, backend in sorted(self.planner_client.directory().items())]
+
+    def restore(
+        self, path: str | os.PathLike[str], session_id: str | None = None, backend: str | None = None,
+        model: str | os.PathLike[str] | None = None,
+    ) -> Session:
+        """A session from a file ``Session.export`` wrote (this cluster's secret authenticates it),
+        opened on ``backend`` or where placement puts a session of ``model`` and of the file's
+        policy; its KV is imported where this backend can take it and recomputed from its log
+        where not. ``session_id`` defaults to the exported session's id."""
+        data = Path(path).read_bytes()
+        image_id, policy_fields = peek_session(data)
+        policy = SessionPolicy.model_validate(policy_fields)
+        session_id = session_id or image_id
+        validate_session_id(session_id)
+        placed = backend is None
+        if backend is None:
+            backend = self._place(model, policy, session_id, None)
+        else:
+            self.planner_client.register(session_id, backend)
+        try:
+            self.backend(backend).restore(data, session_id)
+        except BaseException:
+            self.planner_client.forget(session_id)
+            raise
+        if placed:
+            self.planner_client.register(session_id, backend)
+        return Session(self, session_id, backend)
+
+    def fork(self, session: Session, new_id: str | None = None) -> Session:
+        """A new session on ``session``'s backend from its state (``Session.fork``)."""
+        new_id = new_id or f"s-{uuid.uuid4().hex[:12]}"
+        validate_session_id(new_id)
+        if self.planner_client.where(new_id) is not None:
+            raise SessionExistsError(new_id)
+        self.backend(session.backend).fork(session.session_id, new_id)
+        self.planner_client.register(new_id, session.backend)
+        return Session(self, new_id, session.backend)
 
     def migrate(self, session: Session, backend: str) -> None:
         target = self.backend(backend)

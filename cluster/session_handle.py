@@ -1,8 +1,12 @@
 """A session as a driver holds it: one Ray call per operation on the backend that serves it.
 
 Primitives:
-- ``Session(manager, session_id, backend)``: ``append(tokens or text)``, ``generate``, ``stream``,
-  ``suspend``, ``resume``, ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``.
+- ``Session(manager, session_id, backend)``: ``append(tokens or text)``, ``generate`` and
+  ``stream`` (stop at the model's end-of-generation tokens, stop ids and strings, ``max_tokens``;
+  llama.cpp's sampler chain), ``chat(messages)`` and ``append_messages`` (the model's chat
+  template; only what the session does not hold is appended), ``tokens()``, ``text()``,
+  ``truncate(n)``, ``rollback(k)``, ``fork(new_id)``, ``export(path)``, ``suspend``, ``resume``,
+  ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``; a context manager that closes it.
 
 Calls go through the backend's typed client (``BackendClient``); errors raised by the actors
 arrive as their kvres types. Each call carries a request id, so a call repeated after a backend
@@ -13,12 +17,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
+from kvres.actors.engines.sampling import SamplingParams
+from kvres.actors.generation import Generation, GenerationRequest
 from kvres.policy.tokens import token_ids
 
-from .backend_client import BackendClient
+from .backend_client import BackendClient, TokenStream
 from .planner_client import PlannerClient
 
 
@@ -31,6 +38,8 @@ class SessionManager(Protocol):
     def planner_client(self) -> PlannerClient: ...
 
     def migrate(self, session: Session, backend: str) -> None: ...
+
+    def fork(self, session: Session, new_id: str | None) -> Session: ...
 
 
 class Session:
@@ -57,17 +66,80 @@ class Session:
         self._backend.append(self.session_id, tokens, request)
         return tokens
 
-    def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        """Up to ``max_tokens`` tokens, committed together (like an append)."""
-        seed = _seed_for(temperature, seed)
-        return self._backend.generate(self.session_id, max_tokens, temperature, seed, uuid.uuid4().hex)
+    def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
+                 stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
+                 **sampling: Any) -> Generation:
+        """Generate until the model's end-of-generation token, a stop id or string, or
+        ``max_tokens``; committed together (like an append). ``sampling``: the other fields of
+        ``SamplingParams`` (top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+        presence_penalty, penalty_last_n, grammar, json_schema, logprobs). Returns a
+        ``Generation``: the token ids, with ``finish_reason``, ``text`` and ``logprobs``."""
+        request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
+        return self._backend.generate(self.session_id, request, uuid.uuid4().hex)
 
-    def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> Iterator[int]:
-        """Tokens as they are produced (a Ray streaming generator underneath), committed when the
-        stream ends. If the backend dies midway the stream goes on from the same request once it
-        is back: the same sampler and seed give the same tokens, and none is handed out twice."""
-        seed = _seed_for(temperature, seed)
-        return self._backend.stream(self.session_id, max_tokens, temperature, seed, uuid.uuid4().hex)
+    def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
+               stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
+               **sampling: Any) -> TokenStream:
+        """Tokens as they are produced (a Ray streaming generator underneath), under the same
+        rules as ``generate``. Leaving the stream early (``break``, ``close()``) commits only the
+        tokens it handed out; ``finish_reason`` and ``generation`` say how it ended. If the backend
+        dies midway the stream goes on from the same request once it is back."""
+        request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
+        return self._backend.stream(self.session_id, request, uuid.uuid4().hex)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
+             seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+             ignore_eos: bool = False, **sampling: Any) -> Generation:
+        """One chat turn: ``messages`` (the whole conversation so far, the new user turn last)
+        rendered with the model's own chat template; only what the session does not hold yet is
+        appended (``prompt_tokens`` of the answer counts it), then the reply is generated until the
+        model ends it. ``text`` is the reply, to add to ``messages`` as
+        ``{"role": "assistant", "content": reply.text}`` for the next turn."""
+        request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
+        return self._backend.chat(self.session_id, [dict(m) for m in messages], request, uuid.uuid4().hex)
+
+    def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Render ``messages`` with the model's chat template (with the generation prompt) and
+        append what the session does not hold yet; returns how many tokens that was."""
+        return self._backend.append_messages(self.session_id, [dict(m) for m in messages], uuid.uuid4().hex)
+
+    def tokens(self) -> list[int]:
+        """The session's token log (the source of truth): everything appended and generated."""
+        return self._backend.tokens(self.session_id)
+
+    def text(self) -> str:
+        """The token log as text (the model's control tokens included)."""
+        return self._backend.detokenize(self.tokens(), special=True)
+
+    def truncate(self, length: int) -> int:
+        """Keep the first ``length`` tokens of the log; the rest leave the log and the KV
+        (resident, parked or spilled) as if they had never been appended. Returns the length."""
+        return self._backend.truncate(self.session_id, length)
+
+    def rollback(self, count: int) -> int:
+        """Drop the last ``count`` tokens (``truncate``); returns the log's new length."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count must be an int >= 0, got {count!r}")
+        held = len(self.tokens())
+        if count > held:
+            raise ValueError(f"cannot roll back {count} tokens: session {self.session_id!r} holds {held}")
+        return self.truncate(held - count)
+
+    def fork(self, new_id: str | None = None) -> Session:
+        """A new session on the same backend that starts from this one's state (its KV shared
+        or copied by the engine) and continues independently."""
+        return self._manager.fork(self, new_id)
+
+    def export(self, path: str | os.PathLike[str]) -> Path:
+        """Write the session (its log, policy, last logits and KV) to ``path``, authenticated with
+        the cluster's block secret; ``SessionManager.restore(path)`` loads it on any backend of the
+        same model of this cluster. The session runs on. Returns the path written."""
+        data = self._backend.export(self.session_id)
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return target
 
     def suspend(self) -> None:
         self._backend.suspend(self.session_id)
@@ -90,6 +162,20 @@ class Session:
     def close(self) -> None:
         self._backend.close(self.session_id)
         self._manager.planner_client.forget(self.session_id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _request(max_tokens: int, temperature: float, seed: int | None, stop: str | Sequence[str],
+             stop_token_ids: Sequence[int], ignore_eos: bool, sampling: dict[str, Any]) -> GenerationRequest:
+    """The request, validated here (a ``ValidationError`` naming the field) before any Ray call."""
+    params = SamplingParams(temperature=temperature, seed=_seed_for(temperature, seed), **sampling)
+    return GenerationRequest(max_tokens=max_tokens, sampling=params, stop=stop,  # type: ignore[arg-type]
+                             stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos)
 
 
 def _seed_for(temperature: float, seed: int | None) -> int | None:

@@ -3,7 +3,11 @@
 Primitives:
 - ``ReferenceExecutor(vocab_size=64, capabilities=None)``: a fake model whose next-token logits
   are a deterministic function of the resident (token, relative position) pairs, so eviction,
-  re-basing and import/export change or preserve them the way a real engine would.
+  re-basing and import/export change or preserve them the way a real engine would. ``n_vocab`` is
+  ``vocab_size``; ``truncate`` cuts the log and the positions as every executor does
+  (``session_table.truncated_positions``) and returns the fake logits of what is left;
+  ``fork_session`` is the contract's default (export and import every resident range). It has no
+  end-of-generation tokens, no chat template and no control tokens (``special`` changes nothing).
 
 It is the yardstick of the conformance suite: the same plan must leave the same resident ranges
 on every executor.
@@ -18,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvres.actors.engines.executor import Executor
-from kvres.actors.engines.session_table import SessionTable
+from kvres.actors.engines.session_table import SessionTable, check_truncate_length, truncated_positions
 from kvres.coldstore.block import KVBlock, KVGeometry, make_fingerprint
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.errors import CapabilityError, RangeError, SessionExistsError
@@ -85,10 +89,26 @@ class ReferenceExecutor(SessionTable[_Session], Executor):
             raise ValueError("append needs at least one token")
         s.positions.append(len(toks))
         s.tokens.extend(toks)
+        return self._logits(s)
+
+    def _logits(self, s: _Session) -> npt.NDArray[np.float32]:
         ids, weights = self._weights(s)
         logits = np.zeros(self.vocab_size, dtype=np.float64)
         np.add.at(logits, ids, weights)
         return logits.astype(np.float32)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab_size
+
+    def truncate(self, session_id: str, length: int) -> npt.NDArray[np.float32] | None:
+        s = self._get(session_id)
+        length = check_truncate_length(session_id, length, len(s.tokens))
+        s.positions = truncated_positions(s.positions, length)
+        del s.tokens[length:]
+        if not s.tokens or not s.positions.resident_mask()[-1]:
+            return None
+        return self._logits(s)
 
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
         s = self._get(session_id)
@@ -120,12 +140,12 @@ class ReferenceExecutor(SessionTable[_Session], Executor):
         offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
         s.positions.admit(rng, offsets, preferred_first=block.positions[0])
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         """One id per character (its code point modulo the vocabulary); no BOS token exists."""
         return [ord(c) % self.vocab_size for c in text]
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return "".join(chr(int(t)) for t in tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return "".join(chr(t) for t in token_ids(tokens, self.vocab_size))
 
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
         """The fake model's attention: each of the last ``window`` resident rows spreads over the

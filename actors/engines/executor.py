@@ -3,13 +3,22 @@
 Primitives:
 - ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
   ``append_many`` (several sessions' tokens in one engine step; a loop over ``append`` unless the
-  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``, ``tokenize``,
-  ``detokenize``; with defaults: ``kv_profile`` (KV bytes per token, None where unknown),
+  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``,
+  ``tokenize(text, add_bos=True, special=False)`` (``special``: control-token text becomes their
+  ids), ``detokenize(tokens, special=False)`` (``special``: control tokens render as their text;
+  an id outside ``[0, n_vocab)`` raises ``TokenIdError``), ``n_vocab``, ``truncate(session_id,
+  length)`` (the log becomes its first ``length`` tokens, as if the rest had never been appended;
+  returns the next-token logits, or None); with defaults: ``end_of_generation()`` (the model's
+  end-of-generation ids; none), ``chat_template()`` (a ``chat_source.ChatTemplateSource``; None),
+  ``fork_session(source_id, new_id)`` (``CapabilityError``), ``sampler(params)`` (the numpy
+  ``sampling.TokenSampler``; a grammar raises ``CapabilityError``), ``kv_profile`` (KV bytes per
+  token, None where unknown),
   ``reserve_decode_threads`` / ``claim_decode_threads`` (which thread's decodes may use several
   threads; nothing by default); attributes ``engine`` (a name) and ``fingerprint`` (binds KV blocks
   to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
-  ``evict_range``, ``admit_range``, ``export_range``, ``import_range``,
+  ``evict_range``, ``admit_range``, ``export_range``, ``import_range``, ``fork_session`` (by
+  default ``open_session`` with the source's log, then every resident range exported and imported),
   ``attention`` (a raw capture, where ``Capabilities.attention_capture`` says the engine has one)
   and ``keys`` (the resident keys, where ``Capabilities.key_access`` says so): the inputs of the
   scorer objects in ``kvres.policy.scorers``, the one scoring path. For recall, optionally:
@@ -32,10 +41,16 @@ it after the nearest resident token before it, keeping the original distance, an
 block goes back to its exported positions when they still lie after that token, so suspend +
 resume restores the exact layout.
 
+Truncation: every cell of a dropped token leaves the KV (resident ranges are cut at ``length``,
+evicted ranges past it forgotten) and the positions become ``session_table.truncated_positions``'s,
+so appending the same tokens again gives what a twin that never had the dropped ones gives.
+
 Errors: an unknown session id raises ``UnknownSessionError``; a range outside the token log, or
 not fully resident (evict, export) / not fully evicted (admit, import), raises ``RangeError``; a
 block of another model, KV type or geometry raises ``BlockMismatchError``; an operation the
-capabilities deny raises ``CapabilityError``. None of them changes the session.
+capabilities deny raises ``CapabilityError``; ``truncate`` to a length outside ``[0, len(log)]``
+raises ``RangeError``; ``fork_session`` to an open id raises ``SessionExistsError``. None of them
+changes the session.
 """
 
 from __future__ import annotations
@@ -56,6 +71,9 @@ from kvres.policy.planner import Plan, StreamPolicy
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
+
+from .chat_source import ChatTemplateSource
+from .sampling import Sampler, SamplingParams, TokenSampler
 
 Logits = npt.NDArray[np.float32]
 
@@ -93,10 +111,38 @@ class EngineSessions(ABC):
     def close_session(self, session_id: str) -> None: ...
 
     @abstractmethod
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]: ...
 
     @abstractmethod
-    def detokenize(self, tokens: Sequence[int]) -> str: ...
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str: ...
+
+    @property
+    @abstractmethod
+    def n_vocab(self) -> int: ...
+
+    @abstractmethod
+    def truncate(self, session_id: str, length: int) -> Logits | None:
+        """Keep the first ``length`` tokens of the log (module doc, Truncation); the next-token
+        logits after them, None when the log is empty or its last token is not resident."""
+
+    def end_of_generation(self) -> frozenset[int]:
+        """The token ids that end a generation (none by default)."""
+        return frozenset()
+
+    def chat_template(self) -> ChatTemplateSource | None:
+        """The model's chat template and special tokens; None (this default) where it has none."""
+        return None
+
+    def fork_session(self, source_id: str, new_id: str) -> None:
+        """A new session ``new_id`` holding the source's log, residency and KV; the two go on
+        independently. This default refuses."""
+        raise CapabilityError(f"the {self.engine} executor cannot fork sessions")
+
+    def sampler(self, params: SamplingParams) -> Sampler:
+        """A sampler for ``params``: this default is the numpy ``TokenSampler``, which has no grammar."""
+        if params.needs_grammar:
+            raise CapabilityError(f"the {self.engine} executor cannot sample with a grammar or JSON schema")
+        return TokenSampler(params=params)
 
     def kv_profile(self) -> LayerKVProfile | None:
         """The KV bytes one token of a session takes in this engine's cache (layers, sliding windows,
@@ -133,6 +179,21 @@ class Executor(EngineSessions):
     @abstractmethod
     def import_range(self, session_id: str, block: KVBlock) -> None:
         """Make an exported block's range resident again, exactly as it was exported."""
+
+    def fork_session(self, source_id: str, new_id: str) -> None:
+        """``open_session(new_id, log)``, then every resident range of the source exported and
+        imported (an import goes back to its exported positions, so the copy is exact, except that
+        after a tail evicted without re-basing the fork appends right after its last resident token,
+        where the source keeps the gap)."""
+        log = self.token_log(source_id)
+        blocks = [self.export_range(source_id, rng) for rng in self.resident_ranges(source_id)]
+        self.open_session(new_id, log)  # SessionExistsError before anything changed
+        try:
+            for block in blocks:
+                self.import_range(new_id, block)
+        except BaseException:
+            self.close_session(new_id)
+            raise
 
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:
         """Attention of the last ``window`` resident tokens over every resident token."""

@@ -2,10 +2,11 @@
 
 Primitives:
 - ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None,
-  on_change=None, journal=None)``: a plain, thread-safe class (works without Ray), the facade over
+  on_change=None, journal=None, file_secret=None, model_id="")``: a plain, thread-safe class (works without Ray), the facade over
   the host's parts. ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``,
   ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
-  ``token_count``, ``load``.
+  ``token_count``, ``load``; for chat and agents: ``chat``, ``append_messages``, ``tokens``,
+  ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -24,7 +25,7 @@ failure on the way loses tokens; missing KV is recomputed from the log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kvres.policy import SessionExistsError
@@ -35,14 +36,18 @@ from kvres.policy.tokens import token_ids
 
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
-from ..engines.sampling import TokenSampler
+from ..engines.sampling import SamplingParams
+from ..generation import Generation, GenerationRequest, StopRule
 from ..metrics import COUNTERS, Metrics, NullMetrics
+from .chat import Chat
 from .context import HostContext
 from .durability import Durability
+from .editing import Editing
 from .engine_managed import ManagedStepper
 from .errors import BackendFullError, SessionBusyError
 from .journal import Journal, SessionRecord
 from .parking import Parking
+from .portable import Portable
 from .pressure import Pressure
 from .recall import Recall
 from .scheduler import Job, StepLoop
@@ -50,6 +55,22 @@ from .sessions import SuspendRecord
 from .stats import backend_stats, session_stats
 from .stepper import KVStepper
 from .store_ports import StorePort
+
+
+class TokenStream:
+    """A streaming generate: iterate for its tokens; ``generation`` is its answer once it ended."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self._tokens = job.tokens()
+
+    def __iter__(self) -> Iterator[int]:
+        return self._tokens
+
+    @property
+    def generation(self) -> Generation | None:
+        answer = self.job.answer
+        return answer if isinstance(answer, Generation) else None
 
 
 class BackendHost:
@@ -63,6 +84,8 @@ class BackendHost:
         recall_costs: Callable[[], RecallCosts | None] | None = None,
         on_change: Callable[[], None] | None = None,
         journal: Journal | None = None,
+        file_secret: bytes | None = None,
+        model_id: str = "",
     ) -> None:
         ctx = self._ctx = HostContext(config, executor, store, metrics or NullMetrics(), journal, on_change)
         self.config, self.name, self.executor, self.fingerprint = config, config.name, executor, executor.fingerprint
@@ -71,6 +94,9 @@ class BackendHost:
         self._pressure = Pressure(ctx, plan, suspend=lambda sid: self._parking.suspend(sid))
         self._parking = Parking(ctx, self._durability, self._pressure, recall_costs)
         self._recall = Recall(ctx, self._pressure)
+        self._editing = Editing(ctx, self._durability, self._pressure, self._parking, self._recall)
+        self._chat = Chat(ctx)
+        self._portable = Portable(ctx, self._durability, self._parking, self._recall, file_secret, model_id)
         self._engine: KVStepper | ManagedStepper
         if isinstance(executor, Executor):
             self._engine = KVStepper(ctx, executor, self._durability, self._pressure, self._recall, self._parking)
@@ -118,6 +144,11 @@ class BackendHost:
     def token_count(self, session_id: str) -> int:
         with self._ctx.lock:
             return len(self._ctx.token_log(session_id))
+
+    def tokens(self, session_id: str) -> list[int]:
+        """The session's token log: every token it was given and generated, in order."""
+        with self._ctx.lock:
+            return list(self._ctx.token_log(session_id))
 
     def session_stats(self, session_id: str) -> dict[str, Any]:
         with self._ctx.lock:
@@ -186,6 +217,57 @@ class BackendHost:
         with self._ctx.lock:
             return self._parking.resume(session_id, record)
 
+    # -- editing the history ---------------------------------------------------------------------
+    def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
+        """End a running generate early, keeping its first ``keep`` tokens (``Editing.cancel``)."""
+        return self._editing.cancel(session_id, request_id, keep)
+
+    def truncate(self, session_id: str, length: int) -> int:
+        """Drop the log's tokens past ``length`` and their KV, as if never appended."""
+        return self._editing.truncate(session_id, length)
+
+    def fork(self, source_id: str, new_id: str) -> None:
+        """A new session here from ``source_id``'s state; both continue independently."""
+        self._editing.fork(source_id, new_id)
+
+    def export(self, session_id: str) -> bytes:
+        """The session as one authenticated file's bytes (log, policy, logits, KV); it runs on."""
+        return self._portable.export(session_id)
+
+    def restore(self, data: bytes, session_id: str | None = None) -> tuple[str, int]:
+        """A new session from ``export``'s bytes: (its id, tokens recomputed bringing it in)."""
+        return self._portable.restore(data, session_id)
+
+    # -- chat -----------------------------------------------------------------------------------
+    def append_messages(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None = None,
+    ) -> int:
+        """Render the conversation with the model's chat template and append what the session does
+        not hold yet (the generation prompt included); returns how many tokens were appended."""
+        keep, new = self._chat.plan(session_id, messages)
+        if keep < self.token_count(session_id):
+            self.truncate(session_id, keep)
+        if new:
+            self.append(session_id, new, request_id)
+        return len(new)
+
+    def chat(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest = 256,
+        request_id: str | None = None,
+    ) -> Generation:
+        """``append_messages`` then ``generate``: the assistant's reply (``Generation.text``), ending
+        at the model's end-of-generation token by default; ``prompt_tokens`` says what was appended."""
+        prompt = self.append_messages(session_id, messages, None if request_id is None else f"{request_id}:prompt")
+        reply = self.generate(session_id, request, request_id=request_id)
+        reply.prompt_tokens = prompt
+        if reply.finish_reason == "eos" and reply.text is not None:
+            # the reply closed as the template closes it, so the log is the rendered conversation
+            closed = [*messages, {"role": "assistant", "content": reply.text}]
+            keep, tail = self._chat.plan(session_id, closed, add_generation_prompt=False)
+            if keep == self.token_count(session_id) and tail:
+                self.append(session_id, tail, None if request_id is None else f"{request_id}:close")
+        return reply
+
     # -- tokens in and out (jobs of the step loop) ------------------------------------------------
     def _submit(self, job: Job) -> Job:
         ctx = self._ctx
@@ -226,27 +308,36 @@ class BackendHost:
         return tokens
 
     def stream(
-        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+        self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
         request_id: str | None = None,
-    ) -> Iterator[int]:
-        return self._generate_job(session_id, max_tokens, temperature, seed, True, request_id).tokens()
+    ) -> TokenStream:
+        """Tokens as they are produced; committed when the stream ends (or, when it is left, up to
+        what ``cancel`` says was delivered)."""
+        return TokenStream(self._generate_job(session_id, request, temperature, seed, True, request_id))
 
     def generate(
-        self, session_id: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+        self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
         request_id: str | None = None,
-    ) -> list[int]:
-        """Generate up to ``max_tokens`` tokens; like an append, all of them are committed or none."""
-        return self._generate_job(session_id, max_tokens, temperature, seed, False, request_id).wait_tokens()
+    ) -> Generation:
+        """Generate until an end-of-generation token, a stop id or string, or ``max_tokens``
+        (``request``: a ``GenerationRequest``, or just ``max_tokens``); like an append, all of the
+        tokens are committed or none."""
+        job = self._generate_job(session_id, request, temperature, seed, False, request_id)
+        job.wait()
+        assert isinstance(job.answer, Generation)
+        return job.answer
 
     def _generate_job(
-        self, session_id: str, max_tokens: int, temperature: float, seed: int | None, streaming: bool,
-        request_id: str | None,
+        self, session_id: str, request: int | GenerationRequest, temperature: float, seed: int | None,
+        streaming: bool, request_id: str | None,
     ) -> Job:
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        sampler = TokenSampler(temperature, seed)
-        return self._submit(Job(session_id, "generate", remaining=max_tokens, sampler=sampler, streaming=streaming,
-                                request_id=request_id))
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest(max_tokens=request, sampling=SamplingParams(temperature=temperature, seed=seed))
+        sampler = self.executor.sampler(request.sampling)
+        stop = StopRule.of(request, self.executor.end_of_generation())
+        return self._submit(Job(session_id, "generate", remaining=request.max_tokens, sampler=sampler,
+                                streaming=streaming, request_id=request_id, request=request, stop=stop,
+                                logprobs=[] if request.sampling.logprobs else None))
 
 
-__all__ = ["BackendFullError", "BackendHost", "SessionBusyError", "SuspendRecord"]
+__all__ = ["BackendFullError", "BackendHost", "Generation", "GenerationRequest", "SessionBusyError", "SuspendRecord"]

@@ -62,7 +62,10 @@ class Durability:
             self.ctx.journal.save_later(record)
         else:
             self.ctx.journal.save(record)
-        self.ctx.sessions[session_id].committed = record
+        s = self.ctx.sessions[session_id]
+        s.committed = record
+        if s.live:
+            s.remember_layout(len(record.token_log), record.resident_ranges)
         self.ctx.dirty.discard(session_id)
         return record
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvres.policy import CapabilityError
 from kvres.policy.residency import Residency
 
 from ..config import SessionPolicy
@@ -58,11 +59,19 @@ class ManagedStepper:
                 self.executor.append(job.session_id, job.feed)
                 ctx.metrics.count_tokens(ctx.name, "prompt", len(job.feed))
             else:
-                assert job.sampler is not None
-                tokens = self.executor.generate(job.session_id, job.remaining, job.sampler.temperature,
-                                                job.sampler.seed)
+                request = job.request
+                assert request is not None
+                params = request.sampling
+                if request.stop or request.stop_token_ids or params.filtered or params.penalized \
+                        or params.needs_grammar or params.logprobs:
+                    raise CapabilityError(
+                        f"backend {ctx.name!r} ({ctx.config.engine}) generates by temperature and seed only: "
+                        "no stop strings or ids, top-k / top-p / min-p, penalties, grammar or logprobs")
+                tokens = self.executor.generate(job.session_id, job.remaining, params.temperature, params.seed)
                 for token in tokens:
                     job.emit(token)
+                if tokens and job.stop is not None and tokens[-1] in job.stop.eog:
+                    job.finish_reason = "eos"
                 ctx.metrics.count_tokens(ctx.name, "generated", len(tokens))
             complete(ctx, self.durability, job)
         except Exception as exc:

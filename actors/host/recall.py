@@ -144,7 +144,7 @@ class Recall:
                 and ready.tokens <= self.ctx.config.n_ctx - held:
             return ready.refs, ready.blocks
         candidates = self._picks(s, held)
-        return self._keep_read(s, candidates, self._read_cold(candidates))
+        return self._keep_read(s, candidates, self.read_cold(candidates))
 
     def _picks(self, s: HostSession, held: int) -> list[ColdRef]:
         fits = self.ctx.config.n_ctx - held
@@ -156,7 +156,7 @@ class Recall:
                 fits -= n
         return candidates
 
-    def _read_cold(self, refs: Sequence[ColdRef]) -> list[KVBlock | None]:
+    def read_cold(self, refs: Sequence[ColdRef]) -> list[KVBlock | None]:
         """The blocks behind ``refs`` (None where gone), one ``get_many`` per store."""
         store = self.ctx.store
         assert store is not None
@@ -219,7 +219,7 @@ class Recall:
         t0 = time.perf_counter()
         try:
             try:
-                read: list[KVBlock | None] | None = self._read_cold(candidates)
+                read: list[KVBlock | None] | None = self.read_cold(candidates)
             except Exception as exc:
                 read = None
                 log.debug("session %r: cold blocks not read ahead (%s)", session_id, exc)

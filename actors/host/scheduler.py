@@ -43,7 +43,8 @@ from typing import Literal
 
 from kvres.policy.errors import KvresError
 
-from ..engines.sampling import TokenSampler
+from ..engines.sampling import Sampler
+from ..generation import FinishReason, GenerationRequest, StopRule
 
 _END = object()
 IDLE_GRACE_S = 0.01
@@ -114,7 +115,7 @@ class Job:
     kind: Literal["append", "generate"]
     feed: list[int] = field(default_factory=list)  # append: tokens not yet fed
     remaining: int = 0  # generate: tokens not yet produced
-    sampler: TokenSampler | None = None
+    sampler: Sampler | None = None
     streaming: bool = False  # generate: hand each token out as it comes (else all at the end)
     request_id: str | None = None  # the caller's id for the call (a retry carries the same one)
     result: int = 0  # append: the session's log length when done
@@ -122,6 +123,13 @@ class Job:
     produced: list[int] = field(default_factory=list)  # generate: every token so far
     started: bool = False  # the loop has taken its first step
     error: BaseException | None = None
+    request: GenerationRequest | None = None  # generate: what the caller asked for
+    stop: StopRule | None = None  # generate: when it ends before max_tokens
+    logprobs: list[float] | None = None  # generate: of each chosen token, when asked
+    finish_reason: FinishReason = "length"
+    stopped_by: str | int | None = None  # the stop id or string that ended it
+    start_length: int = -1  # the session's log length when its first token came (-1: not yet)
+    answer: object = None  # what the call answers, once it is committed
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -146,6 +154,7 @@ class Job:
             assert isinstance(answer, list)
             for token in answer:
                 self.emit(int(token))
+        self.answer = answer
         self.finish()
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -245,6 +254,14 @@ class StepLoop:
     def poke(self) -> None:
         with self._lock:
             self._wake.notify()
+
+    def withdraw(self, job: Job) -> bool:
+        """Take ``job`` out of the loop unfinished (its caller finishes it); False if it was not in."""
+        with self._lock:
+            if job not in self._jobs:
+                return False
+            self._jobs.remove(job)
+            return True
 
     def cancel(self, session_id: str, error: BaseException) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ Primitives:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,6 +29,7 @@ from .journal import SessionRecord
 from .store_ports import ColdRef
 
 SuspendRecord = SessionRecord
+LAYOUTS_KEPT = 32  # commit points a rollback can return a session's resident layout to
 
 
 class SessionState(Enum):
@@ -68,6 +70,13 @@ class HostSession:
     compressing: bool = False  # this turn recalled cold blocks: compress after the append
     retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
     recall_ready: RecallReady | None = None  # its cold blocks, read while the backend was idle
+    layouts: dict[int, tuple[Range, ...]] = field(default_factory=dict)  # log length -> resident, at commits
+
+    def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
+        """What was resident when the log was ``log_length`` long (a rollback there restores it)."""
+        self.layouts[log_length] = tuple(resident)
+        while len(self.layouts) > LAYOUTS_KEPT:
+            del self.layouts[next(iter(self.layouts))]
 
     @property
     def live(self) -> bool:

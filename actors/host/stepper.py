@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvres.policy import KvresError, UnknownSessionError
+from kvres.policy import CapabilityError, KvresError, UnknownSessionError
 from kvres.policy.residency import Residency
 
 from ..config import SessionPolicy
 from ..engines.executor import Executor
+from ..generation import Generation, reply_text
 from .admission import check_kv_policy
 from .context import HostContext
 from .durability import Durability
@@ -33,18 +34,30 @@ from .scheduler import Job
 from .sessions import HostSession
 
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
+PRIME_TOKENS = 1024  # the most of a session's log a sampler's penalties are primed with
 
 
 def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
     """The call is done: commit the session (with the call's id and answer), then answer."""
     job.result = len(ctx.executor.token_log(job.session_id))
-    answer: object = (job.result - job.appended, job.result) if job.kind == "append" else list(job.produced)
+    answer: object = (job.result - job.appended, job.result) if job.kind == "append" else generation_of(ctx, job)
     try:
         durability.commit(job.session_id, job.request_id, answer)
     except Exception as exc:
         durability.fail(job, exc)
         return
+    job.answer = answer
     job.finish()
+
+
+def generation_of(ctx: HostContext, job: Job) -> Generation:
+    """A generate job's answer: its tokens, why it ended, its text where the model has one."""
+    try:
+        text: str | None = reply_text(job.produced, job.stopped_by, ctx.executor.detokenize)
+    except CapabilityError:
+        text = None  # a model without a detokenizer (token ids only)
+    return Generation(job.produced, job.finish_reason, job.stopped_by, text,
+                      None if job.logprobs is None else list(job.logprobs))
 
 
 class KVStepper:
@@ -118,8 +131,7 @@ class KVStepper:
                 self.durability.fail(job, exc)
                 progressed = True
                 continue
-            toks = [job.sampler.sample(s.last_logits)] if job.sampler is not None and s.last_logits is not None \
-                else job.feed[:n]
+            toks = [self._sample(job, s)] if job.kind == "generate" else job.feed[:n]
             batch.append((job, toks))
             incoming[job.session_id] = n
             capacity -= n
@@ -153,6 +165,29 @@ class KVStepper:
             job.finish(exc)
             return False
 
+    def _sample(self, job: Job, s: HostSession) -> int:
+        """The job's next token from the session's last logits (its first one primes the sampler
+        with the log's last tokens, for the penalties)."""
+        assert job.sampler is not None and s.last_logits is not None
+        if job.start_length < 0:
+            log = self.executor.token_log(job.session_id)
+            job.start_length = len(log)
+            job.sampler.prime(log[-PRIME_TOKENS:])
+        token = job.sampler.sample(s.last_logits)
+        if job.logprobs is not None:
+            job.logprobs.append(job.sampler.logprob(s.last_logits, token))
+        return token
+
+    def _emit(self, job: Job, token: int) -> None:
+        """The token is in the session: hand it out, and end the job where a stop rule says so."""
+        assert job.sampler is not None
+        job.sampler.accept(token)
+        job.emit(token)
+        stop = None if job.stop is None else job.stop.check(job.produced, self.executor.detokenize)
+        if stop is not None:
+            job.finish_reason, job.stopped_by = stop
+            job.remaining = 0
+
     def _want(self, job: Job, s: HostSession, incoming: dict[str, int]) -> int:
         """The job's share of this step before the step's capacity: one token for a generate, a
         chunk for an append (a session cut to budget after each chunk gets at most the free room)."""
@@ -184,7 +219,7 @@ class KVStepper:
             s.resident += len(toks)
             s.peak = max(s.peak, s.resident)
             if job.kind == "generate":
-                job.emit(toks[0])
+                self._emit(job, toks[0])
                 done = job.remaining == 0
             else:
                 del job.feed[: len(toks)]

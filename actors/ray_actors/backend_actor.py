@@ -25,15 +25,19 @@ from typing import Any
 
 import ray
 
+from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
 from kvres.actors.engines.registry import engine_spec, make_executor, resolve_kv_tier
+from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
 from kvres.actors.host.journal import RayJournal
 from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
+from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
 from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
+from kvres.coldstore import new_secret
 
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
@@ -77,6 +81,8 @@ class BackendServer:
             recall_costs=self.recall_costs,
             on_change=lambda: self._reports.changed(self.host),
             journal=RayJournal(namespace),
+            file_secret=cluster_secret(coldstore_secret_name(namespace), new_secret),
+            model_id=model_id(model),
         )
         self._reports.changed(self.host)
         if self.recall_costs is not None:  # off the call path: a resume never waits for a probe
@@ -132,14 +138,58 @@ class BackendServer:
         return self.host.append_text(session_id, text, request_id)
 
     @ray.method(concurrency_group="calls")
-    def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None, request_id: str | None = None) -> list[int]:
-        return self.host.generate(session_id, max_tokens, temperature, seed, request_id)
+    def generate(self, session_id: str, request: GenerationRequest, request_id: str | None = None) -> Generation:
+        return self.host.generate(session_id, request, request_id=request_id)
 
     @ray.method(num_returns="streaming", concurrency_group="calls")
-    def stream(self, session_id: str, max_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, request_id: str | None = None) -> Iterator[int]:
-        yield from self.host.stream(session_id, max_tokens, temperature, seed, request_id)
+    def stream(self, session_id: str, request: GenerationRequest,
+               request_id: str | None = None) -> Iterator[int | Generation]:
+        """One object per token, then the ``Generation`` (why it ended). A stream its consumer
+        leaves (the generator closed, or its driver gone) keeps only the tokens it yielded."""
+        stream = self.host.stream(session_id, request, request_id=request_id)
+        yielded = 0
+        try:
+            for token in stream:
+                yield token
+                yielded += 1
+        finally:
+            if stream.generation is None and not stream.job.done:
+                self.host.cancel(session_id, stream.job.request_id, yielded)
+        if stream.generation is not None:
+            yield stream.generation
+
+    @ray.method(concurrency_group="calls")
+    def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
+             request_id: str | None = None) -> Generation:
+        return self.host.chat(session_id, messages, request, request_id)
+
+    @ray.method(concurrency_group="calls")
+    def append_messages(self, session_id: str, messages: list[dict[str, Any]], request_id: str | None = None) -> int:
+        return self.host.append_messages(session_id, messages, request_id)
+
+    @ray.method(concurrency_group="control")
+    def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
+        return self.host.cancel(session_id, request_id, keep)
+
+    @ray.method(concurrency_group="control")
+    def truncate(self, session_id: str, length: int) -> int:
+        return self.host.truncate(session_id, length)
+
+    @ray.method(concurrency_group="control")
+    def fork(self, source_id: str, new_id: str) -> None:
+        self.host.fork(source_id, new_id)
+
+    @ray.method(concurrency_group="control")
+    def tokens(self, session_id: str) -> list[int]:
+        return self.host.tokens(session_id)
+
+    @ray.method(concurrency_group="control")
+    def export(self, session_id: str) -> bytes:
+        return self.host.export(session_id)
+
+    @ray.method(concurrency_group="control")
+    def restore(self, data: bytes, session_id: str | None = None) -> tuple[str, int]:
+        return self.host.restore(data, session_id)
 
     @ray.method(concurrency_group="control")
     def suspend(self, session_id: str) -> None:
@@ -171,12 +221,12 @@ class BackendServer:
                 self.host.config.type_v), "tier_decision": tier, "recall_costs": recall}
 
     @ray.method(concurrency_group="control")
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.host.executor.tokenize(text, add_bos)
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.host.executor.tokenize(text, add_bos, special)
 
     @ray.method(concurrency_group="control")
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.host.executor.detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self.host.executor.detokenize(tokens, special)
 
 
 # Ray's stubs do not list concurrency_groups among ray.remote's keywords; Ray accepts it.

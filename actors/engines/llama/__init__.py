@@ -11,7 +11,8 @@ Primitives:
 The executor's parts: ``cache_ops`` (cell-level operations on the context), ``session``,
 ``blocks`` (the KV block format and its checks), ``state_blob`` (state blobs as arrays),
 ``recall`` (cold blocks scored and exchanged in numpy, with ``rope`` and ``quant_rows``),
-``attention`` (the scoring context).
+``attention`` (the scoring context), ``edits`` (truncation and forks), ``sampler_chain``
+(llama.cpp's sampler chain behind ``LlamaExecutor.sampler``).
 
 Importing this package loads neither llama.cpp nor Ray; llama.cpp loads on first use.
 """

@@ -7,11 +7,14 @@ Primitives:
   sessions hold (``live``) and the parked ones.
   ``place(seq, tokens, first) -> logits``: compute tokens into ``seq`` at positions ``first..``
   attending to the sequence's cells before ``first``.
+  ``peek(seq, token, position) -> logits``: what ``token`` at ``position`` gives over the cells of
+  ``seq`` before it, decoded in the scratch sequence (``seq`` does not change).
   ``place_many(items) -> logits per item``: ``(seq, tokens, first)`` items, each continuing its
   sequence at its last position + 1, decoded in the same batches (continuous batching).
   ``remove(seq, positions, shift)``: drop the cells at ``positions`` (one contiguous span of
   the sequence), then move the cells after them by ``shift`` (re-basing).
   ``shift(seq, p0, delta)``: move ``[p0, inf)``. ``drop(seq)``: free a whole sequence.
+  ``share(src, dst)``: ``dst`` (an empty session sequence) holds every cell of ``src`` too (a fork).
   ``export(seq, p0, p1) -> bytes``: serialise positions ``[p0, p1)`` of a sequence.
   ``restore(seq, payload, positions, delta) -> bool``: put serialised cells (exported at
   ``positions``) into ``seq`` moved by ``delta`` positions.
@@ -24,6 +27,13 @@ sequence, invisible to every query) instead of freed: new cells go after the exi
 session's cells stay in position order. Re-admitting or importing a range first frees the
 parked cells at its positions, so it refills its own hole. Parked cells are all released when
 the allocator would otherwise run short; they count as free for capacity.
+
+Why shared cells are copied before they move: llama.cpp keeps one position per cell, so
+``seq_add`` on one sequence moves a shared cell for every sequence holding it. Sequences that
+may share cells (a source and its forks) form a group, the source first. Before a fork moves its
+cells it gets its own copy of them (serialised and restored through ``scratch``, after every other
+cell) and leaves the group; before the source moves its cells, each fork gets its copy. So the
+source keeps its layout: it goes on exactly as if it had never been forked.
 
 Why ``place`` can stage in ``scratch``: llama.cpp accepts a decode for a sequence only at its
 last position + 1. Tokens that go anywhere else (the middle, or after a gap of evicted
@@ -43,6 +53,7 @@ from kvres.policy.errors import CapabilityError
 
 from .engine import LlamaContext
 from .errors import ContextFullError
+from .state_blob import read_cell_positions
 
 
 class CacheOps:
@@ -55,6 +66,7 @@ class CacheOps:
         self.live = 0  # cells held by session sequences
         self._parked: dict[int, npt.NDArray[np.int64]] = {}  # session seq -> parked positions
         self.shift_pending = False  # llama.cpp applies K-shifts at the start of the next decode
+        self._groups: dict[int, list[int]] = {}  # session seq -> seqs that may share cells, source first
 
     @property
     def parked(self) -> int:
@@ -134,6 +146,21 @@ class CacheOps:
         self.live += n
         return logits
 
+    def peek(self, seq: int, token: int, position: int) -> npt.NDArray[np.float32]:
+        ctx, scratch = self.ctx, self.scratch
+        ctx.seq_rm(scratch, -1, -1)
+        if position > 0:
+            ctx.seq_cp(seq, scratch, 0, position)
+        prefix_end = ctx.pos_max(scratch)
+        try:
+            self.reserve(1)
+            # after a gap the token sits right after the last earlier cell, as ``place`` computes it
+            logits = ctx.decode([token], position if prefix_end < 0 else prefix_end + 1, scratch)
+        finally:
+            ctx.seq_rm(scratch, -1, -1)
+        self.shift_pending = False
+        return logits
+
     def place_many(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[npt.NDArray[np.float32]]:
         for seq, tokens, first in items:
             self.unpark(seq, first, first + len(tokens))
@@ -157,6 +184,8 @@ class CacheOps:
     # -- removing and moving --------------------------------------------------------------
     def remove(self, seq: int, positions: npt.NDArray[np.int64], shift: int = 0) -> None:
         p0, p1 = int(positions[0]), int(positions[-1]) + 1
+        if shift:
+            self._unshare(seq)  # before parking, so a copy keeps the holes the original would
         self._park(seq, positions)
         self.ctx.seq_rm(seq, p0, p1)
         self.live -= int(positions.size)
@@ -170,6 +199,7 @@ class CacheOps:
 
     def shift(self, seq: int, p0: int, delta: int) -> None:
         self.require_shift(f"moving positions [{p0}, ...) by {delta}")
+        self._unshare(seq)
         self.ctx.seq_add(seq, p0, -1, delta)
         self.shift_pending = True
 
@@ -178,6 +208,53 @@ class CacheOps:
         self.unpark(seq)
         self.ctx.seq_rm(seq, -1, -1)
         self.live -= n_cells
+        self._leave(seq)
+
+    # -- shared cells ---------------------------------------------------------------------
+    def share(self, src: int, dst: int) -> None:
+        self.ctx.seq_cp(src, dst, -1, -1)
+        group = self._groups.get(src, [src])
+        group.append(dst)
+        for member in group:
+            self._groups[member] = group
+
+    def _leave(self, seq: int) -> None:
+        group = self._groups.pop(seq, None)
+        if group is not None:
+            group.remove(seq)
+            if len(group) == 1:
+                self._groups.pop(group[0], None)
+
+    def _unshare(self, seq: int) -> None:
+        """Before ``seq`` moves its cells: a source's forks each get their own copy (the source keeps
+        its layout), or a fork gets its own copy."""
+        group = self._groups.get(seq)
+        if group is None:
+            return
+        for member in group[1:] if group[0] == seq else [seq]:
+            self._copy_cells(member)
+            self._leave(member)
+
+    def _copy_cells(self, seq: int) -> None:
+        """Replace the cells of ``seq`` by copies of them (serialised and restored through
+        ``scratch``, placed after the others); the old cells stay with whoever else holds them."""
+        if self.ctx.pos_max(seq) < 0:
+            return
+        self.flush_shifts()  # the serialised K rows must carry their rotation
+        ctx, scratch = self.ctx, self.scratch
+        payload = ctx.state_get(seq)
+        ctx.seq_rm(scratch, -1, -1)
+        if not ctx.state_set(scratch, payload):
+            for parked in list(self._parked):
+                self.unpark(parked)
+            if not ctx.state_set(scratch, payload):
+                ctx.seq_rm(scratch, -1, -1)
+                n = len(read_cell_positions(payload))
+                raise ContextFullError(f"no room to copy the {n} cells sequence {seq} shares with a fork "
+                                       "before they move", needed=n)
+        ctx.seq_rm(seq, -1, -1)
+        ctx.seq_cp(scratch, seq, -1, -1)
+        ctx.seq_rm(scratch, -1, -1)
 
     # -- serialising ----------------------------------------------------------------------
     def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes:

@@ -5,7 +5,9 @@ Primitives:
   it is missing or not GGUF; ``None`` keeps llama.cpp's default layer offload / main device);
   ``path``, ``n_gpu_layers``, ``main_gpu``, ``n_vocab``,
   ``n_layer``, ``n_head``, ``n_head_kv``, ``n_embd``, ``n_swa``, ``bos``, ``can_tokenize_text``,
-  ``tokenize(text, add_bos=True)``, ``detokenize(tokens)``, ``is_eog(token)``, ``close()``;
+  ``tokenize(text, add_bos=True, parse_special=False)``, ``detokenize(tokens, render_special=False)``
+  (ids checked against ``n_vocab`` first: ``TokenIdError``), ``is_eog(token)``, ``eog_ids()``,
+  ``sampler_chain(parts)`` (see samplers), ``close()``;
   ``rope`` (``"norm"``, ``"neox"``, ``"none"`` or ``"other"``) and ``rope_freq_scale`` (trained).
 - ``LlamaContext(model, n_ctx, n_seq_max=1, type_k="f16", type_v="f16", flash_attn=None,
   n_batch=512, n_threads=1, cb_eval=None, swa_full=True, kv_unified=True, n_ubatch=None)``: one
@@ -19,6 +21,11 @@ Primitives:
   Memory: ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``. State:
   ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``. ``n_cells``, ``n_batch``,
   ``can_shift``, ``close()``.
+- samplers: ``model.sampler_chain([(name, *args), ...])``, a chain of ``llama_sampler_init_<name>``
+  (``grammar`` gets the vocabulary first; one llama.cpp refuses raises ``ValueError`` with what it
+  logged); ``sampler_sample(chain, data, part=None) -> id`` (-1: none) applies the chain or its
+  ``part``-th sampler to ``data``, ``TOKEN_DATA`` candidates (changed in place);
+  ``sampler_accept(chain, token, part=None)``, ``sampler_reset(chain, part=None)``, ``sampler_free``.
 - ``eval_callback(fn)``: a Python ``fn(tensor_ptr, ask, user) -> bool`` as the ggml scheduler
   callback a context's ``cb_eval`` takes.
 - ``claim_decode_threads()``: the calling thread becomes the one thread of the process whose
@@ -63,6 +70,7 @@ import numpy.typing as npt
 from kvres.actors.model_files import check_gguf_file
 from kvres.policy.errors import CapabilityError, ModelLoadError
 from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, KV_TYPES
+from kvres.policy.tokens import token_ids
 
 from .errors import ContextFullError, EngineError
 
@@ -75,6 +83,7 @@ FLASH_ATTN_TYPE = {None: -1, False: 0, True: 1}  # llama_flash_attn_type: auto, 
 _GGML_LOG_TO_LOGGING = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.WARNING}
 _init_lock = threading.Lock()
 _log_callback: Any = None
+_listening = threading.local()  # ``lines``: where this thread's llama.cpp log lines also go
 
 
 def _llama() -> Any:
@@ -89,7 +98,10 @@ def _llama() -> Any:
             def forward(level: int, text: bytes, _user: Any) -> None:
                 if level != 5:
                     last[0] = _GGML_LOG_TO_LOGGING.get(level, logging.DEBUG)
-                logger.log(last[0], "%s", text.decode("utf-8", "replace").rstrip())
+                line = text.decode("utf-8", "replace").rstrip()
+                if getattr(_listening, "lines", None) is not None:
+                    _listening.lines.append(line)
+                logger.log(last[0], "%s", line)
 
             _log_callback = llama_cpp.llama_log_callback(forward)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
@@ -215,6 +227,7 @@ class LlamaModel:
         return [int(t) for t in buf[:n]]
 
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
+        tokens = token_ids(tokens, self.n_vocab)  # llama.cpp aborts the process on an unknown id
         ll = _llama()
         ids = (ll.llama_token * max(1, len(tokens)))(*[int(t) for t in tokens])
         cap = 8 * len(tokens) + 16
@@ -226,6 +239,51 @@ class LlamaModel:
             cap = -n
         raise EngineError(f"llama_detokenize failed on {len(tokens)} tokens")
 
+    def eog_ids(self) -> frozenset[int]:
+        ll = _llama()
+        return frozenset(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t))
+
+    def sampler_chain(self, parts: Sequence[tuple[Any, ...]]) -> Any:
+        ll = _llama()
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        for name, *args in parts:
+            _listening.lines = []
+            try:
+                part = getattr(ll, f"llama_sampler_init_{name}")(*([self._vocab] if name == "grammar" else []), *args)
+            finally:
+                lines, _listening.lines = _listening.lines, None
+            if not part:
+                ll.llama_sampler_free(chain)
+                raise ValueError(f"llama.cpp refused the {name} sampler: {' '.join(lines) or 'it gave no reason'}")
+            ll.llama_sampler_chain_add(chain, part)
+        return chain
+
+
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+def _part(chain: Any, part: int | None) -> Any:
+    return chain if part is None else _llama().llama_sampler_chain_get(chain, part)
+
+
+def sampler_sample(chain: Any, data: npt.NDArray[np.void], part: int | None = None) -> int:
+    ll = _llama()
+    arr = ll.llama_token_data_array(data.ctypes.data_as(ll.llama_token_data_p), data.shape[0], -1, False)
+    ll.llama_sampler_apply(_part(chain, part), ctypes.byref(arr))
+    return int(arr.data[arr.selected].id) if 0 <= arr.selected < arr.size else -1
+
+
+def sampler_accept(chain: Any, token: int, part: int | None = None) -> None:
+    _llama().llama_sampler_accept(_part(chain, part), int(token))
+
+
+def sampler_reset(chain: Any, part: int | None = None) -> None:
+    _llama().llama_sampler_reset(_part(chain, part))
+
+
+def sampler_free(chain: Any) -> None:
+    _llama().llama_sampler_free(chain)
 
 
 class _Batch:

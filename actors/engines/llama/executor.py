@@ -9,7 +9,9 @@ Primitives:
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``prepare_recall``, ``exchange``, ``tokenize``, ``detokenize``, ``close_session``, ``kv_profile``,
   ``claim_decode_threads`` / ``reserve_decode_threads`` (which thread decodes with ``n_threads``,
-  see ``engine``).
+  see ``engine``), ``end_of_generation`` (every id ``llama_vocab_is_eog`` holds for, scanned once),
+  ``chat_template``, ``truncate`` and ``fork_session`` (``edits``), ``sampler`` (llama.cpp's
+  sampler chain, ``sampler_chain.LlamaSampler``).
   Beyond it: ``generate``, ``stream``, ``cache_positions``, ``sessions``, ``free_cells``,
   ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
   (``kvres.actors.model_files.model_id``), ``geometry``, ``n_ctx``, ``n_seq_max``, ``type_k``,
@@ -79,13 +81,16 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..sampling import TokenSampler
+from ..chat_source import ChatTemplateSource, read_chat_template
+from ..sampling import Sampler, SamplingParams, TokenSampler
+from . import edits
 from .attention import ScoringContext
 from .blocks import ENGINE, BlockFormat
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
 from .errors import ContextFullError, EngineError, SessionLimitError
 from .recall import Recall
+from .sampler_chain import LlamaSampler
 from .session import PendingImport, Session
 from .state_blob import read_cell_positions, read_keys
 
@@ -168,6 +173,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
+        self._eog: frozenset[int] | None = None
 
         self.model_id = model_id(self.model_path)
         n_swa = self._model.n_swa
@@ -241,11 +247,22 @@ class LlamaExecutor(SessionTable[Session], Executor):
         """KV bytes per token from the GGUF's layers (sliding-window ones included) and the KV types."""
         return profile_from_gguf(self.model_path, self.type_k, self.type_v)
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self._model.tokenize(text, add_bos=add_bos)
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._model.tokenize(text, add_bos=add_bos, parse_special=special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._model.detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self._model.detokenize(tokens, render_special=special)
+
+    def end_of_generation(self) -> frozenset[int]:
+        if self._eog is None:
+            self._eog = self._model.eog_ids()
+        return self._eog
+
+    def chat_template(self) -> ChatTemplateSource | None:
+        return read_chat_template(self.model_path)
+
+    def sampler(self, params: SamplingParams) -> Sampler:
+        return LlamaSampler(self._model, params)
 
     @property
     def n_vocab(self) -> int:
@@ -424,6 +441,22 @@ class LlamaExecutor(SessionTable[Session], Executor):
             if op.tail_shift:
                 self._materialize(s)
             s.logits = None
+
+    def truncate(self, session_id: str, length: int) -> npt.NDArray[np.float32] | None:
+        with self._lock:
+            return edits.truncate(self._get(session_id), session_id, length, self._ops, self._recall,
+                                  self._materialize)
+
+    def fork_session(self, source_id: str, new_id: str) -> None:
+        with self._lock:
+            src = self._get(source_id)
+            if new_id in self._sessions:
+                raise SessionExistsError(new_id)
+            if not self._free_seqs:
+                raise SessionLimitError(f"cannot fork session {source_id!r} into {new_id!r}: all "
+                                        f"n_seq_max={self.n_seq_max} sequences of the context are in use")
+            self._ensure_room(src.positions.resident_count)
+            self._sessions[new_id] = edits.fork(src, self._free_seqs.pop(), self._ops, self._materialize)
 
     def flush(self, session_id: str | None = None) -> None:
         """Do deferred work now: restore the session's (or every session's) pending imports and

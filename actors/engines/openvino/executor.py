@@ -8,8 +8,12 @@ Primitives:
   name. Shared here: ``capabilities``, ``open_session``, ``append``, ``token_log``,
   ``resident_ranges``, ``cache_positions``, ``evict_range``, ``export_range``, ``import_range``
   (the block is checked here, placed by the mechanism), ``attention``, ``keys``,
-  ``sync``, ``close_session``, ``sessions``, ``tokenize``, ``detokenize``, ``kv_profile``;
-  attributes ``mode``, ``fingerprint``, ``kv_type``, ``loaded``.
+  ``sync``, ``close_session``, ``sessions``, ``tokenize``, ``detokenize`` (``special``: control
+  tokens, see ``text``), ``n_vocab``, ``end_of_generation`` (the GGUF's eos / eot / eom ids),
+  ``chat_template`` (a GGUF source's), ``truncate`` (the states keep the kept tokens' entries; the
+  logits come from running the last kept token over the entries before it, the states then put
+  back as they were), ``fork_session`` (a new request holding a copy of the source's states),
+  ``kv_profile``; attributes ``mode``, ``fingerprint``, ``kv_type``, ``loaded``.
 - ``Session``: a session's infer request, token log, ``PositionMap`` and, while a change waits for
   ``sync``, the map its KV states still hold (``kv_map``).
 - ``RecomputeError``: an engine call that recomputes KV failed; the token log and the KV the states
@@ -57,6 +61,8 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
+from ..chat_source import ChatTemplateSource, eog_ids, read_chat_template
+from ..session_table import check_truncate_length, truncated_positions
 from .compiled import SHARED_CACHE, CompiledModelCache, compile_config
 from .rope import rotate_keys
 from .scoring_pass import ScoringPass, with_attention_outputs
@@ -182,11 +188,25 @@ class OpenVINOExecutor(SessionTable[Session], Executor):
                 self._codec = TextCodec.from_dir(Path(self.loaded.source).parent)
         return self._codec
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self._text().tokenize(text, add_bos)
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._text().tokenize(text, add_bos, special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._text().detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self._text().detokenize(self._valid_tokens(tokens), special)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.loaded.vocab_size
+
+    def end_of_generation(self) -> frozenset[int]:
+        if self.loaded.tokenizer_meta is not None:
+            return eog_ids(self.loaded.tokenizer_meta)
+        eos = self._text().eos_id
+        return frozenset() if eos is None else frozenset({eos})
+
+    def chat_template(self) -> ChatTemplateSource | None:
+        source = Path(self.loaded.source)
+        return read_chat_template(source) if source.suffix == ".gguf" else None
 
     def kv_profile(self) -> LayerKVProfile:
         """KV bytes per token from the IR's KV states: every layer global (no sliding window is
@@ -309,6 +329,40 @@ class OpenVINOExecutor(SessionTable[Session], Executor):
         except ValueError as exc:
             raise BlockMismatchError(f"block for {rng} of session {block.session_id!r}: {exc}") from exc
         self._place_block(session_id, s, block, part, new_map, op)
+
+    # -- session edits ---------------------------------------------------------------------------
+    def truncate(self, session_id: str, length: int) -> npt.NDArray[np.float32] | None:
+        s = self._get(session_id)
+        length = check_truncate_length(session_id, length, len(s.tokens))
+        if length < len(s.tokens):
+            self.sync(session_id)
+            self._set_kv(s, take(self._kv(s), 0, int(s.positions.resident_mask()[:length].sum())))
+            s.positions = truncated_positions(s.positions, length)
+            del s.tokens[length:]
+            s.prefill = None
+            self._forget_recall(session_id)
+        if not s.tokens or not s.positions.resident_mask()[-1]:
+            return None
+        self.sync(session_id)
+        kv = self._kv(s)
+        n = kv_len(kv)
+        try:
+            self._set_kv(s, take(kv, 0, n - 1))
+            return self._run(s, s.tokens[-1:], [int(s.positions.all_positions()[-1])], n - 1)
+        finally:
+            self._set_kv(s, kv)
+
+    def _forget_recall(self, session_id: str) -> None:
+        """Drop what a recall kept for the session (its log changed under it)."""
+
+    def fork_session(self, source_id: str, new_id: str) -> None:
+        s = self._get(source_id)
+        if new_id in self._sessions:
+            raise SessionExistsError(new_id)
+        self.sync(source_id)
+        fork = Session(self._compiled.create_infer_request(), tokens=list(s.tokens), positions=s.positions.copy())
+        self._set_kv(fork, self._kv(s))
+        self._sessions[new_id] = fork
 
     # -- attention -------------------------------------------------------------------------------
     def attention(self, session_id: str, window: int | None = None) -> AttentionCapture:

@@ -5,9 +5,13 @@ Primitives:
   ``kvres.actors.engines.executor.EngineManagedExecutor``, for when kvres does not own the KV:
   ``open_session`` / ``append`` (the token log), ``generate`` (one genai request over the whole
   log; greedy), ``token_log``, ``resident_ranges`` (always empty: no KV is kept between calls),
-  ``close_session``, ``tokenize`` / ``detokenize``; ``set_eviction(session_id, stream_policy,
-  budget_tokens, aggregation)`` gives a session genai's ``CacheEvictionConfig`` (SUM / NORM_SUM):
-  "let the engine evict". The capabilities are all false; there are no range operations.
+  ``close_session``, ``tokenize`` / ``detokenize`` (``special`` as the OpenVINO executor's),
+  ``n_vocab``, ``end_of_generation``, ``chat_template`` (the source GGUF's), ``truncate`` (the log
+  only: no KV outlives a request; no logits), ``fork_session`` (the log and the eviction setting);
+  ``set_eviction(session_id, stream_policy, budget_tokens, aggregation)`` gives a session genai's
+  ``CacheEvictionConfig`` (SUM / NORM_SUM): "let the engine evict". The capabilities are all false;
+  there are no range operations, and ``sampler`` raises ``CapabilityError``: genai samples inside
+  its pipeline.
 
 The model is exported once into ``work_dir / <first 16 hex digits of its model id>``; one
 ``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
@@ -15,10 +19,12 @@ The model is exported once into ``work_dir / <first 16 hex digits of its model i
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +39,11 @@ from kvres.policy import (
     StreamPolicy,
     UnknownSessionError,
 )
+from kvres.policy.tokens import token_ids
 
+from ..chat_source import ChatTemplateSource, eog_ids, read_chat_template, tokenizer_meta
+from ..sampling import Sampler, SamplingParams
+from ..session_table import check_truncate_length
 from .genai import EngineEviction, GenAIEngine, export_genai_model
 from .text import TextCodec
 
@@ -45,7 +55,7 @@ class GenAIExecutor(EngineManagedExecutor):
 
     def __init__(self, model_path: str | os.PathLike[str], num_threads: int = 1,
                  work_dir: str | os.PathLike[str] | None = None) -> None:
-        source = Path(model_path)
+        source = self.source = Path(model_path)
         self.model_id = model_id(source)
         root = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "kvres-genai"
         self.model_dir = root / self.model_id.removeprefix("sha256:")[:16]
@@ -57,6 +67,8 @@ class GenAIExecutor(EngineManagedExecutor):
         self._logs: dict[str, list[int]] = {}
         self._eviction: dict[str, EngineEviction | None] = {}
         self._codec: TextCodec | None = None
+        self._meta: dict[str, Any] | None = None
+        self._n_vocab = int(json.loads((self.model_dir / "config.json").read_text())["vocab_size"])
 
     def capabilities(self) -> Capabilities:
         return Capabilities()
@@ -122,14 +134,45 @@ class GenAIExecutor(EngineManagedExecutor):
         log.extend(int(t) for t in new)
         return [int(t) for t in new]
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self._text().tokenize(text, add_bos))
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return list(self._text().tokenize(text, add_bos, special))
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return str(self._text().detokenize(list(tokens)))
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return str(self._text().detokenize(token_ids(tokens, self._n_vocab), special))
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def end_of_generation(self) -> frozenset[int]:
+        return eog_ids(self._tokenizer_meta())
+
+    def chat_template(self) -> ChatTemplateSource | None:
+        return read_chat_template(self.source)
+
+    def truncate(self, session_id: str, length: int) -> npt.NDArray[np.float32] | None:
+        log = self._log(session_id)
+        del log[check_truncate_length(session_id, length, len(log)):]
+        return None
+
+    def fork_session(self, source_id: str, new_id: str) -> None:
+        log = self._log(source_id)
+        if new_id in self._logs:
+            raise SessionExistsError(new_id)
+        self._logs[new_id] = list(log)
+        self._eviction[new_id] = self._eviction[source_id]
+
+    def sampler(self, params: SamplingParams) -> Sampler:
+        raise CapabilityError(f"the {ENGINE} executor samples inside its own pipeline (greedy); it has no "
+                              "sampler to hand out")
+
+    def _tokenizer_meta(self) -> dict[str, Any]:
+        if self._meta is None:
+            self._meta = tokenizer_meta(self.source)
+        return self._meta
 
     def _text(self) -> TextCodec:
         if self._codec is None:
-            self._codec = TextCodec.from_dir(self.model_dir)
+            self._codec = TextCodec.from_dir(self.model_dir, self._tokenizer_meta())
         return self._codec
 

@@ -2,8 +2,8 @@
 
 Primitives:
 - ``sentencepiece_model_bytes(tokenizer_meta) -> bytes``: a serialized SentencePiece ``ModelProto``
-  (BPE, byte fallback, dummy prefix, as llama.cpp's SPM tokenizer) built from the GGUF's
-  ``tokenizer.ggml.tokens / scores / token_type``; written with a tiny protobuf encoder (no
+  (BPE, byte fallback, dummy prefix unless ``add_space_prefix`` is false, as llama.cpp's SPM
+  tokenizer) built from the GGUF's ``tokenizer.ggml.tokens / scores / token_type``; written with a tiny protobuf encoder (no
   sentencepiece or transformers package needed).
 - ``build_tokenizer_models(tokenizer_meta) -> (tokenizer, detokenizer)``: ``ov.Model`` pair with the
   openvino_tokenizers ``SentencepieceTokenizer`` / ``SentencepieceDetokenizer`` ops: string in,
@@ -70,8 +70,9 @@ def sentencepiece_model_bytes(meta: dict[str, Any]) -> bytes:
         + _field_int(42, int(meta.get("eos_token_id", 2)))
         + _field_int(43, -1)
     )
+    dummy_prefix = int(bool(meta.get("add_space_prefix", True)))  # llama.cpp's default for SPM
     normalizer = (
-        _field_bytes(1, b"identity") + _field_int(3, 1) + _field_int(4, 0) + _field_int(5, 1)
+        _field_bytes(1, b"identity") + _field_int(3, dummy_prefix) + _field_int(4, 0) + _field_int(5, 1)
     )
     return pieces + _field_bytes(2, trainer) + _field_bytes(3, normalizer)
 

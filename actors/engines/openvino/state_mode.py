@@ -51,6 +51,11 @@ class StateExecutor(OpenVINOExecutor):
         super().close_session(session_id)
         self._recall_preps.pop(session_id, None)
 
+    def _forget_recall(self, session_id: str) -> None:
+        self._recall_preps.pop(session_id, None)
+        if self._recall_memo is not None and self._recall_memo.session_id == session_id:
+            self._recall_memo = None
+
     def _can_rebase(self) -> bool:
         return self.loaded.rope is not None
 

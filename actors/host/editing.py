@@ -1,0 +1,181 @@
+"""Changing a session's history: a stream left early, a rollback, a fork.
+
+Primitives:
+- ``Editing(ctx, durability, pressure, parking)``:
+  ``cancel(session_id, request_id=None, keep=None) -> Generation | None``: a generate the caller
+  left ends now; only its first ``keep`` tokens (all it produced when None) stay in the log and
+  the KV, and the call is committed with them (None: no such call runs).
+  ``truncate(session_id, length)``: the log becomes its first ``length`` tokens and the KV follows
+  (resident cells cut; spilled blocks past it released; a suspended session is resumed first),
+  exactly as if the rest had never been appended: at a length where a call of the session ended
+  (one of its last ``LAYOUTS_KEPT`` commits), what the dropped tokens made it evict comes back too
+  (its spilled blocks imported, the rest recomputed), so its resident layout is the one it had.
+  ``fork(source_id, new_id)``: a new session on this backend from the source's state (the engine
+  shares or copies its KV: ``Executor.fork_session``; its spilled blocks copied in the store), both
+  continuing independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvres.coldstore import validate_session_id
+from kvres.policy import Range, RangeError, SessionExistsError, subtract_range
+
+from ..generation import Generation
+from .context import HostContext
+from .durability import Durability
+from .errors import SessionBusyError
+from .parking import Parking
+from .pressure import Pressure
+from .recall import Recall
+from .sessions import HostSession
+from .stepper import generation_of
+from .store_ports import ColdRef
+
+_FOREVER = 1 << 62
+
+
+def subtract_ranges(want: Range, have: list[Range]) -> list[Range]:
+    parts = [want]
+    for h in have:
+        parts = [p for part in parts for p in subtract_range([part], h)]
+    return parts
+
+
+class Editing:
+    def __init__(self, ctx: HostContext, durability: Durability, pressure: Pressure, parking: Parking,
+                 recall: Recall) -> None:
+        self.ctx = ctx
+        self.durability = durability
+        self.pressure = pressure
+        self.parking = parking
+        self.recall = recall
+
+    def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
+        ctx = self.ctx
+        with ctx.lock:
+            s = ctx.sessions.get(session_id)
+            jobs = [j for j in ctx.loop.pending(session_id)
+                    if j.kind == "generate" and (request_id is None or j.request_id == request_id)]
+            if s is None or not jobs or not ctx.loop.withdraw(jobs[0]):
+                return None  # it ended (and was committed) already, or never ran here
+            job = jobs[0]
+            kept = len(job.produced) if keep is None else max(0, min(int(keep), len(job.produced)))
+            if s.live and job.start_length >= 0:
+                self._cut(session_id, s, job.start_length + kept)
+            del job.produced[kept:]
+            if job.logprobs is not None:
+                del job.logprobs[kept:]
+            job.finish_reason, job.stopped_by, job.remaining = "cancelled", None, 0
+            answer = generation_of(ctx, job)
+            try:
+                self.durability.commit(session_id, job.request_id, answer)
+            except Exception as exc:
+                self.durability.fail(job, exc)
+                raise
+            job.answer = answer
+            job.finish()
+            ctx.publish()
+            ctx.loop.poke()
+            return answer
+
+    def truncate(self, session_id: str, length: int) -> int:
+        """The session's log is its first ``length`` tokens; returns that length."""
+        ctx = self.ctx
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise TypeError(f"length must be an int, got {type(length).__name__} {length!r}")
+        with ctx.lock:
+            s = ctx.get(session_id, live=False)
+            if ctx.loop.pending(session_id):
+                raise SessionBusyError(f"session {session_id!r} has a call running; truncate it after")
+            held = len(ctx.token_log(session_id))
+            if not 0 <= length <= held:
+                raise RangeError(f"cannot truncate session {session_id!r} to {length} tokens: its log holds {held}")
+            if length == held:
+                return held
+            if not s.live:
+                self.parking.resume(session_id)
+                s = ctx.sessions[session_id]
+            self._cut(session_id, s, length)
+            self.durability.commit(session_id)
+            ctx.publish()
+            return length
+
+    def _cut(self, session_id: str, s: HostSession, length: int) -> None:
+        """Log and KV back to ``length`` tokens (the caller holds the lock)."""
+        ctx = self.ctx
+        if len(ctx.executor.token_log(session_id)) > length:
+            s.last_logits = ctx.executor.truncate(session_id, length)
+        past = [ref for ref in s.cold if ref.key.token_range.end > length]
+        if past:
+            gone = set(past)
+            s.cold = [ref for ref in s.cold if ref not in gone]
+            if ctx.store is not None:
+                ctx.store.release(past)
+        if s.ranking is not None:
+            s.ranking.drop([Range(length, _FOREVER)])
+        s.retrieved, s.recall_ready, s.compressing = [], None, False
+        for later in [n for n in s.layouts if n > length]:
+            del s.layouts[later]
+        layout = s.layouts.get(length)
+        if layout is not None and s.residency.evicts:
+            self._bring_back(session_id, s, layout)
+        ctx.refresh_resident(session_id)
+
+    def _bring_back(self, session_id: str, s: HostSession, layout: tuple[Range, ...]) -> None:
+        """What the dropped tokens made the session evict comes back, as it was resident when the
+        log ended where it ends now: spilled blocks imported, the rest recomputed from the log."""
+        ctx = self.ctx
+        executor = ctx.kv_executor("roll back")
+        missing = [m for want in layout for m in subtract_ranges(want, executor.resident_ranges(session_id))]
+        if not missing:
+            return
+        wanted = [ref for ref in s.cold if any(m.start <= ref.key.token_range.start and ref.key.token_range.end <= m.end
+                                                 for m in missing)]
+        if wanted and ctx.store is not None:
+            taken = set(wanted)
+            s.cold = [ref for ref in s.cold if ref not in taken]
+            for block in ctx.store.take(sorted(wanted, key=lambda r: r.key.token_range.start)):
+                if block is not None:
+                    executor.import_range(session_id, block)
+        for want in layout:
+            for part in subtract_ranges(want, executor.resident_ranges(session_id)):
+                executor.admit_range(session_id, part)
+                ctx.count(session_id, "recomputed_tokens", len(part))
+
+    def fork(self, source_id: str, new_id: str) -> None:
+        ctx = self.ctx
+        validate_session_id(new_id)
+        with ctx.lock:
+            if new_id in ctx.sessions or ctx.journal.load(new_id) is not None:
+                raise SessionExistsError(new_id)
+            s = ctx.get(source_id, live=False)
+            if ctx.loop.pending(source_id):
+                raise SessionBusyError(f"session {source_id!r} has a call running; fork it after")
+            if not s.live:
+                self.parking.resume(source_id)
+                s = ctx.sessions[source_id]
+            s.last_used = ctx.tick()
+            self.pressure.make_room({}, newcomer=new_id, newcomer_tokens=s.resident, busy={source_id})
+            ctx.executor.fork_session(source_id, new_id)
+            child = ctx.new_session(s.policy)
+            child.last_logits = None if s.last_logits is None else s.last_logits.copy()
+            child.exact = s.exact
+            try:
+                child.cold = self._copy_cold(new_id, s.cold)
+            except Exception:
+                ctx.executor.close_session(new_id)
+                raise
+            ctx.sessions[new_id] = child
+            ctx.refresh_resident(new_id)
+            self.durability.commit_new(new_id)
+            ctx.publish()
+
+    def _copy_cold(self, new_id: str, cold: list[ColdRef]) -> list[ColdRef]:
+        """The source's spilled blocks, parked again under the new session (blocks a store no
+        longer has are left out: those tokens stay in the log, their KV is gone)."""
+        if not cold or self.ctx.store is None:
+            return []
+        blocks = [block for block in self.recall.read_cold(cold) if block is not None]
+        return self.ctx.store.park([replace(block, session_id=new_id) for block in blocks])
