@@ -1,7 +1,7 @@
 """A driver's typed client of one backend actor: one method per actor method, each one Ray call.
 
 Primitives:
-- ``BackendClient(name, handle, revive)``: ``handle()`` is the actor's handle now (looked up again
+- ``BackendClient(name, handle, revive, lease=None)``: ``handle()`` is the actor's handle now (looked up again
   after a death: a backend created anew has a new one), ``revive()`` waits until the actor answers
   again (or raises ``BackendLostError``). Calls that wait for their answer: ``open_session``,
   ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,
@@ -40,10 +40,12 @@ from .remote_calls import answer, call
 
 
 class BackendClient:
-    def __init__(self, name: str, handle: Callable[[], Any], revive: Callable[[], None]) -> None:
+    def __init__(self, name: str, handle: Callable[[], Any], revive: Callable[[], None],
+                 lease: ObjectRef[bytes] | None = None) -> None:
         self.name = name
         self._handle = handle
         self.revive = revive
+        self._lease = lease  # an object this driver owns: a backend streaming to it watches it
 
     def __repr__(self) -> str:
         return f"BackendClient({self.name!r})"
@@ -75,7 +77,8 @@ class BackendClient:
 
     def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str) -> Any:
         """The backend's streaming generator of one request (tokens, then the ``Generation``)."""
-        return self._handle().stream.remote(session_id, request, request_id)
+        lease = None if self._lease is None else [self._lease]  # in a list: handed over, not resolved
+        return self._handle().stream.remote(session_id, request, request_id, lease)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:

@@ -110,6 +110,7 @@ class SessionManager:
         self._created_stores: list[Any] = []
         self.cold_stores: dict[str, Any] = {}
         self._backends: dict[str, Any] = {}
+        self._lease = ray.put(b"kvres-driver")  # owned here: a backend streaming to us sees our death
         try:
             label_secret()  # the cluster's metric labels: this driver decides if it is the first
             self.planner: Any = self._adopt(PLANNER_NAME, self._ensure_planner)
@@ -210,7 +211,8 @@ class SessionManager:
     def backend(self, name: str) -> BackendClient:
         """The typed client of backend ``name`` (a ``KvresError`` naming the known ones if none)."""
         self.backend_handle(name)
-        return BackendClient(name, lambda: self.backend_handle(name), lambda: self.revive_backend(name))
+        return BackendClient(name, lambda: self.backend_handle(name), lambda: self.revive_backend(name),
+                             self._lease)
 
     @property
     def planner_client(self) -> PlannerClient:

@@ -19,6 +19,7 @@ Primitives:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,18 @@ from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
 
 CALL_THREADS = 256
+LEASE_CHECK_S = 0.25  # how often a stream asks whether its driver is still there
+
+
+def driver_alive(lease: ray.ObjectRef[bytes]) -> bool:
+    """False once the driver that owns ``lease`` has died (Ray tells the object's holders)."""
+    try:
+        ray.get(lease, timeout=0)
+    except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
+        return False
+    except ray.exceptions.GetTimeoutError:
+        pass  # not here yet: the owner is alive enough to be asked
+    return True
 CONTROL_THREADS = 8
 STORE_ANSWER_S = 60.0  # how long the recall probe waits for the cold store to name its disk folder
 
@@ -142,16 +155,23 @@ class BackendServer:
         return self.host.generate(session_id, request, request_id=request_id)
 
     @ray.method(num_returns="streaming", concurrency_group="calls")
-    def stream(self, session_id: str, request: GenerationRequest,
-               request_id: str | None = None) -> Iterator[int | Generation]:
+    def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
+               lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
         """One object per token, then the ``Generation`` (why it ended). A stream its consumer
-        leaves (the generator closed, or its driver gone) keeps only the tokens it yielded."""
+        leaves keeps only the tokens it yielded: the generator closed, or the driver that called
+        gone (``lease``: an object the driver owns; Ray reports its owner's death to whoever
+        holds it, checked every ``LEASE_CHECK_S`` while tokens flow)."""
         stream = self.host.stream(session_id, request, request_id=request_id)
         yielded = 0
+        checked = time.monotonic()
         try:
             for token in stream:
                 yield token
                 yielded += 1
+                if lease and time.monotonic() - checked > LEASE_CHECK_S:
+                    checked = time.monotonic()
+                    if not driver_alive(lease[0]):
+                        break
         finally:
             if stream.generation is None and not stream.job.done:
                 self.host.cancel(session_id, stream.job.request_id, yielded)
