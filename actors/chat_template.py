@@ -8,7 +8,8 @@ Primitives:
   ``ChatTemplateSource`` rendered in a sandboxed Jinja2 environment (trim_blocks, lstrip_blocks,
   loop controls, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text,
   ``bos_token`` / ``eos_token`` from the model), as transformers' ``apply_chat_template`` does.
-- ``ChatTemplateError``: the template failed to render (its own ``raise_exception`` included).
+- ``ChatTemplateError``: the template failed to render (its own ``raise_exception`` included);
+  ``MessageError``: the messages are not a list of chat messages.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class ChatTemplateError(KvresError, ValueError):
     """The model's chat template could not render these messages."""
 
 
+class MessageError(KvresError, ValueError):
+    """``messages`` is not a list of chat messages; names the message and what is wrong."""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -41,9 +46,10 @@ class ChatMessage(BaseModel):
 
 def messages_of(messages: Sequence[Mapping[str, Any] | ChatMessage]) -> list[ChatMessage]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}}, got {type(messages).__name__}")
+        raise MessageError(f"messages must be a list of {{'role': ..., 'content': ...}}, got "
+                           f"{type(messages).__name__} {messages!r:.80}")
     if not messages:
-        raise ValueError("messages must hold at least one message")
+        raise MessageError("messages must hold at least one message")
     out = []
     for i, message in enumerate(messages):
         if isinstance(message, ChatMessage):
@@ -53,7 +59,7 @@ def messages_of(messages: Sequence[Mapping[str, Any] | ChatMessage]) -> list[Cha
             out.append(ChatMessage.model_validate(message))
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"messages[{i}] is not a chat message ({problems}): {message!r}") from None
+            raise MessageError(f"messages[{i}] is not a chat message ({problems}): {message!r:.80}") from None
     return out
 
 

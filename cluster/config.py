@@ -56,7 +56,9 @@ def json_object(value: str, name: str, shown: str, error: type[KvresError]) -> t
     else:
         path = Path(text).expanduser()
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise error(f"{shown} names a file that is not UTF-8 text (byte {exc.start}): {must}") from None
         except OSError as exc:
             raise error(
                 f"{shown} is neither a JSON object nor a path to a readable file ({exc.strerror or exc}): {must}"

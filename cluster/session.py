@@ -46,7 +46,7 @@ from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.residency import residency_for
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session
-from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
+from kvres.policy import ArgumentError, KvresError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, PlannerLostError
 from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
 
@@ -243,6 +243,8 @@ class SessionManager:
         wait_until_answers(ping, PlannerLostError, "the planner")
 
     def backend_handle(self, name: str) -> Any:
+        if not isinstance(name, str):
+            raise ArgumentError(f"a backend name is a str, got {type(name).__name__} {name!r}")
         try:
             return self._backends[name]
         except KeyError:
@@ -296,6 +298,8 @@ class SessionManager:
         answer (or registration) and the backend's opening."""
         if session_id is not None:
             validate_session_id(session_id)  # before anything is placed or registered
+        if policy is not None and not isinstance(policy, SessionPolicy):
+            raise ArgumentError(f"policy must be a SessionPolicy, got {type(policy).__name__} {policy!r}")
         policy = policy or self.config.default_policy
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         placed = backend is None
@@ -313,6 +317,7 @@ class SessionManager:
         return Session(self, session_id, backend)
 
     def session(self, session_id: str) -> Session:
+        validate_session_id(session_id)
         backend = self.planner_client.where(session_id)
         if backend is None:
             raise UnknownSessionError(session_id)

@@ -21,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvres.actors.chat_template import messages_of
 from kvres.actors.engines.sampling import SamplingParams
 from kvres.actors.generation import Generation, GenerationRequest
+from kvres.policy import ArgumentError, RangeError
 from kvres.policy.tokens import token_ids
 
 from .backend_client import BackendClient, TokenStream
@@ -60,6 +62,8 @@ class Session:
         All of them are committed or none; if the backend dies during the call it is repeated
         once it is back, and never applied twice."""
         request = uuid.uuid4().hex
+        if isinstance(tokens_or_text, bytes):
+            raise ArgumentError(f"append takes text (str) or token ids, got bytes {tokens_or_text[:40]!r}")
         if isinstance(tokens_or_text, str):
             return self._backend.append_text(self.session_id, tokens_or_text, request)
         tokens = token_ids(tokens_or_text)
@@ -96,12 +100,14 @@ class Session:
         model ends it. ``text`` is the reply, to add to ``messages`` as
         ``{"role": "assistant", "content": reply.text}`` for the next turn."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.chat(self.session_id, [dict(m) for m in messages], request, uuid.uuid4().hex)
+        checked = [m.model_dump() for m in messages_of(messages)]
+        return self._backend.chat(self.session_id, checked, request, uuid.uuid4().hex)
 
     def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Render ``messages`` with the model's chat template (with the generation prompt) and
         append what the session does not hold yet; returns how many tokens that was."""
-        return self._backend.append_messages(self.session_id, [dict(m) for m in messages], uuid.uuid4().hex)
+        checked = [m.model_dump() for m in messages_of(messages)]
+        return self._backend.append_messages(self.session_id, checked, uuid.uuid4().hex)
 
     def tokens(self) -> list[int]:
         """The session's token log (the source of truth): everything appended and generated."""
@@ -118,11 +124,11 @@ class Session:
 
     def rollback(self, count: int) -> int:
         """Drop the last ``count`` tokens (``truncate``); returns the log's new length."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count must be an int >= 0, got {count!r}")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ArgumentError(f"count must be an int >= 0, got {type(count).__name__} {count!r}")
         held = len(self.tokens())
-        if count > held:
-            raise ValueError(f"cannot roll back {count} tokens: session {self.session_id!r} holds {held}")
+        if not 0 <= count <= held:
+            raise RangeError(f"cannot roll back {count} tokens: session {self.session_id!r} holds {held}")
         return self.truncate(held - count)
 
     def fork(self, new_id: str | None = None) -> Session:
@@ -134,6 +140,8 @@ class Session:
         """Write the session (its log, policy, last logits and KV) to ``path``, authenticated with
         the cluster's block secret; ``SessionManager.restore(path)`` loads it on any backend of the
         same model of this cluster. The session runs on. Returns the path written."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentError(f"path must be a str or a path, got {type(path).__name__} {path!r}")
         data = self._backend.export(self.session_id)
         target = Path(path)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -156,8 +164,12 @@ class Session:
     def stats(self) -> dict[str, Any]:
         return self._backend.session_stats(self.session_id)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._backend.detokenize(tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """Token ids as text (``special``: the model's control tokens as their text too); ids
+        outside the model's vocabulary are refused (``TokenIdError``)."""
+        if not isinstance(special, bool):
+            raise ArgumentError(f"special must be a bool, got {type(special).__name__} {special!r}")
+        return self._backend.detokenize(token_ids(tokens), special)
 
     def close(self) -> None:
         self._backend.close(self.session_id)
@@ -173,9 +185,11 @@ class Session:
 def _request(max_tokens: int, temperature: float, seed: int | None, stop: str | Sequence[str],
              stop_token_ids: Sequence[int], ignore_eos: bool, sampling: dict[str, Any]) -> GenerationRequest:
     """The request, validated here (a ``ValidationError`` naming the field) before any Ray call."""
-    params = SamplingParams(temperature=temperature, seed=_seed_for(temperature, seed), **sampling)
+    params = SamplingParams(temperature=temperature, seed=seed, **sampling)
+    if params.seed is None and params.temperature > 0:
+        params = params.model_copy(update={"seed": _seed_for(params.temperature, None)})
     return GenerationRequest(max_tokens=max_tokens, sampling=params, stop=stop,  # type: ignore[arg-type]
-                             stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos)
+                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)  # type: ignore[arg-type]
 
 
 def _seed_for(temperature: float, seed: int | None) -> int | None:

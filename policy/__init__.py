@@ -12,6 +12,7 @@ carries these decisions out lives in ``kvres.actors.engines.executor``.
 from .blocks import PROTECTED_FLAGS, Block, BlockFlag, split_into_blocks
 from .capabilities import Capabilities
 from .errors import (
+    ArgumentError,
     BlockMismatchError,
     CapabilityError,
     KvresError,
@@ -25,6 +26,7 @@ from .ranges import Range, merge_ranges, subtract_range
 
 __all__ = [
     "PROTECTED_FLAGS",
+    "ArgumentError",
     "Block",
     "BlockFlag",
     "BlockMismatchError",

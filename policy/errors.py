@@ -23,6 +23,9 @@ class UnknownSessionError(KvresError, KeyError):
         super().__init__(f"unknown session id {session_id!r}")
         self.session_id = session_id
 
+    def __reduce__(self) -> tuple[type[UnknownSessionError], tuple[str]]:
+        return type(self), (self.session_id,)  # rebuilt from the id, not the message (no doubled text)
+
     def __str__(self) -> str:
         return str(self.args[0])
 
@@ -31,6 +34,13 @@ class SessionExistsError(KvresError, ValueError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session id {session_id!r} is already open")
         self.session_id = session_id
+
+    def __reduce__(self) -> tuple[type[SessionExistsError], tuple[str]]:
+        return type(self), (self.session_id,)  # rebuilt from the id, not the message (no doubled text)
+
+
+class ArgumentError(KvresError, TypeError):
+    """An argument of a public call has the wrong type; the message names it and its value."""
 
 
 class RangeError(KvresError, ValueError):

@@ -23,7 +23,10 @@ class TokenIdError(KvresError, ValueError):
 def token_ids(tokens: Iterable[object], vocab_size: int | None = None, what: str = "token ids") -> list[int]:
     if isinstance(tokens, (str, bytes)):
         raise TokenIdError(f"{what} must be a sequence of integers, got text {tokens[:40]!r}")
-    values = list(tokens)
+    try:
+        values = list(tokens)
+    except TypeError:
+        raise TokenIdError(f"{what} must be a sequence of integers, got {type(tokens).__name__} {tokens!r}") from None
     if all(type(t) is int for t in values):  # the common case, checked in bulk
         ints: list[int] = values  # type: ignore[assignment]
         if not ints or (min(ints) >= 0 and (vocab_size is None or max(ints) < vocab_size)):

@@ -33,7 +33,12 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, field_validator, model_validator
 
-from kvres.policy.errors import CapabilityError
+from kvres.policy.errors import CapabilityError, KvresError
+
+
+class GrammarError(KvresError, ValueError):
+    """A grammar (GBNF, or one made from a JSON schema) the engine cannot parse."""
+
 
 SEED_LIMIT = 2**32 - 1  # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF as "random"
 

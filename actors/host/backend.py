@@ -32,7 +32,7 @@ from kvres.policy import SessionExistsError
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.recall import RecallCosts
-from kvres.policy.tokens import token_ids
+from kvres.policy.tokens import TokenIdError, token_ids
 
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
@@ -286,9 +286,9 @@ class BackendHost:
         """Append tokens (prefilled in chunks that fit the budget); returns the log length. All of
         them are committed or none; a call repeated with the same ``request_id`` after it committed
         returns its answer without appending again."""
-        toks = token_ids(tokens)
+        toks = token_ids(tokens, self.executor.n_vocab)
         if not toks:
-            raise ValueError("append needs at least one token")
+            raise TokenIdError("append needs at least one token id, got an empty sequence")
         return self._submit(Job(session_id, "append", feed=toks, appended=len(toks), request_id=request_id)).wait()
 
     def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvres.coldstore import validate_session_id
-from kvres.policy import Range, RangeError, SessionExistsError, subtract_range
+from kvres.policy import ArgumentError, Range, RangeError, SessionExistsError, subtract_range
 
 from ..generation import Generation
 from .context import HostContext
@@ -84,7 +84,7 @@ class Editing:
         """The session's log is its first ``length`` tokens; returns that length."""
         ctx = self.ctx
         if isinstance(length, bool) or not isinstance(length, int):
-            raise TypeError(f"length must be an int, got {type(length).__name__} {length!r}")
+            raise ArgumentError(f"length must be an int, got {type(length).__name__} {length!r}")
         with ctx.lock:
             s = ctx.get(session_id, live=False)
             if ctx.loop.pending(session_id):
@@ -129,8 +129,8 @@ class Editing:
         ctx = self.ctx
         executor = ctx.kv_executor("roll back")
         missing = [m for want in layout for m in subtract_ranges(want, executor.resident_ranges(session_id))]
-        if not missing:
-            return
+        if not missing or sum(len(m) for m in missing) > ctx.free_tokens({}):
+            return  # all there, or it would not fit the backend's budget now: the tokens stay evicted
         wanted = [ref for ref in s.cold if any(m.start <= ref.key.token_range.start and ref.key.token_range.end <= m.end
                                                  for m in missing)]
         if wanted and ctx.store is not None:

@@ -12,7 +12,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kvres.coldstore import ColdStoreError
 from kvres.policy import (
@@ -86,9 +86,11 @@ class Parking:
             ctx.publish()
             return record
 
-    def resume(self, session_id: str, record: SuspendRecord | None = None, busy: set[str] | None = None) -> int:
+    def resume(self, session_id: str, record: SuspendRecord | None = None, busy: set[str] | None = None,
+               incoming: Mapping[str, int] | None = None) -> int:
         """Bring a suspended session back (from this backend's record or one handed over);
-        returns the number of tokens that had to be recomputed. The caller holds the lock."""
+        returns the number of tokens that had to be recomputed. The caller holds the lock;
+        ``incoming``: tokens other sessions bring in the step under way (room is made for them too)."""
         ctx = self.ctx
         if record is None:
             parked = ctx.get(session_id, live=False)
@@ -102,7 +104,7 @@ class Parking:
         previous = ctx.sessions.pop(session_id, None)
         s = ctx.new_session(record.policy, record, committed=previous.committed if previous else None)
         try:
-            self.pressure.make_room({}, newcomer=session_id,
+            self.pressure.make_room(incoming or {}, newcomer=session_id,
                                     newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy)
             ctx.open_on_engine(session_id, s, record.token_log)
         except BaseException:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -43,9 +43,10 @@ class Recall:
         self.pressure = pressure
         self._reading = False  # a recall's cold blocks are being read ahead
 
-    def recall(self, session_id: str, incoming: int) -> None:
+    def recall(self, session_id: str, incoming: int, step: Mapping[str, int] | None = None) -> None:
         """A new turn of a spilling session brings back the cold blocks it attends to; the
-        recalled blocks that stay rank first for the rest of the turn."""
+        recalled blocks that stay rank first for the rest of the turn. ``incoming``: the turn's
+        tokens; ``step``: what the jobs before it in this step bring (the room is what is left)."""
         ctx = self.ctx
         s = ctx.sessions[session_id]
         s.retrieved = []
@@ -56,13 +57,13 @@ class Recall:
         t0 = time.perf_counter()
         turn = next((job.feed for job in ctx.loop.pending(session_id) if job.kind == "append"), None)
         if s.ranking.by_attention_window and turn:
-            recalled = self._by_scoring_pass(session_id, s, executor, store, turn, incoming)
+            recalled = self._by_scoring_pass(session_id, s, executor, store, turn, incoming + sum((step or {}).values()))
             if recalled is not None:
                 self._counted(session_id, recalled, t0)
                 return
             if not s.cold:
                 return
-        imported = self._import_newest(session_id, s, executor, store, incoming)
+        imported = self._import_newest(session_id, s, executor, store, incoming + sum((step or {}).values()))
         if imported is not None:
             s.compressing, s.retrieved = True, imported
             self._counted(session_id, imported, t0)

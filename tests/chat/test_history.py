@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvres.cluster import SessionPolicy
-from kvres.policy import RangeError
+from kvres.policy import ArgumentError, RangeError
 
 PROMPT = list(range(3, 203))
 ENGINES = ["b0", "ov"]
@@ -77,7 +77,7 @@ def test_truncate_refuses_what_the_log_does_not_hold(manager) -> None:
             s.truncate(11)
         with pytest.raises(RangeError, match="-1"):
             s.truncate(-1)
-        with pytest.raises(ValueError, match="count"):
+        with pytest.raises(ArgumentError, match="count"):
             s.rollback(True)
         assert s.tokens() == PROMPT[:10]
 

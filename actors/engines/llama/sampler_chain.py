@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..sampling import SamplingParams, log_softmax_at
+from ..sampling import GrammarError, SamplingParams, log_softmax_at
 from .engine import TOKEN_DATA, LlamaModel, sampler_accept, sampler_free, sampler_reset, sampler_sample
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
@@ -99,7 +99,7 @@ class LlamaSampler:
         except ValueError as exc:
             if gbnf is None or "grammar" not in str(exc):
                 raise
-            raise ValueError(f"the grammar is not valid GBNF: {_grammar_problem(model, parts[0])}") from None
+            raise GrammarError(f"the grammar is not valid GBNF: {_grammar_problem(model, parts[0])}") from None
         self._free = weakref.finalize(self, sampler_free, self._chain)
         self._data = np.zeros(model.n_vocab, dtype=TOKEN_DATA)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
