@@ -98,7 +98,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .standing import DEFAULT_PORT
+    from .reachability import DEFAULT_PORT
 
     start = sub.add_parser("start", help="a standing cluster: a Ray head and kvres's actors that outlive drivers")
     start.add_argument("--port", type=int, default=DEFAULT_PORT,

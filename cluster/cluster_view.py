@@ -25,6 +25,7 @@ from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 from kvres.policy import KvresError, UnknownSessionError
 
 from .ray_auth import follow_local_token
+from .reachability import check_reachable
 
 BACKEND_PREFIX = "kvres-backend-"
 COLDSTORE_PREFIX = "kvres-coldstore-"
@@ -87,6 +88,9 @@ class ClusterView:
 
 def attach(address: str | None = None, namespace: str = "kvres") -> ClusterView:
     if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address and address not in ("auto", "local") and "://" not in address:
+            check_reachable(address)  # seconds, not the minutes ray.init retries for
         follow_local_token()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=namespace,
                  log_to_driver=False, logging_level=logging.WARNING)

@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,14 +49,10 @@ from kvres.policy import KvresError
 
 from .config import BackendConfig, KvresConfig, json_object
 from .gcs_config import forget_config, publish_config, published_config
-from .ray_auth import follow_local_token, token_auth
+from .ray_auth import exposed_token_file, follow_local_token, token_auth
+from .reachability import DEFAULT_PORT, ClusterUnreachableError, check_reachable, port_open, split_address
 
-DEFAULT_PORT = 6379
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class ClusterUnreachableError(KvresError, ConnectionError):
-    """No Ray cluster answers at the address given."""
 
 
 class HeadStartError(KvresError, RuntimeError):
@@ -100,6 +95,10 @@ class StandingCluster:
         ]
         if self.token_auth:
             lines.append("  token authentication is on: drivers elsewhere need the token (`ray get-auth-token` here)")
+            exposed = exposed_token_file()
+            if exposed is not None:
+                lines.append(f"warning: Ray's token file {exposed} is readable by other users of this machine, "
+                             f"who can then drive the cluster: chmod 600 {exposed}")
         lines.append(f"stop: kvres stop --address {self.address} --namespace {self.namespace}   (--ray: the Ray head too)")
         return "\n".join(lines)
 
@@ -139,55 +138,6 @@ def config_from_option(value: str) -> KvresConfig:
 
 
 # ---- reaching a cluster -----------------------------------------------------------------------
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterUnreachableError(
-            f"Ray address {address!r} is not HOST:PORT (for example 127.0.0.1:{DEFAULT_PORT})"
-        )
-    return host, int(port)
-
-
-def _port_open(host: str, port: int, timeout_s: float = 3.0) -> OSError | None:
-    """None when something accepts connections at host:port, else why not."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
-    except OSError as exc:
-        return exc
-
-
-def _answers_grpc(address: str, timeout_s: float = 5.0) -> bool:
-    """Whether what listens there speaks gRPC, as a Ray GCS does (``ray.init`` on a port held by
-    something else waits about a minute before it fails)."""
-    import grpc
-
-    channel = grpc.insecure_channel(address)
-    try:
-        grpc.channel_ready_future(channel).result(timeout=timeout_s)
-        return True
-    except grpc.FutureTimeoutError:
-        return False
-    finally:
-        channel.close()
-
-
-def check_reachable(address: str) -> None:
-    """Raise ``ClusterUnreachableError`` unless a Ray GCS may answer at ``address`` (HOST:PORT)."""
-    host, port = _split_address(address)
-    refused = _port_open(host, port)
-    if refused is not None:
-        raise ClusterUnreachableError(
-            f"no Ray cluster at {address}: nothing accepts connections on port {port} of {host} "
-            f"({refused.strerror or refused}); start one with `kvres start --port {port}`"
-        )
-    if not _answers_grpc(address):
-        raise ClusterUnreachableError(
-            f"no Ray cluster at {address}: something listens on port {port} of {host} but does not "
-            "answer as a Ray GCS"
-        )
 
 
 @contextlib.contextmanager
@@ -282,7 +232,7 @@ def start_standing(
         target = address
     else:
         target = f"{_local_host(node_ip_address)}:{port}"
-        if _port_open(_local_host(node_ip_address), port) is not None:
+        if port_open(_local_host(node_ip_address), port) is not None:
             _start_head(port, node_ip_address, num_cpus, dashboard_port, temp_dir, ray_args)
             started = True
     try:
@@ -447,7 +397,7 @@ def stop_head(gcs_address: str, grace_s: float = 15.0) -> list[int]:
     (its agents share its fate), then the rest, the GCS last (the others wait for it while they
     exit); each group gets a third of ``grace_s`` after SIGTERM, then SIGKILL. Returns their pids;
     ``HeadNotLocalError`` when no GCS listens on that port here."""
-    _, port = _split_address(gcs_address)
+    _, port = split_address(gcs_address)
     pids = head_processes(port)
     if not pids:
         raise HeadNotLocalError(
