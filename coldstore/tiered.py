@@ -18,6 +18,8 @@ Rules:
   least recently used blocks to stay within its budget. What is dropped is returned in
   ``PutResult.dropped`` and logged for ``drain_dropped()`` (the planner recomputes those ranges).
 - A block too big for RAM goes straight to disk; too big for both raises ``BlockTooLargeError``.
+- A block that goes straight to disk and cannot be written (a full disk) is not kept: its own key
+  is in its ``PutResult.dropped`` (with the error), counted in ``drops`` and ``spill_errors``.
 - Disk failures never break RAM: a failed spill (``DiskFullError``, ``DiskWriteError``) drops the
   spilled block, reports it in ``PutResult.dropped`` / ``errors`` and counts a ``spill_error``;
   a block that had to go straight to disk raises the error and leaves the store unchanged.
@@ -27,6 +29,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -39,6 +42,8 @@ from .errors import BlockCorruptError, BlockFingerprintError, BlockTooLargeError
 from .interface import ColdStore, PutResult, Tier
 from .keys import BlockKey, validate_fingerprint, validate_session_id
 from .ram_tier import RamTier, ram_cost
+
+logger = logging.getLogger("kvres.coldstore")
 
 
 @dataclass
@@ -158,12 +163,18 @@ class TieredStore(ColdStore):
                     f"{self.ram.budget_bytes} and there is no disk tier"
                 )
             try:
-                dropped = self.disk.put(block)  # DiskWriteError: nothing changed
+                dropped = self.disk.put(block)
             except BlockTooLargeError as exc:
                 raise BlockTooLargeError(
                     f"block {key} fits neither tier: it costs {ram_cost(block)} bytes in RAM "
                     f"(budget {self.ram.budget_bytes}); {exc}"
                 ) from exc
+            except DiskWriteError as exc:  # a full disk: the block is not kept, and says so
+                logger.warning("cold store: block %s not kept: %s: %s", key, type(exc).__name__, exc)
+                self._counters.spill_errors += 1
+                self._counters.puts += 1
+                self._record_drops([key])
+                return PutResult(key, "disk", (), (key,), (str(exc),))
             self.ram.delete(key)
             moves = _Moves(dropped=list(dropped))
             tier = "disk"

@@ -67,6 +67,9 @@ class TokenStream:
     def __iter__(self) -> Iterator[int]:
         return self._tokens
 
+    def __next__(self) -> int:
+        return next(self._tokens)
+
     @property
     def generation(self) -> Generation | None:
         answer = self.job.answer
@@ -333,7 +336,7 @@ class BackendHost:
     ) -> Job:
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(max_tokens=request, sampling=SamplingParams(temperature=temperature, seed=seed))
-        sampler = self.executor.sampler(request.sampling)
+        sampler = self.executor.sampler(request.sampling) if self._ctx.kv is not None else None  # genai samples itself
         stop = StopRule.of(request, self.executor.end_of_generation())
         return self._submit(Job(session_id, "generate", remaining=request.max_tokens, sampler=sampler,
                                 streaming=streaming, request_id=request_id, request=request, stop=stop,

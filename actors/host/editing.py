@@ -17,7 +17,7 @@ Primitives:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvres.coldstore import validate_session_id
 from kvres.policy import ArgumentError, Range, RangeError, SessionExistsError, subtract_range
@@ -43,14 +43,13 @@ def subtract_ranges(want: Range, have: list[Range]) -> list[Range]:
     return parts
 
 
+@dataclass
 class Editing:
-    def __init__(self, ctx: HostContext, durability: Durability, pressure: Pressure, parking: Parking,
-                 recall: Recall) -> None:
-        self.ctx = ctx
-        self.durability = durability
-        self.pressure = pressure
-        self.parking = parking
-        self.recall = recall
+    ctx: HostContext
+    durability: Durability
+    pressure: Pressure
+    parking: Parking
+    recall: Recall
 
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
         ctx = self.ctx

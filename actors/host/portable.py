@@ -13,7 +13,7 @@ Primitives:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,15 +33,14 @@ from .recall import Recall
 from .store_ports import ColdRef
 
 
+@dataclass
 class Portable:
-    def __init__(self, ctx: HostContext, durability: Durability, parking: Parking, recall: Recall,
-                 secret: bytes | None = None, model_id: str = "") -> None:
-        self.ctx = ctx
-        self.durability = durability
-        self.parking = parking
-        self.recall = recall
-        self._secret = secret
-        self.model_id = model_id
+    ctx: HostContext
+    durability: Durability
+    parking: Parking
+    recall: Recall
+    secret: bytes | None = None
+    model_id: str = ""
 
     def export(self, session_id: str) -> bytes:
         ctx = self.ctx
@@ -62,14 +61,14 @@ class Portable:
                 None if s.last_logits is None else np.asarray(s.last_logits, dtype=np.float32).tobytes(),
                 s.exact, resident, self._read(s.cold),
             )
-        return encode_session(image, self._secret)
+        return encode_session(image, self.secret)
 
     def _read(self, refs: list[ColdRef]) -> list[KVBlock]:
         return [b for b in self.recall.read_cold(refs) if b is not None] if refs and self.ctx.store is not None else []
 
     def restore(self, data: bytes, session_id: str | None = None) -> tuple[str, int]:
         ctx = self.ctx
-        image = decode_session(data, self._secret)
+        image = decode_session(data, self.secret)
         sid = session_id or image.session_id
         validate_session_id(sid)
         if image.model_id and self.model_id and image.model_id != self.model_id:

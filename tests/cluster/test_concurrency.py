@@ -11,6 +11,7 @@ import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.engines.registry import make_executor
+from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost, SessionBusyError
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.testing import LocalStorePort
@@ -25,6 +26,11 @@ def _host(engine: str, tmp_path: Path, **config: object) -> BackendHost:
     cfg = BackendConfig(name=f"c-{engine}", model_path=PASSKEY, **options)  # type: ignore[arg-type]
     store = ColdStoreServer(64 << 20, tmp_path / "cold", 256 << 20)
     return BackendHost(cfg, make_executor(cfg, PASSKEY), store=LocalStorePort("n", {"n": store}))
+
+
+def _long(n: int) -> GenerationRequest:
+    """``n`` tokens, whatever the model ends its answers with (the passkey model ends them at EOS)."""
+    return GenerationRequest(max_tokens=n, ignore_eos=True)
 
 
 def _prompt(i: int, n: int = 120) -> list[int]:
@@ -57,7 +63,7 @@ def test_eight_concurrent_greedy_sessions_match_each_alone(engine: str, tmp_path
     for i in range(8):
         alone.open_session(f"s{i}")
         alone.append(f"s{i}", _prompt(i))
-        expected.append(alone.generate(f"s{i}", 24))
+        expected.append(alone.generate(f"s{i}", _long(24)))
         alone.close(f"s{i}")
 
     together = _host(engine, tmp_path / "together")
@@ -66,7 +72,7 @@ def test_eight_concurrent_greedy_sessions_match_each_alone(engine: str, tmp_path
 
     def session(i: int) -> list[int]:
         together.append(f"s{i}", _prompt(i))
-        return together.generate(f"s{i}", 24)
+        return together.generate(f"s{i}", _long(24))
 
     assert _run_threads(session, 8) == expected
 
@@ -81,7 +87,7 @@ def test_budget_holds_at_every_step_with_16_sessions_on_8_slots(tmp_path: Path) 
 
     def session(i: int) -> int:
         h.append(f"s{i}", _prompt(i, 150))
-        return len(h.generate(f"s{i}", 40))
+        return len(h.generate(f"s{i}", _long(40)))
 
     assert _run_threads(session, 16) == [40] * 16
     stats = h.stats()
@@ -101,7 +107,7 @@ def test_control_calls_answer_between_steps_of_a_long_generation(tmp_path: Path)
     h.open_session("other")
     h.append("long", _prompt(0))
     h.append("other", _prompt(1))
-    stream = h.stream("long", 4096)
+    stream = h.stream("long", _long(4096))
     first = next(stream)  # the generation is running
     assert isinstance(first, int)
     stats = h.stats()

@@ -70,6 +70,7 @@ def manager_over(n_backends: int, calls: Counter[str]) -> SessionManager:
     config = KvresConfig(backends=[BackendConfig(name=f"b{i}", model_path=model, n_ctx=256, kv_budget_tokens=256)
                                    for i in range(n_backends)])
     mgr = SessionManager.__new__(SessionManager)
+    mgr._lease = None  # no driver lease: nothing streams here
     mgr.namespace, mgr.config, mgr._started_ray, mgr.cold_stores = "fake", config, False, {}
     mgr.planner = Counted(PlannerActor.options(num_cpus=0).remote(), calls, "planner")
     mgr._backends = {b.name: Counted(Local(FakeBackend()), calls, b.name) for b in config.backends}

@@ -10,6 +10,7 @@ import pydantic
 import pytest
 import ray
 
+from kvres.actors.generation import GenerationRequest
 from kvres.cluster import BackendConfig, SessionPolicy
 from kvres.policy import KvresError, UnknownSessionError
 
@@ -281,7 +282,8 @@ def test_control_calls_answer_while_a_long_generation_runs(manager) -> None:
     other = manager.open_session(backend="b0")
     long.append(PROMPT)
     other.append(PROMPT[:50])
-    running = manager.backend_handle("b0").generate.remote(long.session_id, 4096)
+    running = manager.backend_handle("b0").generate.remote(
+        long.session_id, GenerationRequest(max_tokens=4096, ignore_eos=True))
     while long.stats()["token_count"] == len(PROMPT):  # wait until it is producing tokens
         pass
     status = manager.status()

@@ -13,7 +13,6 @@ from kvres.coldstore import (
     BlockFingerprintError,
     BlockKey,
     BlockTooLargeError,
-    DiskFullError,
     RamTier,
     TieredStore,
     encoded_size,
@@ -140,13 +139,16 @@ def test_full_disk_during_spill_leaves_ram_working(tmp_path: Path, monkeypatch: 
     got = store.get(BlockKey.of(blocks[2]))
     assert got is not None and got.payload == blocks[2].payload
     assert store.stats().spill_errors == 1 and store.stats().disk_blocks == 0
-    # A block that can only go to disk fails cleanly and changes nothing.
+    # A block that can only go to disk is not kept, says so, and changes nothing else.
     before = store.stats()
-    with pytest.raises(DiskFullError):
-        store.put(make_block(payload_of(4 * KIB), start=100))
+    lost = make_block(payload_of(4 * KIB), start=100)
+    result = store.put(lost)
+    assert result.dropped == (BlockKey.of(lost),) and "No space left" in result.errors[0]
+    assert store.get(BlockKey.of(lost)) is None
     after = store.stats()
     assert (after.ram_blocks, after.ram_bytes, after.disk_blocks) == (
         before.ram_blocks, before.ram_bytes, before.disk_blocks)
+    assert (after.drops, after.spill_errors) == (before.drops + 1, before.spill_errors + 1)
     monkeypatch.undo()
     assert store.put(blocks[3]).spilled == (BlockKey.of(blocks[1]),)  # the disk works again
     store.close()

@@ -10,6 +10,7 @@ import uuid
 import pytest
 import ray
 
+from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendFullError
 from kvres.cluster import SessionPolicy
 
@@ -58,8 +59,9 @@ def test_a_call_repeated_with_its_request_id_is_applied_once(faulty) -> None:
     first = ray.get(handle.append.remote(s.session_id, PROMPT, append_id))
     again = ray.get(handle.append.remote(s.session_id, PROMPT, append_id))
     assert first == again == len(PROMPT) == s.stats()["token_count"]
-    tokens = ray.get(handle.generate.remote(s.session_id, 12, 0.0, None, generate_id))
-    assert ray.get(handle.generate.remote(s.session_id, 12, 0.0, None, generate_id)) == tokens
+    tokens = ray.get(handle.generate.remote(s.session_id, GenerationRequest(max_tokens=12, ignore_eos=True), generate_id))
+    assert ray.get(handle.generate.remote(s.session_id, GenerationRequest(max_tokens=12, ignore_eos=True),
+                                          generate_id)) == tokens
     assert s.stats()["token_count"] == len(PROMPT) + 12
     assert ray.get(handle.append.remote(s.session_id, [5, 6], uuid.uuid4().hex)) == len(PROMPT) + 14  # a new id appends
     s.close()

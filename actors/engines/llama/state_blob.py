@@ -5,6 +5,9 @@ Primitives:
   blob, in the blob's cell order; raises ``BlockMismatchError`` when the bytes are not a
   single-stream, single-sequence state in the layout this module knows.
 - ``read_keys(payload, n_layer, n_kv_heads, head_dim, type_k)``: the K rows as floats (f32 / f16).
+- ``section_positions(payload) -> list[np.ndarray]``: the cell positions of each cache section
+  (a sliding-window model's blob holds two: its global and its windowed layers' caches), the blob
+  walked to its end (``BlockMismatchError`` when it does not end where its sections do).
 - ``expected_payload_size(n_cells, n_layer, k_row_bytes, v_row_bytes) -> int``: the exact size
   of such a blob, so a truncated or padded payload is refused before llama.cpp reads it.
 - ``StateCells``: the cells of one or more blobs as arrays (positions, K rows and V rows as raw
@@ -53,6 +56,41 @@ def read_cell_positions(payload: bytes | bytearray | memoryview) -> npt.NDArray[
     if n_cells and np.any(cells[:, 1] != 1):
         raise BlockMismatchError("KV payload has cells shared by several sequences; expected one")
     return cells[:, 0].astype(np.int64)
+
+
+def section_positions(payload: bytes | bytearray | memoryview) -> list[npt.NDArray[np.int64]]:
+    """The cell positions of every cache section of a blob, in order: one section for a model
+    without sliding windows, two (the global layers' cache, then the windowed layers') for one
+    with them (llama.cpp's ``llama_kv_cache_iswa`` writes both; the windowed section holds only the
+    cells inside the window of the exported sequence's last position). The blob must end where its
+    last section does; ``BlockMismatchError`` otherwise."""
+    buf = memoryview(payload).cast("B")
+    if buf.nbytes < 8 or struct.unpack_from("<I", buf, 0)[0] != STATE_MAGIC:
+        raise BlockMismatchError(f"KV payload of {buf.nbytes} bytes has no state header")
+    out: list[npt.NDArray[np.int64]] = []
+    offset = 8
+    try:
+        while offset < buf.nbytes:
+            n_stream, n = struct.unpack_from("<2I", buf, offset)
+            if n_stream != 1:
+                raise BlockMismatchError(f"KV payload section holds {n_stream} streams; expected 1")
+            offset += 8
+            if n == 0:  # llama.cpp writes nothing more for a section without cells
+                out.append(np.zeros(0, dtype=np.int64))
+                continue
+            cells = np.frombuffer(buf, dtype="<i4", count=3 * n, offset=offset).reshape(n, 3)
+            if np.any(cells[:, 1] != 1):
+                raise BlockMismatchError("KV payload has cells shared by several sequences; expected one")
+            out.append(cells[:, 0].astype(np.int64))
+            offset += 12 * n
+            v_trans, n_layer = struct.unpack_from("<2I", buf, offset)
+            spans = _data_spans(buf, n, n_layer, bool(v_trans), offset + 8)
+            offset = spans[-1][1] if spans else offset + 8
+    except (struct.error, ValueError) as exc:
+        raise BlockMismatchError(f"KV payload of {buf.nbytes} bytes is truncated ({exc})") from None
+    if offset != buf.nbytes or not out:
+        raise BlockMismatchError(f"KV payload of {buf.nbytes} bytes does not end where its cache sections do ({offset})")
+    return out
 
 
 def expected_payload_size(n_cells: int, n_layer: int, k_row_bytes: int, v_row_bytes: int) -> int:
@@ -207,10 +245,13 @@ def _parse_group(payloads: Sequence[bytes | bytearray | memoryview]) -> StateCel
     )
 
 
-def _data_spans(buf: memoryview, n: int, n_layer: int, v_trans: bool) -> list[tuple[int, int]]:
-    """Byte spans of the K and V data (not their headers) in a blob of ``n`` cells."""
+def _data_spans(
+    buf: memoryview, n: int, n_layer: int, v_trans: bool, start: int | None = None,
+) -> list[tuple[int, int]]:
+    """Byte spans of the K and V data (not their headers) of a section of ``n`` cells whose layer
+    data begins at ``start`` (by default, that of a single-section blob)."""
     spans = []
-    offset = _HEAD + 12 * n + 8
+    offset = _HEAD + 12 * n + 8 if start is None else start
     for _ in range(n_layer):
         _t, row = struct.unpack_from("<iQ", buf, offset)
         spans.append((offset + 12, offset + 12 + n * row))
