@@ -3,7 +3,10 @@
 Primitives:
 - ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV) / engine (let an
   openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM aggregation),
-  block size, resident budget, spill (keep evicted blocks in the cold store) or drop.
+  block size, resident budget, spill (keep evicted blocks in the cold store) or drop; ``strict``:
+  refuse at open what the backend cannot run as asked (by default a session degrades to the weaker
+  policy the engine can run, ``kvres.policy.degrade``). The helpers ``streaming``, ``scored`` and
+  ``engine`` take every field their kind uses.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
   threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
@@ -41,6 +44,7 @@ class SessionPolicy(BaseModel):
     rebase: bool = True  # close position gaps after eviction (False: keep them)
     spill: bool = True
     spill_cap_bytes: int | None = Field(None, ge=0)  # most a session keeps spilled; oldest out first
+    strict: bool = False  # refuse at open what the backend cannot run as asked, instead of degrading
 
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
@@ -59,9 +63,14 @@ class SessionPolicy(BaseModel):
 
     @classmethod
     def streaming(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
-                  block_size: int = 16, spill: bool = True) -> SessionPolicy:
+                  block_size: int = 16, spill: bool = True, rebase: bool = True, observation_window: int = 16,
+                  spill_cap_bytes: int | None = None, strict: bool = False) -> SessionPolicy:
+        """Sinks + the recent window (StreamingLLM), evicted block by block as the session grows;
+        ``rebase=False`` keeps position gaps; ``observation_window``: the rows a recall turn ranks
+        cold blocks by."""
         return cls(kind="streaming", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
-                   recent_tokens=recent_tokens, block_size=block_size, spill=spill)
+                   recent_tokens=recent_tokens, block_size=block_size, spill=spill, rebase=rebase,
+                   observation_window=observation_window, spill_cap_bytes=spill_cap_bytes, strict=strict)
 
     @classmethod
     def engine(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
@@ -74,7 +83,8 @@ class SessionPolicy(BaseModel):
     @classmethod
     def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv",
                sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
-               spill: bool = True, observation_window: int = 16, rebase: bool = True) -> SessionPolicy:
+               spill: bool = True, observation_window: int = 16, rebase: bool = True,
+               spill_cap_bytes: int | None = None, strict: bool = False) -> SessionPolicy:
         """Compress after prefill: an append is prefilled (in chunks as large as the backend's
         free room) and the session then cut to ``budget_tokens`` by the scorer (SnapKV: the
         attention of the append's last ``observation_window`` tokens; H2O: the attention every
@@ -82,7 +92,8 @@ class SessionPolicy(BaseModel):
         session reaches twice its budget). ``rebase=False`` keeps position gaps."""
         return cls(kind="scored", scorer=scorer, budget_tokens=budget_tokens,
                    sink_tokens=sink_tokens, recent_tokens=recent_tokens, block_size=block_size,
-                   spill=spill, observation_window=observation_window, rebase=rebase)
+                   spill=spill, observation_window=observation_window, rebase=rebase,
+                   spill_cap_bytes=spill_cap_bytes, strict=strict)
 
 
 class BackendConfig(BaseModel):

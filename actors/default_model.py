@@ -1,8 +1,12 @@
-"""The project's own default model, for the demo on a fresh machine.
+"""The project's own default models, so a fresh machine runs without downloading anything.
 
 Primitives:
-- ``default_model_path() -> Path``: the trained passkey model committed under ``models/`` when the
-  repository has it, else ``ensure_tiny_model()``.
+- ``default_model_path() -> Path``: the trained chat model committed under ``models/``
+  (``models/chat.gguf``: byte-fallback vocabulary, a chat template, replies end with EOS) when the
+  checkout has it, else ``ensure_tiny_model()``.
+- ``passkey_model_path() -> Path``: the trained passkey-retrieval model (``models/passkey.gguf``,
+  the demo's and the eviction benchmarks' model) when the checkout has it, else
+  ``ensure_tiny_model()``.
 - ``ensure_tiny_model(cache_dir=None) -> Path``: a small Llama GGUF written with the ``gguf``
   package (seeded random weights, SentencePiece-style vocabulary with byte fallback), generated
   once and cached under the user cache directory.
@@ -22,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"  # a checkout: actors/../models
-TRAINED_MODEL = REPO_MODELS / "passkey.gguf"
+CHAT_MODEL = REPO_MODELS / "chat.gguf"
+PASSKEY_MODEL = REPO_MODELS / "passkey.gguf"
 
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 2, 1, 128, 4096
 _WORDS = ["the", "a", "and", "of", "to", "in", "is", "was", "he", "she", "it", "they", "you", "for", "on", "with", "as", "at", "his", "her", "said", "one", "day", "little", "big", "once", "upon", "time", "there", "story", "cat", "dog", "sun", "tree", "house", "happy", "play", "went", "saw"]
@@ -107,4 +112,8 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
 
 
 def default_model_path() -> Path:
-    return TRAINED_MODEL if TRAINED_MODEL.is_file() else ensure_tiny_model()
+    return CHAT_MODEL if CHAT_MODEL.is_file() else ensure_tiny_model()
+
+
+def passkey_model_path() -> Path:
+    return PASSKEY_MODEL if PASSKEY_MODEL.is_file() else ensure_tiny_model()

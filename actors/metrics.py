@@ -11,8 +11,13 @@ Primitives:
 - Names: kvres_resident_tokens{backend,session}, kvres_backend_resident_tokens{backend},
   kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, kvres_evictions_total{backend,session},
   kvres_admissions_total, kvres_spills_total, kvres_recomputed_tokens_total,
-  kvres_suspends_total, kvres_plan_latency_ms (histogram, {backend}),
-  kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens decoded).
+  kvres_suspends_total, kvres_degraded_total{backend,session} (a session runs a weaker policy
+  than it asked, ``kvres.policy.degrade``: counted once per session), kvres_plan_latency_ms
+  (histogram, {backend}),
+  kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens decoded),
+  kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started: event "drops",
+  "spill_errors", "corrupt"; a gauge, present from the start), kvres_dropped_blocks_total{backend,session}
+  (blocks a session found gone: recomputed from its log).
 
 Session ids are what ``SessionManager.session(id)`` needs to take a session over, and the metrics
 endpoint has no authentication, so labels carry a keyed hash of the id instead. The secret (or the
@@ -50,7 +55,9 @@ _process_secret: bytes | None = None
 
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
             "recall_us", "recall_prep_us",
-            "recomputed_tokens", "suspends", "resumes", "rebuilds", "rollbacks", "inexact_recomputed_tokens")
+            "recomputed_tokens", "suspends", "resumes", "rebuilds", "rollbacks", "inexact_recomputed_tokens",
+            "degraded", "dropped_blocks")
+STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 
 
 class MetricsConfigError(KvresError, ValueError):
@@ -109,6 +116,8 @@ class Metrics:
     def set_cold(self, node: str, tier: str, nbytes: int, blocks: int) -> None: ...
 
     def count_tokens(self, backend: str, kind: str, n: int) -> None: ...
+
+    def set_store_events(self, node: str, counts: Mapping[str, int]) -> None: ...
 
 
 NullMetrics = Metrics
@@ -237,6 +246,10 @@ class RayMetrics(Metrics):
             "kvres_plan_latency_ms", "Planner latency per backend plan (ms)",
             boundaries=[0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000], tag_keys=("backend",),
         )
+        self._store_events = metrics.Gauge(
+            "kvres_store_blocks_lost", "Blocks a cold store did not keep since it started, by event: drops (its "
+            "budget, a full disk), spill_errors (failed disk writes), corrupt (refused when read)",
+            tag_keys=("node", "event"))
         self._tokens = metrics.Counter(
             "kvres_tokens_total", "Tokens a backend prefilled (kind=prompt) or generated (kind=generated)",
             tag_keys=("backend", "kind"),
@@ -269,3 +282,7 @@ class RayMetrics(Metrics):
     def count_tokens(self, backend: str, kind: str, n: int) -> None:
         if n:
             self._refresher.add(self._tokens, n, {"backend": backend, "kind": kind})
+
+    def set_store_events(self, node: str, counts: Mapping[str, int]) -> None:
+        for event, n in counts.items():
+            self._refresher.record(self._store_events, n, {"node": node, "event": event})

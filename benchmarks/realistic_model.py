@@ -6,11 +6,14 @@ Primitives:
   share a KV head); ``REALISTIC`` is the default, about the size of a 125M-parameter model, its
   KV 12 KiB per token at f16. ``head_dim``, ``kv_bytes_per_token(bytes_per_value=2)``,
   ``n_params``.
-- ``write_realistic_model(path, shape=REALISTIC, seed=0) -> Path``: writes it with the ``gguf``
-  package: f16 matrices of seeded noise (scaled by 1 / sqrt(fan-in)), f32 norms, and a SentencePiece
-  vocabulary of ``n_vocab`` tokens (the 3 control tokens, 256 byte tokens, then made-up word
-  pieces), so llama.cpp tokenizes text and decodes any token id. Written to a temporary name and
-  renamed, so a reader never sees half a file.
+- ``write_realistic_model(path, shape=REALISTIC, seed=0, chat_template=None) -> Path``: writes it
+  with the ``gguf`` package: f16 matrices of seeded noise (scaled by 1 / sqrt(fan-in)), f32 norms,
+  and a SentencePiece vocabulary of ``n_vocab`` tokens (the 3 control tokens, 256 byte tokens, then
+  made-up word pieces), so llama.cpp tokenizes text and decodes any token id; ``chat_template``
+  (Jinja2 text, e.g. ``CHAT_TEMPLATE``) goes into ``tokenizer.chat_template``, so the model can be
+  served through the chat API. Written to a temporary name and renamed, so a reader never sees
+  half a file.
+- ``CHAT_TEMPLATE``: a Zephyr-style template (``<|role|>`` headers, each message closed by EOS).
 
 The weights are noise: what comes out is not language, but every decode reads the same bytes and
 does the same arithmetic as a trained model of this shape.
@@ -60,6 +63,10 @@ class ModelShape:
 
 
 REALISTIC = ModelShape()
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def _vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
@@ -74,7 +81,8 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens + pieces, scores, [int(t) for t in types] + [int(TokenType.NORMAL)] * len(pieces)
 
 
-def write_realistic_model(path: str | os.PathLike[str], shape: ModelShape = REALISTIC, seed: int = 0) -> Path:
+def write_realistic_model(path: str | os.PathLike[str], shape: ModelShape = REALISTIC, seed: int = 0,
+                          chat_template: str | None = None) -> Path:
     from gguf import GGUFWriter
 
     path = Path(path)
@@ -109,6 +117,8 @@ def write_realistic_model(path: str | os.PathLike[str], shape: ModelShape = REAL
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_tensor("token_embd.weight", matrix(shape.n_vocab, shape.n_embd))
     w.add_tensor("output_norm.weight", norm())
     w.add_tensor("output.weight", matrix(shape.n_vocab, shape.n_embd))

@@ -17,6 +17,8 @@ Primitives:
   (``kvres.cluster.standing``).
 - ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
   the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
+- ``kvres serve [--address ADDR] [--host H] [--port P] [--api-key-file F] ...``: the OpenAI-compatible
+  HTTP front on Ray Serve (``kvres.cluster.serve.launch``; docs/serving.md).
 - ``main(argv=None) -> int``.
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
@@ -97,6 +99,12 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.launch import run_serve
+
+    return run_serve(args)
+
+
 def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .reachability import DEFAULT_PORT
 
@@ -123,6 +131,11 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                       help="keep the namespace's cold blocks for a later start of the same namespace")
     stop.add_argument("--ray", action="store_true", help="then stop the Ray head (it must run on this machine)")
     stop.set_defaults(run=_stop)
+    from .serve.launch import add_serve_arguments
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on Ray Serve, sessions kept server-side")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -271,11 +271,11 @@ def _cluster_config(model: Path, args: argparse.Namespace, disk: Path) -> KvresC
 
 
 def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from kvres.actors.default_model import default_model_path
+    from kvres.actors.default_model import passkey_model_path
 
     from .session import connect
 
-    model = Path(args.model) if args.model else default_model_path()
+    model = Path(args.model) if args.model else passkey_model_path()
     policies = demo_policies(args.budget)  # bad budgets fail here, before Ray starts
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvres-demo-") as disk:

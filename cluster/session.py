@@ -55,6 +55,7 @@ from .config import BackendConfig, KvresConfig, SessionPolicy
 from .gcs_config import published_config
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
+from .reachability import check_reachable
 from .remote_calls import answer, wait_until_answers
 from .session_handle import Session
 
@@ -465,6 +466,8 @@ def connect(
         if address:
             follow_local_token()  # a head started here with token authentication: speak it too
         # no address: start an embedded local cluster ("local"), never a stray one found running
+        if address and address not in ("auto", "local") and "://" not in address:
+            check_reachable(address)  # seconds, not the minutes ray.init retries for
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
         if started:

@@ -3,7 +3,9 @@
 Primitives:
 - ``format_table(headers, rows)``: columns padded to their widest cell; numbers right-aligned.
 - ``human_bytes(n)``: ``0 B``, ``512 B``, ``12.5 KiB``, ``3.0 MiB``, ...
-- ``policy_summary(policy)``: one line for a ``SessionPolicy.model_dump()``.
+- ``policy_summary(policy, effective=None, degraded=None)``: one line for a
+  ``SessionPolicy.model_dump()``; with ``degraded`` (``Session.stats()["degraded"]``) the effective
+  policy that runs instead, what was asked and why.
 - ``residency_bar(ranges, token_count, width)``: the token log drawn as one line, ``#`` where the
   KV is resident, ``+`` where part of it is, ``.`` where none is.
 - ``render_status(report, reprs=None)``: ``SessionManager.status()`` (or ``ClusterView.status()``)
@@ -53,8 +55,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join([line(list(headers)), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-def policy_summary(policy: Mapping[str, Any]) -> str:
-    return residency_for(SessionPolicy.model_validate(dict(policy))).describe()
+def policy_summary(policy: Mapping[str, Any], effective: str | None = None, degraded: str | None = None) -> str:
+    """The policy asked; where the backend degraded it, what runs instead and why."""
+    asked = residency_for(SessionPolicy.model_validate(dict(policy))).describe()
+    if not degraded:
+        return asked
+    return f"{effective} (degraded from: {asked}; because {degraded})"
 
 
 def residency_bar(ranges: Sequence[Sequence[int]], token_count: int, width: int = BAR_WIDTH) -> str:
@@ -125,7 +131,8 @@ def render_inspect(stats: Mapping[str, Any], width: int = BAR_WIDTH) -> str:
     pad = " " * label
     lines = [
         f"session {stats.get('session_id')!r} on backend {stats.get('backend')!r}: {stats.get('state')}",
-        "policy".ljust(label) + policy_summary(stats.get("policy", {})),
+        "policy".ljust(label) + policy_summary(stats.get("policy", {}), stats.get("effective_policy"),
+                                               stats.get("degraded")),
         "tokens".ljust(label) + f"{count} in the log, {stats.get('resident_tokens', 0)} resident",
         "resident".ljust(label) + (" ".join(f"[{a}, {b})" for a, b in ranges) or "none"),
     ]

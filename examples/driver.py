@@ -1,6 +1,8 @@
 """A driver script: start (or attach to) Ray, open a streaming session, grow it past its budget.
 
-Run: ``.venv/bin/python examples/driver.py [--model PATH]`` (default: the project's own model).
+Run: ``.venv/bin/python examples/driver.py [--model PATH]`` (default: the project's own chat model).
+It generates 400 tokens past the model's end-of-generation token (``ignore_eos=True``) into a
+session that keeps 128 resident: the rest is evicted to the cold store as it goes.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ def main() -> None:
     manager = connect(namespace=args.namespace, config=config, include_dashboard=False)
     try:
         session = manager.open_session(policy=SessionPolicy.streaming(128, recent_tokens=32))
-        session.append("once upon a time")
-        tokens = session.generate(400)
+        session.append("Once upon a time")
+        tokens = session.generate(400, ignore_eos=True)  # a model's reply ends sooner: go on to 400
         stats = session.stats()
         print(json.dumps({"generated": len(tokens), "resident_tokens": stats["resident_tokens"],
                           "token_count": stats["token_count"], "counters": stats["counters"]}))

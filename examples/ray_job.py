@@ -16,10 +16,10 @@ from kvres.cluster import SessionPolicy, connect
 def main() -> None:
     manager = connect(address=os.environ.get("RAY_ADDRESS", "auto"))
     session = manager.open_session(policy=SessionPolicy.streaming(96, recent_tokens=32))
-    session.append(list(range(3, 200)))
-    session.generate(64)
+    prompt = session.append("Once upon a time there was a little cat. " * 8)  # text, or the model's token ids
+    session.generate(64, ignore_eos=True)
     stats = session.stats()
-    print("KVRES_JOB_RESULT " + json.dumps({"session": session.session_id,
+    print("KVRES_JOB_RESULT " + json.dumps({"session": session.session_id, "prompt_tokens": len(prompt),
                                             "resident_tokens": stats["resident_tokens"],
                                             "token_count": stats["token_count"],
                                             "backends": manager.backends()}))

@@ -5,6 +5,8 @@ Primitives:
   "llama" (SentencePiece-style) tokenizer block (tokens, scores, token types, BOS/EOS/UNK ids).
   No timestamps or paths go into the file, so the same checkpoint always gives the same bytes.
 - ``export_checkpoint(directory, stem, out_path)``: load the checkpoint and export it.
+- ``write_llama_gguf(out_path, name, cfg, arrays, add_tokenizer)``: the shared part (hyper-parameters,
+  F32 tensors) that the chat model's exporter (``models.chat_export``) uses too.
 - CLI: ``python models/export_gguf.py [--dir models] [--stem passkey] [--out models/passkey.gguf]``.
 
 Token pieces: words are written SentencePiece-style with a leading "▁" (so llama.cpp detokenizes
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +52,22 @@ def _pieces(vocab: list[str], special: dict[str, int]) -> tuple[list[str], list[
     return tokens, scores, [int(t) for t in types]
 
 
-def export_gguf(arrays: dict[str, np.ndarray], config: dict[str, Any], out_path: str | Path) -> Path:
-    cfg = ModelConfig.from_dict(config["model"])
-    vocab = list(config["vocab"])
-    if len(vocab) != cfg.vocab_size:
-        raise ValueError(f"config vocab has {len(vocab)} tokens, model expects {cfg.vocab_size}")
-    special = {"unk": int(config["unk_id"]), "bos": int(config["bos_id"]), "eos": int(config["eos_id"])}
+def write_llama_gguf(
+    out_path: str | Path,
+    name: str,
+    cfg: ModelConfig,
+    arrays: dict[str, np.ndarray],
+    add_tokenizer: Callable[[gguf.GGUFWriter], None],
+) -> Path:
+    """An F32 llama-architecture GGUF: name, hyper-parameters, the tokenizer block that
+    ``add_tokenizer`` writes, then the tensors in ``tensor_names`` order. Written to a temporary
+    name and renamed, so a reader never sees half a file."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
 
     w = gguf.GGUFWriter(str(tmp), ARCH)
-    w.add_name(MODEL_NAME)
+    w.add_name(name)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
@@ -74,20 +81,9 @@ def export_gguf(arrays: dict[str, np.ndarray], config: dict[str, Any], out_path:
     w.add_rope_freq_base(float(cfg.rope_base))
     w.add_layer_norm_rms_eps(float(cfg.rms_eps))
     w.add_vocab_size(cfg.vocab_size)
-
-    tokens, scores, types = _pieces(vocab, special)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(special["unk"])
-    w.add_bos_token_id(special["bos"])
-    w.add_eos_token_id(special["eos"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-
-    for name in tensor_names(cfg):
-        w.add_tensor(name, np.ascontiguousarray(arrays[name], dtype=np.float32))
+    add_tokenizer(w)
+    for tensor in tensor_names(cfg):
+        w.add_tensor(tensor, np.ascontiguousarray(arrays[tensor], dtype=np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -95,6 +91,28 @@ def export_gguf(arrays: dict[str, np.ndarray], config: dict[str, Any], out_path:
     w.close()
     tmp.replace(out_path)
     return out_path
+
+
+def export_gguf(arrays: dict[str, np.ndarray], config: dict[str, Any], out_path: str | Path) -> Path:
+    cfg = ModelConfig.from_dict(config["model"])
+    vocab = list(config["vocab"])
+    if len(vocab) != cfg.vocab_size:
+        raise ValueError(f"config vocab has {len(vocab)} tokens, model expects {cfg.vocab_size}")
+    special = {"unk": int(config["unk_id"]), "bos": int(config["bos_id"]), "eos": int(config["eos_id"])}
+
+    def tokenizer(w: gguf.GGUFWriter) -> None:
+        tokens, scores, types = _pieces(vocab, special)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(special["unk"])
+        w.add_bos_token_id(special["bos"])
+        w.add_eos_token_id(special["eos"])
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+
+    return write_llama_gguf(out_path, MODEL_NAME, cfg, arrays, tokenizer)
 
 
 def export_checkpoint(directory: str | Path, stem: str, out_path: str | Path) -> Path:

@@ -3,17 +3,20 @@
 Primitives:
 - ``Residency``: the base, a frozen object built once when a session opens. Its fields are the
   window's shape (``sink_tokens``, ``recent_tokens``, ``block_size``, ``budget_tokens``, ``rebase``,
-  ``spill``, ``observation_window``); it says what it needs (``needs_scores``, ``requirements``)
-  and decides: ``evicts`` (kvres plans this session's evictions), ``compresses`` (it is cut to its
-  budget by scores after a prefill, not planned chunk by chunk), ``chunk(remaining)`` (the most an
-  append prefills in one step), ``ahead(remaining)`` (what a generate plans room for),
-  ``stream_policy()``, ``engine_eviction()``, ``describe()`` (one line for people).
+  ``spill``, ``observation_window``) and ``degraded`` (why it runs instead of a stronger policy
+  the engine could not run, ``kvres.policy.degrade``; empty when it runs as asked); it says what
+  it needs (``needs_scores``, ``requirements``) and decides: ``evicts`` (kvres plans this
+  session's evictions), ``compresses`` (it is cut to its budget by scores after a prefill, not
+  planned chunk by chunk), ``chunk(remaining)`` (the most an append prefills in one step),
+  ``ahead(remaining)`` (what a generate plans room for), ``stream_policy()``,
+  ``engine_eviction()``, ``describe()`` (one line for people).
 - ``NoEviction``, ``Streaming``, ``Scored`` (SnapKV, H2O or KeyNorm), ``EngineEvicts`` (the engine
   evicts inside each request).
 - ``EngineNeed``: which engines can run a session (``Residency.engine_need``, what placement asks).
 - ``Ranking``: what ranks a session's blocks when it is cut or recalls (``ranking_for``): its
   ``scorer``, ``block_scores(source, ranges)`` and, for H2O, the running accumulator (every query
-  row counted once); ``by_attention_window``: SnapKV, the ranking a recall's scoring pass can use.
+  row counted once: ``observe``, ``pending_rows``, ``rows_seen``); ``by_attention_window``: SnapKV,
+  the ranking a recall's scoring pass can use.
 - ``ScoreSource``: what a ranking reads from the engine (``attention``, ``keys``, ``log_length``,
   ``resident_tokens``).
 - ``recall_scorer(caps)``: what ranks the blocks of a session that has no scorer of its own.
@@ -54,10 +57,13 @@ class ScoreSource(Protocol):
 class Ranking:
     """Ranks a session's resident blocks. SnapKV reads the last ``window`` rows; KeyNorm the
     resident keys; H2O adds the rows processed since its last capture to what every key received
-    (each row counted once) and ranks by the total."""
+    (each row counted once, ``rows_seen`` of them) and ranks by the total. One capture holds a
+    bounded number of rows (llama.cpp: one micro-batch), so the host has H2O ``observe`` the rows
+    of a long call before more arrive than a capture holds (``pending_rows``)."""
 
     scorer: Scorer
     window: int
+    rows_seen: int = 0  # query rows the H2O accumulator has added
     _accumulated: H2OAccumulator | None = None
     _scored_upto: int = 0  # the log length whose rows the accumulator has seen
 
@@ -70,11 +76,16 @@ class Ranking:
         """It must see every call's rows, even when nothing is cut (H2O)."""
         return isinstance(self.scorer, H2O)
 
-    def block_scores(self, source: ScoreSource, ranges: list[Range]) -> list[float]:
-        if self.scorer.needs == "keys":
-            return self.scorer.block_scores(source.keys(), ranges)
+    def pending_rows(self, log_length: int) -> int:
+        """Rows processed since the accumulator's last capture (0 for a ranking that does not
+        accumulate)."""
+        return max(0, log_length - self._scored_upto) if self.accumulates else 0
+
+    def observe(self, source: ScoreSource) -> None:
+        """Add the rows processed since the last capture to the accumulator (H2O), ranking
+        nothing; a no-op for the other scorers."""
         if not self.accumulates:
-            return self.scorer.block_scores(source.attention(self.window), ranges)
+            return
         log_len = source.log_length()
         new_rows = min(log_len - self._scored_upto, source.resident_tokens())
         if self._accumulated is None:
@@ -82,7 +93,16 @@ class Ranking:
         if new_rows > 0:
             capture = source.attention(new_rows)
             self._accumulated.add(capture.probs, capture.key_positions)
+            self.rows_seen += int(capture.query_positions.size)
         self._scored_upto = log_len
+
+    def block_scores(self, source: ScoreSource, ranges: list[Range]) -> list[float]:
+        if self.scorer.needs == "keys":
+            return self.scorer.block_scores(source.keys(), ranges)
+        if not self.accumulates:
+            return self.scorer.block_scores(source.attention(self.window), ranges)
+        self.observe(source)
+        assert self._accumulated is not None
         totals = self._accumulated.scores
         return [float(x) for x in block_scores(totals, np.arange(totals.size), ranges)]
 
@@ -93,7 +113,7 @@ class Ranking:
 
     def reset(self) -> None:
         """The session went back to an earlier state: start counting rows again."""
-        self._accumulated, self._scored_upto = None, 0
+        self._accumulated, self._scored_upto, self.rows_seen = None, 0, 0
 
 
 def recall_scorer(caps: Capabilities, window: int) -> Scorer | None:
@@ -125,6 +145,7 @@ class Residency:
     spill: bool = True
     observation_window: int = 16
     name: str = "none"
+    degraded: str = ""  # why this runs instead of the policy asked (``kvres.policy.degrade``); "" as asked
     evicts: bool = field(default=False, init=False)  # kvres plans this session's evictions
     compresses: bool = field(default=False, init=False)  # cut to budget by scores after a prefill
 
@@ -183,8 +204,9 @@ class Residency:
     def describe(self) -> str:
         """One line for people (``kvres inspect``)."""
         parked = "spilled to the cold store" if self.spill else "dropped"
+        positions = "positions re-based" if self.rebase else "position gaps kept"
         return (f"{self.name}, budget {self.budget_tokens} tokens, sinks {self.sink_tokens}, recent "
-                f"{self.recent_tokens}, blocks of {self.block_size}, evicted blocks {parked}")
+                f"{self.recent_tokens}, blocks of {self.block_size}, evicted blocks {parked}, {positions}")
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,15 @@ Primitives:
   ``cache_cells(config)`` how it allocates a fixed cache for a context (llama.cpp), None when its
   KV grows with the tokens; ``kv_tier_choice`` whether T* may choose its KV types;
   ``recall_probe(executor, placement)`` the ``ProbeEngine`` its recall costs are measured with,
-  None when it takes no measured costs (it reads every cold block).
+  None when it takes no measured costs (it reads every cold block); ``tier_probe(config, placement)``
+  the ``ProbeEngine`` T*'s probes measure with before the executor exists (the backend's own
+  threads and offload: ``llama_threads(config)``).
 - ``ENGINES``: "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
   ``UnknownEngineError`` naming the name and the known ones).
 - llama.cpp's cache as the llama executor creates it: ``llama_cache_cells(config)`` (one unified
-  cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's full-size SWA
-  cache) and ``llama_context_cells(n_ctx)`` (two reserved cells, padded to 256);
+  cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's small SWA cache:
+  the window of every sequence plus one micro-batch) and ``llama_context_cells(n_ctx)`` (two
+  reserved cells, padded to 256);
   ``LLAMA_RESERVED_CELLS``, ``LLAMA_RESERVED_SEQS``, ``LLAMA_N_BATCH``.
 
 Callers ask here (through ``kvres.actors.engines.registry``) instead of branching on the name.
@@ -20,6 +23,7 @@ Callers ask here (through ``kvres.actors.engines.registry``) instead of branchin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +59,7 @@ class EngineSpec:
     cache_cells: Callable[[BackendConfig], CacheCells] | None = None
     kv_tier_choice: bool = False
     recall_probe: Callable[[AnyExecutor, Placement], ProbeEngine] | None = None
+    tier_probe: Callable[[BackendConfig, Placement], ProbeEngine] | None = None
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------
@@ -71,7 +76,7 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
 
 def llama_cache_cells(config: BackendConfig) -> CacheCells:
     return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
-                      kv_unified=True, swa_full=True)
+                      kv_unified=True, swa_full=False)
 
 
 def llama_context_cells(n_ctx: int) -> int:
@@ -102,6 +107,18 @@ def _llama_recall_probe(executor: AnyExecutor, placement: Placement) -> ProbeEng
     if not isinstance(executor, LlamaExecutor):
         raise TypeError(f"a llama backend's executor must be a LlamaExecutor, got {type(executor).__name__}")
     return ProbeEngine(executor.n_threads, placement.n_gpu_layers, placement.main_gpu)
+
+
+def llama_threads(config: BackendConfig) -> int:
+    """The decode threads a llama backend runs with (``LlamaExecutor``'s default when unset)."""
+    return config.n_threads or max(1, min(4, os.cpu_count() or 1))
+
+
+def _llama_tier_probe(config: BackendConfig, placement: Placement) -> ProbeEngine:
+    """T*'s probes before the executor exists: the backend's own threads, offload and main GPU."""
+    from kvres.actors.sizing.llama_probes import ProbeEngine
+
+    return ProbeEngine(llama_threads(config), placement.n_gpu_layers, placement.main_gpu)
 
 
 # -- OpenVINO -------------------------------------------------------------------------------------
@@ -137,7 +154,7 @@ def _openvino_kv_device(config: BackendConfig, placement: Placement | None) -> D
 
 ENGINES: Mapping[str, EngineSpec] = {
     "llama": EngineSpec("llama", _llama_build, _llama_profiles, _llama_kv_device, cache_cells=llama_cache_cells,
-                        kv_tier_choice=True, recall_probe=_llama_recall_probe),
+                        kv_tier_choice=True, recall_probe=_llama_recall_probe, tier_probe=_llama_tier_probe),
     "openvino": EngineSpec("openvino", _openvino_build, _openvino_profiles, _openvino_kv_device),
     "openvino-genai": EngineSpec("openvino-genai", _genai_build, _openvino_profiles, _openvino_kv_device),
 }

@@ -67,12 +67,12 @@ def resolve_kv_tier(
             budget_bytes, n_ctx = profile_for("f16", "f16").kv_bytes_for_context(config.kv_budget_tokens), config.n_ctx
         if profile_for(explicit_k or "f16", "f16").kv_bytes_for_context(n_ctx) > budget_bytes:
             # else the top tier holds the whole context: nothing to choose, probe or log.
-            # The probes run in this process before its step loop: one decode thread (see
-            # kvres.actors.engines.llama.engine), on the backend's device.
+            # The probes run with the backend's own threads and device (several threads: in a child).
             where = placement or placement_for(config, assigned_gpu_ids(), env)
+            probe = spec.tier_probe(config, where) if spec.tier_probe else ProbeEngine(1, where.n_gpu_layers,
+                                                                                      where.main_gpu)
             choice = choose_kv_types(model_path, n_ctx, budget_bytes, explicit_k, None, env,
-                                     profile_for=profile_for, head_dims=layout.head_dims,
-                                     engine=ProbeEngine(1, where.n_gpu_layers, where.main_gpu))
+                                     profile_for=profile_for, head_dims=layout.head_dims, engine=probe)
             decision = choice.decision
             type_k, type_v = choice.type_k, choice.type_v
             if budget is None and decision is not None:

@@ -18,7 +18,7 @@ from kvres.policy import KvresError
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
 from ..metrics import Metrics
-from ..residency import residency_for
+from ..residency import effective_residency
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .scheduler import StepLoop, WaitCountingLock
 from .sessions import HostSession
@@ -54,9 +54,11 @@ class HostContext:
 
     def new_session(self, policy: SessionPolicy, record: SessionRecord | None = None, *, parked: bool = False,
                     committed: SessionRecord | None = None) -> HostSession:
-        """A session of ``policy``, empty or carrying ``record``'s counters, cold blocks, logits
-        and exactness (``parked``: suspended with that record)."""
-        residency = residency_for(policy)
+        """A session of ``policy`` (degraded to what the engine can run unless strict), empty or
+        carrying ``record``'s counters, cold blocks, logits and exactness (``parked``: suspended
+        with that record)."""
+        residency = effective_residency(policy, self.executor.capabilities(), self.store is not None,
+                                        self.kv is not None)
         s = HostSession(policy, residency, residency.ranking(self.executor.capabilities()), self.tick())
         if record is not None:
             s.counters, s.cold = dict(record.counters), list(record.cold)

@@ -6,8 +6,10 @@ Primitives:
   plan out: idle sessions suspended through ``suspend``, ranges evicted), ``needs_plan`` and
   ``fits`` (cheap checks before planning), ``evict`` (a spilling session parks the ranges first,
   in one store call), ``cap_spill`` (a session's spilled bytes kept under its cap), ``compress`` /
-  ``compress_now`` (a scored session cut to its budget by its ranking), ``view`` / ``with_scores``
-  (what the planner sees of a session).
+  ``compress_now`` (a scored session cut to its budget by its ranking; a prompt larger than the
+  free room ranked by its own last tokens, ``lookahead``), ``observe`` (an accumulating ranking
+  takes the rows of a long call before one capture could not hold them), ``view`` /
+  ``with_scores`` (what the planner sees of a session).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from kvres.policy import KvresError, Range
+from kvres.policy import CapabilityError, KvresError, Range
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
@@ -30,12 +32,24 @@ from .store_ports import ColdRef
 
 
 class EngineScores:
-    """One session's scoring inputs, read from the engine (``kvres.policy.residency.ScoreSource``)."""
+    """One session's scoring inputs, read from the engine (``kvres.policy.residency.ScoreSource``).
+    ``lookahead``: tokens of the call not appended yet whose attention is the observation window
+    (a prompt larger than the free room is scored by its own last tokens, not a chunk's end),
+    decoded in a scoring pass after the resident tokens where the engine has one
+    (``Executor.recall_attention``); elsewhere the last resident rows stand in."""
 
-    def __init__(self, executor: Executor, session_id: str, s: HostSession) -> None:
+    def __init__(self, executor: Executor, session_id: str, s: HostSession,
+                 lookahead: Sequence[int] | None = None) -> None:
         self._executor, self._session_id, self._s = executor, session_id, s
+        self._lookahead = list(lookahead or ())
 
     def attention(self, window: int) -> AttentionCapture:
+        if self._lookahead:
+            try:
+                return self._executor.recall_attention(self._session_id, [], self._lookahead,
+                                                       len(self._lookahead), self._s.residency.rebase)
+            except CapabilityError:
+                self._lookahead = []  # no scoring pass on this engine
         return self._executor.attention(self._session_id, window)
 
     def keys(self) -> KeyCapture:
@@ -79,20 +93,29 @@ class Pressure:
                        for i in range(len(blocks)))
         return replace(view, scores=scores)
 
-    def with_scores(self, view: SessionView) -> SessionView:
+    def with_scores(self, view: SessionView, lookahead: Sequence[int] | None = None) -> SessionView:
         s = self.ctx.sessions[view.session_id]
         if not s.scored_now or not view.resident_ranges:
             return view
         table = view.blocks()
         ranges = [table[i].range for i in range(len(table))]
-        return replace(view, scores=tuple(self.block_scores(view.session_id, ranges)))
+        return replace(view, scores=tuple(self.block_scores(view.session_id, ranges, lookahead)))
 
-    def block_scores(self, session_id: str, ranges: list[Range]) -> list[float]:
+    def block_scores(self, session_id: str, ranges: list[Range], lookahead: Sequence[int] | None = None
+                     ) -> list[float]:
         """One score per range by the session's ranking (``kvres.policy.residency.Ranking``)."""
         s = self.ctx.sessions[session_id]
         if s.ranking is None:
             raise KvresError(f"backend {self.ctx.name!r} has nothing to rank session {session_id!r}'s blocks by")
-        return s.ranking.block_scores(EngineScores(self.ctx.kv_executor("score"), session_id, s), ranges)
+        ahead = lookahead if s.ranking.by_attention_window else None
+        return s.ranking.block_scores(EngineScores(self.ctx.kv_executor("score"), session_id, s, ahead), ranges)
+
+    def observe(self, session_id: str) -> None:
+        """An accumulating ranking (H2O) takes the rows processed since its last capture now,
+        before more arrive than one capture holds."""
+        s = self.ctx.sessions[session_id]
+        if s.ranking is not None and s.ranking.accumulates:
+            s.ranking.observe(EngineScores(self.ctx.kv_executor("score"), session_id, s))
 
     # -- compressing a scored session -------------------------------------------------------
     def compress_now(self, s: HostSession, job: Job, done: bool) -> bool:
@@ -107,31 +130,28 @@ class Pressure:
         budget = s.residency.budget_tokens or 0
         return s.resident > budget + max(s.residency.block_size, budget)
 
-    def compress(self, session_id: str) -> None:
-        """Cut a scored session (or one on a recall turn) to its budget once, by its ranking."""
+    def compress(self, session_id: str, lookahead: Sequence[int] | None = None) -> None:
+        """Cut a scored session (or one on a recall turn) to its budget once, by its ranking;
+        ``lookahead``: the last tokens of a prompt still to come, SnapKV's observation window."""
         s = self.ctx.sessions[session_id]
         recalled, s.retrieved = s.retrieved, []  # scores rank them now, not the recall
         try:
-            self._cut_to_budget(session_id)
+            self._cut_to_budget(session_id, lookahead)
         finally:
             if s.compressing:
                 s.compressing = False
                 kept = self.ctx.executor.resident_ranges(session_id)
                 s.retrieved = [r for r in recalled if any(k.start <= r.start and r.end <= k.end for k in kept)]
 
-    def _cut_to_budget(self, session_id: str) -> None:
+    def _cut_to_budget(self, session_id: str, lookahead: Sequence[int] | None = None) -> None:
         ctx = self.ctx
         s = ctx.sessions[session_id]
         budget = s.residency.budget_tokens
-        accumulates = s.ranking is not None and s.ranking.accumulates
-        if not accumulates and (budget is None or s.resident <= budget):
-            return
-        view = self.view(session_id, 0, True)
         if budget is None or s.resident <= budget:
-            self.with_scores(view)  # an accumulating ranking still sees the rows of this call
+            self.observe(session_id)  # an accumulating ranking still sees the rows of this call
             return
-        plan = self._plan(BackendPlanInput([self.with_scores(view)], ctx.config.kv_budget_tokens,
-                                           ctx.executor.capabilities()))
+        plan = self._plan(BackendPlanInput([self.with_scores(self.view(session_id, 0, True), lookahead)],
+                                           ctx.config.kv_budget_tokens, ctx.executor.capabilities()))
         for action in plan.actions:
             if action.kind == "evict":
                 self.evict(session_id, action.ranges, action.rebase)
@@ -184,7 +204,7 @@ class Pressure:
             if not idle:
                 raise BackendFullError(
                     f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
-                    f"serving running calls; {newcomer!r} has to wait for one"
+                    f"serving running calls: none for session {newcomer!r} now (a call of it waits for one)"
                 )
             victim = min(idle, key=lambda sid: ctx.sessions[sid].last_used)
             self._suspend(victim)

@@ -1,15 +1,17 @@
 """What a backend reports about itself and its sessions.
 
 Primitives:
-- ``session_stats(ctx, session_id) -> dict``: state, policy, token count, resident ranges and
-  tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
+- ``session_stats(ctx, session_id) -> dict``: state, policy (as asked), the effective policy
+  and, where the backend degraded it, why (``degraded``, else None), token count, resident ranges
+  and tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
   forgotten here), counters.
-- ``backend_stats(ctx, profile) -> dict``: budget, resident and free tokens (and bytes where the
+- ``backend_stats(ctx, profile) -> dict``: context size, budget, resident and free tokens (and bytes where the
   engine's KV profile gives them), peak, sessions and their states.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kvres.policy.capacity import LayerKVProfile
@@ -22,10 +24,14 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
     resident = ctx.executor.resident_ranges(session_id) if s.live else []
     refs = list(s.cold) + ([] if s.live else list(s.record.blocks))
     tiers = ctx.store.tiers_of(refs) if ctx.store is not None else [None] * len(refs)
-    # blocks the store dropped for its own budget are gone: forget their refs
+    # blocks the store did not keep (dropped for its budget, a full disk) are gone: the session
+    # forgets them, counts them, and recomputes what they held from its log when it needs it
     gone = {ref for ref, tier in zip(refs, tiers, strict=True) if tier is None}
     if gone:
         s.cold = [ref for ref in s.cold if ref not in gone]
+        if not s.live:
+            s.park(replace(s.record, blocks=[ref for ref in s.record.blocks if ref not in gone]))
+        ctx.count(session_id, "dropped_blocks", len(gone))
     cold: dict[str, dict[str, int]] = {}
     for ref, tier in zip(refs, tiers, strict=True):
         if tier is None:
@@ -38,6 +44,8 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
         "backend": ctx.name,
         "state": s.state.value,
         "policy": s.policy.model_dump(),
+        "effective_policy": s.residency.describe(),  # what runs: the policy, or what it degraded to
+        "degraded": s.residency.degraded or None,  # why it runs weaker than asked (None: as asked)
         "token_count": len(ctx.token_log(session_id)),
         "resident_ranges": [(r.start, r.end) for r in resident],
         "resident_tokens": sum(len(r) for r in resident),
@@ -60,6 +68,7 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
         "engine": config.engine,
         "model": str(config.model_path),
         "fingerprint": ctx.fingerprint,
+        "n_ctx": config.n_ctx,
         "kv_budget_tokens": config.kv_budget_tokens,
         "resident_tokens": sum(live.values()),
         "peak_resident_tokens": ctx.peak_resident_tokens,

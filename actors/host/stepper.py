@@ -6,9 +6,11 @@ Primitives:
   can be had; a generating job adds one sampled token, an appending job a chunk (a turn's first
   step recalls its cold blocks first); room is made for each (``Pressure.make_room``, counting
   what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
-  session's logits, counters and compression after it. A call that fails is rolled back; a call
-  that is done is committed, then answered. ``open_on_engine`` and ``check_policy``: what opening
-  a session takes on this engine.
+  session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
+  the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
+  call that fails is rolled back; a call that is done is committed, then answered.
+  ``open_on_engine`` and ``check_policy``: what opening a session takes on this engine (a session
+  degraded to what the engine can run is reported once).
 
 Budget: the step never lets the live sessions hold more than ``kv_budget_tokens`` after it.
 """
@@ -23,7 +25,7 @@ from kvres.policy.residency import Residency
 from ..config import SessionPolicy
 from ..engines.executor import Executor
 from ..generation import Generation, reply_text
-from .admission import check_kv_policy
+from .admission import check_kv_policy, report_degraded
 from .context import HostContext
 from .durability import Durability
 from .errors import BackendFullError
@@ -35,6 +37,7 @@ from .sessions import HostSession
 
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 PRIME_TOKENS = 1024  # the most of a session's log a sampler's penalties are primed with
+SCORE_ROWS = 512  # query rows one attention capture holds on every engine (llama.cpp: one micro-batch)
 
 
 def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
@@ -78,6 +81,7 @@ class KVStepper:
 
     def open_on_engine(self, session_id: str, s: HostSession, tokens: Sequence[int]) -> None:
         self.executor.open_session(session_id, tokens)
+        report_degraded(self.ctx, session_id, s)
 
     def step(self, jobs: list[Job]) -> bool:
         """One engine step for ``jobs``; True when any of them progressed."""
@@ -95,7 +99,7 @@ class KVStepper:
                 continue
             if not s.live:
                 held = None
-                admitted = self._admit(job, busy)
+                admitted = self._admit(job, busy, incoming)
                 progressed |= admitted or job.done
                 if not admitted:
                     continue
@@ -107,7 +111,7 @@ class KVStepper:
                 held = None  # a recall may change what the session holds
                 job.started = True
                 try:
-                    self.recall.recall(job.session_id, len(job.feed))
+                    self.recall.recall(job.session_id, len(job.feed), incoming)
                 except Exception as exc:
                     self.durability.fail(job, exc)
                     progressed = True
@@ -149,12 +153,13 @@ class KVStepper:
             f"session {job.session_id!r} has no tokens yet: append a prompt first"))
         return True
 
-    def _admit(self, job: Job, busy: set[str]) -> bool:
+    def _admit(self, job: Job, busy: set[str], incoming: dict[str, int]) -> bool:
         """Bring a suspended session in for its job if a slot can be had (an idle session may be
-        suspended for it); False while every slot serves a running call."""
+        suspended for it), counting what the jobs before it in this step bring; False while every
+        slot serves a running call."""
         ctx = self.ctx
         try:
-            self.parking.resume(job.session_id, None, busy=busy)
+            self.parking.resume(job.session_id, None, busy=busy, incoming=incoming)
             ctx.count(job.session_id, "resumes")
             return True
         except BackendFullError as exc:
@@ -198,6 +203,21 @@ class KVStepper:
             want = min(want, max(1, self.ctx.free_tokens(incoming)))  # compress after each chunk
         return want
 
+    def _score(self, job: Job, s: HostSession, done: bool) -> None:
+        """After the job's share of a step: compress a scored session when its time has come (a
+        prompt larger than the free room is ranked by its own last ``observation_window`` tokens,
+        still to come); an accumulating ranking (H2O) takes the rows so far when the next step's
+        would not fit one capture with them."""
+        if s.scored_now and self.pressure.compress_now(s, job, done):
+            lookahead = job.feed[-s.residency.observation_window:] if job.kind == "append" and not done else None
+            self.pressure.compress(job.session_id, lookahead)
+            return
+        if done or s.ranking is None or not s.ranking.accumulates:
+            return
+        coming = 1 if job.kind == "generate" else min(len(job.feed), self.step_tokens)
+        if s.ranking.pending_rows(len(self.executor.token_log(job.session_id))) + coming > SCORE_ROWS:
+            self.pressure.observe(job.session_id)
+
     def _run(self, batch: list[tuple[Job, list[int]]], incoming: dict[str, int]) -> None:
         """One ``append_many`` for the batch; then logits, counters, compression, completion."""
         ctx = self.ctx
@@ -225,8 +245,7 @@ class KVStepper:
                 del job.feed[: len(toks)]
                 done = not job.feed
             try:
-                if s.scored_now and self.pressure.compress_now(s, job, done):
-                    self.pressure.compress(job.session_id)
+                self._score(job, s, done)
             except Exception as exc:
                 self.durability.fail(job, exc)
             if done and not job.done:

@@ -43,7 +43,7 @@ from typing import Any
 import platformdirs
 import ray
 
-from kvres.actors.metrics import RayMetrics
+from kvres.actors.metrics import STORE_EVENTS, RayMetrics
 from kvres.coldstore import (
     BlockKey,
     ColdStore,
@@ -219,7 +219,8 @@ class ColdStoreServer(ColdStore):
 
 class MeteredColdStoreServer(ColdStoreServer):
     """The server that runs in the cluster: after every change it sets ``kvres_cold_bytes`` and
-    ``kvres_cold_blocks`` per tier for its node (``kvres.actors.metrics``)."""
+    ``kvres_cold_blocks`` per tier for its node and counts its drops, failed disk writes and
+    refused blocks (``kvres_store_blocks_lost``, ``kvres.actors.metrics``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -232,6 +233,7 @@ class MeteredColdStoreServer(ColdStoreServer):
         stats = self._store.stats()
         self._metrics.set_cold(self._node, "ram", stats.ram_bytes, stats.ram_blocks)
         self._metrics.set_cold(self._node, "disk", stats.disk_bytes, stats.disk_blocks)
+        self._metrics.set_store_events(self._node, {event: int(getattr(stats, event)) for event in STORE_EVENTS})
 
 
 ColdStoreActor = ray.remote(ColdStoreServer)

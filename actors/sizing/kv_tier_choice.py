@@ -36,7 +36,9 @@ from kvres.policy.tiering import (
 )
 
 from .llama_probes import ONE_THREAD_CPU, ProbeEngine
+from .probe_common import ProbeError
 from .probes import ProbeResults, load_probes
+from .recall_costs import measure_model_figures
 from .tier_env import auto_tier_enabled, log_tier_decision, tier_config_from_env
 
 logger = logging.getLogger("kvres.tiering")
@@ -71,7 +73,8 @@ def choose_kv_types(
     the llama.cpp probes; ``profile_for`` / ``head_dims`` /
     ``weights_active_bytes`` / ``probes`` replace those parts (all four make ``model_path``
     optional). ``budget_bytes`` is the KV memory the context may keep resident; ``engine`` is what
-    the llama.cpp probes run the model with (threads, offload).
+    the llama.cpp probes run the model with (threads, offload: the backend's own); with more than
+    one thread the model's figures are measured in a probe child (``recall_costs.measure_model_figures``).
     """
     env = os.environ if env is None else env
     previous = KVTypeChoice(
@@ -99,7 +102,7 @@ def choose_kv_types(
             raise TieringError("choose_kv_types needs model_path or weights_active_bytes")
         weights_active_bytes = active_weight_bytes_of(model_path)
     if probes is None:
-        probes = load_probes(model_path, env=env, engine=engine)
+        probes = load_probes(model_path, env=env, engine=_measured_apart(model_path, engine, env, log))
     decision = choose_tier(
         profile_for,
         n_ctx,
@@ -119,3 +122,19 @@ def choose_kv_types(
     return KVTypeChoice(
         decision.chosen.type_k, decision.chosen.type_v, decision.resident_budget_tokens, decision
     )
+
+
+def _measured_apart(model_path: str | os.PathLike[str] | None, engine: ProbeEngine, env: Mapping[str, str],
+                    log: logging.Logger | None) -> ProbeEngine:
+    """The engine the model's figures are read for: with more than one decode thread they are
+    measured (where not cached) in a probe child, since only a backend's step loop may decode with
+    more than one thread in its process; if the child fails, one thread in this process, as before."""
+    if model_path is None or engine.n_threads <= 1:
+        return engine
+    try:
+        measure_model_figures(model_path, engine, env)
+    except ProbeError as exc:
+        (log or logger).warning("T* probes of %s with %d threads failed (%s): measured on one thread",
+                                os.fspath(model_path), engine.n_threads, exc)
+        return ProbeEngine(1, engine.n_gpu_layers, engine.main_gpu)
+    return engine

@@ -17,6 +17,10 @@ Primitives:
   host reads every block, the default) until the figures arrive. ``status``: "idle", "probing",
   "cached", "measured" or "failed"; ``wait(timeout)``.
 - ``recall_costs_to_json(costs)`` / ``recall_costs_from_json(obj)``: what the worker prints.
+- ``measure_model_figures(model_path, engine, env=None) -> figures``: the model's own figures T*
+  reads (c_engage, prefill, import) measured with ``engine`` in a probe child where not cached
+  (``recall_probe_worker --tier``), so a backend's T* probes run with its own thread count and
+  offload without a second decoding thread in its process.
 
 The probes run in a child process because only one thread per process may decode with more than
 one thread (``kvres.actors.engines.llama.engine``): the backend's step loop is that thread.
@@ -176,26 +180,46 @@ class BackgroundRecallCosts:
         return folder, folder is not None
 
     def _measure(self, disk_dir: str | None, disk_tier: bool) -> RecallCosts | None:
-        e = self.engine
-        cmd = [sys.executable, "-m", WORKER_MODULE, self.model_path, "--threads", str(e.n_threads),
-               "--gpu-layers", str(e.n_gpu_layers), "--nice", str(PROBE_NICE)]
-        if e.main_gpu is not None:
-            cmd += ["--main-gpu", str(e.main_gpu)]
-        cmd += ["--disk-dir", disk_dir] if disk_dir is not None else [] if disk_tier else ["--no-disk"]
-        env = None if self._env is None or self._env is os.environ else {**os.environ, **self._env}
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=self._timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            proc.kill()
-            proc.communicate()
-            raise ProbeError(f"the probe worker ran past {self._timeout_s:.0f} s and was killed") from exc
-        if proc.returncode != 0:
-            raise ProbeError(f"the probe worker exited with {proc.returncode}: {err.strip()[-800:]}")
-        lines = out.strip().splitlines()
-        try:
-            obj = json.loads(lines[-1]) if lines else None
-        except ValueError as exc:
-            raise ProbeError(f"the probe worker printed no JSON: {out.strip()[-300:]!r}") from exc
+        extra = ["--disk-dir", disk_dir] if disk_dir is not None else [] if disk_tier else ["--no-disk"]
+        obj = _run_worker(self.model_path, self.engine, [*extra, "--nice", str(PROBE_NICE)], self._env,
+                          self._timeout_s)
         return recall_costs_from_json(obj)
+
+
+def measure_model_figures(
+    model_path: str | os.PathLike[str], engine: ProbeEngine, env: Mapping[str, str] | None = None,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> dict[str, float]:
+    """The model's own figures with ``engine`` (prefill, import and, unless the environment sets it,
+    c_engage), measured where missing in a probe child and cached (``probes.load_model_figures``):
+    what T* reads afterwards with ``load_probes(..., engine=engine)``. A child, because a backend
+    process decodes with more than one thread only on its step loop's thread."""
+    obj = _run_worker(os.fspath(model_path), engine, ["--tier"], env, timeout_s)
+    if not isinstance(obj, dict):
+        raise ProbeError(f"the probe worker printed {obj!r:.200} instead of the model's figures")
+    return {str(k): float(v) for k, v in obj.items()}
+
+
+def _run_worker(model_path: str, engine: ProbeEngine, extra: list[str], env: Mapping[str, str] | None,
+                timeout_s: float) -> Any:
+    """Run the probe worker for ``model_path`` with ``engine``; its last line of JSON."""
+    cmd = [sys.executable, "-m", WORKER_MODULE, model_path, "--threads", str(engine.n_threads),
+           "--gpu-layers", str(engine.n_gpu_layers), *extra]
+    if engine.main_gpu is not None:
+        cmd += ["--main-gpu", str(engine.main_gpu)]
+    child_env = None if env is None or env is os.environ else {**os.environ, **env}
+    proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise ProbeError(f"the probe worker ran past {timeout_s:.0f} s and was killed") from exc
+    if proc.returncode != 0:
+        raise ProbeError(f"the probe worker exited with {proc.returncode}: {err.strip()[-800:]}")
+    lines = out.strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except ValueError as exc:
+        raise ProbeError(f"the probe worker printed no JSON: {out.strip()[-300:]!r}") from exc

@@ -1,10 +1,12 @@
 """The child process a backend measures its recall costs in (``recall_costs.BackgroundRecallCosts``).
 
 Run: ``python -m kvres.actors.sizing.recall_probe_worker MODEL [--threads N] [--gpu-layers N]
-[--main-gpu I] [--disk-dir DIR | --no-disk] [--nice N]``. Measures what is not cached
+[--main-gpu I] [--disk-dir DIR | --no-disk] [--nice N] [--tier]``. Measures what is not cached
 (``recall_costs.probed_recall_costs``, which caches it), prints the costs as one JSON line
-(``recall_costs.recall_costs_to_json``; ``null`` without engine figures) and exits 0; a probe that
-fails exits 1 with its error on stderr. It exits as soon as its parent is gone.
+(``recall_costs.recall_costs_to_json``; ``null`` without engine figures) and exits 0; with
+``--tier`` it measures the model's figures T* reads instead (c_engage too, unless
+``KVRES_C_ENGAGE_MS`` sets it) and prints them. A probe that fails exits 1 with its error on
+stderr. It exits as soon as its parent is gone.
 
 Primitives: ``main(argv=None) -> int``.
 """
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--disk-dir", default=None)
     disk.add_argument("--no-disk", action="store_true")
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--tier", action="store_true",
+                        help="only the model's figures T* reads (c_engage too), printed as a JSON object")
     args = parser.parse_args(argv)
     if args.nice:
         os.nice(args.nice)
@@ -53,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         engine = ProbeEngine(args.threads, args.gpu_layers, args.main_gpu)
+        if args.tier:
+            from .probe_cache import ENV_C_ENGAGE
+            from .probes import load_model_figures
+            from .tier_env import env_float
+
+            c_engage = env_float(os.environ, ENV_C_ENGAGE, None) is None  # else the environment sets it
+            figures, _ = load_model_figures(args.model, engine=engine, c_engage=c_engage)
+            print(json.dumps(figures), flush=True)
+            return 0
         costs = probed_recall_costs(args.model, disk_dir=args.disk_dir, disk_tier=not args.no_disk, engine=engine)
     except (KvresError, OSError) as exc:
         print(f"recall probe of {args.model!r} failed: {exc}", file=sys.stderr)

@@ -13,7 +13,10 @@ family and depth, seeds 1000 + depth%), both task families. For each prompt and 
 opened, the prompt ids appended, ``len(answer)`` tokens generated and compared, the session closed.
 Policies (``sessions.py``): ``full`` (``SessionPolicy()``), ``streaming`` (4 sinks + recent window,
 re-based), ``snapkv`` / ``h2o`` / ``keynorm`` (``kind="scored"``: compress after prefill, position
-gaps kept), blocks of 4, recent window = the question + 2, SnapKV window = the question; on genai
+gaps kept), blocks of 4, recent window = the question + 2, SnapKV window = the question; on llama.cpp
+also ``snapkv-3x``: SnapKV on a second llama backend whose whole budget is a third of the prompt (128
+of 384 tokens), so the prompt is compressed while it still comes in, ranked each time by the
+prompt's own last tokens (its question), decoded in a scoring pass after the resident ones; on genai
 ``full`` and ``genai`` (``SessionPolicy.engine``: its own NORM_SUM eviction, where its 32-token
 blocks and 96-token floor fit in the budget). And the scoring cost (``cost.py``): a 350-token
 prompt at a 25% budget, then ``generate(512)``, medians of 5, as ratios to streaming's. Each
@@ -41,6 +44,9 @@ At a 25% budget vs needle depth 0/20/40/60/80/100%:
   everywhere, genai 100/100/100/10/80/100;
 - family 2: full 70/90/80/90/100/90, streaming 0/0/0/0/10/100, h2o 90/80/0/0/0/0, snapkv as the full
   cache, keynorm 0 everywhere, genai 80/80/70/70/60/90.
+
+The ``snapkv-3x`` row (added later; llama.cpp only, 5 prompts per depth, 2026-12-02): family 1
+100 / 100 at 10 / 25%, as SnapKV with room for the whole prompt; family 2 53 / 83 against its 63 / 80.
 
 Scoring cost (350-token prompt, 25% budget = 88 tokens, medians of 5), time / streaming's:
 
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cost: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = KvresConfig(
-            backends=backend_configs(model, args.engines, args.threads),
+            backends=backend_configs(model, args.engines, args.threads, args.n_tokens),
             cold_store=ColdStoreConfig(ram_budget_bytes=16 << 20, disk_budget_bytes=64 << 20, disk_dir=Path(tmp)),
         )
         manager = connect(namespace=f"kvres-passkey-{uuid.uuid4().hex[:8]}", config=config,

@@ -25,7 +25,7 @@ ENGINE_LABEL = {LLAMA: "llama", OPENVINO: "ov", GENAI: "genai"}
 COLUMNS = tuple((e, m) for e in (LLAMA, OPENVINO, GENAI) for m in METHODS[e])
 FAMILY_TITLE = {1: "family 1: one passkey among filler", 2: "family 2: several key/value needles"}
 COLORS = {"full": "black", "streaming": "tab:red", "h2o": "tab:orange", "keynorm": "tab:brown",
-          "snapkv": "tab:blue", "genai": "tab:green"}
+          "snapkv": "tab:blue", "snapkv-3x": "tab:cyan", "genai": "tab:green"}
 STYLES = {LLAMA: "-o", OPENVINO: "--s", GENAI: ":^"}
 
 

@@ -3,9 +3,12 @@
 Primitives:
 - ``METHODS``: what each engine runs. llama.cpp and OpenVINO: ``full`` (``SessionPolicy()``),
   ``streaming`` (sinks + recent window, positions re-based), ``snapkv``, ``h2o``, ``keynorm``
-  (``kind="scored"``, compress after prefill, position gaps kept); openvino-genai: ``full`` and
-  ``genai`` (its own eviction, ``SessionPolicy.engine``, NORM_SUM).
-- ``backend_configs(model, engines, threads)``: one ``BackendConfig`` per engine, named after it.
+  (``kind="scored"``, compress after prefill, position gaps kept); llama.cpp also ``snapkv-3x``
+  (``OVERSIZE``: SnapKV on a backend whose whole budget, ``oversize_room``, is a third of the
+  prompt, so the prompt is scored while it still comes in, by its own last tokens); openvino-genai:
+  ``full`` and ``genai`` (its own eviction, ``SessionPolicy.engine``, NORM_SUM).
+- ``backend_configs(model, engines, threads, n_tokens=384)``: one ``BackendConfig`` per engine,
+  named after it (``backend_name(engine, method)``), and the small-room backend of ``OVERSIZE``.
 - ``policy_for(method, task, fraction, cfg) -> SessionPolicy | None``: the session policy of a
   method at a budget; ``None`` where the engine cannot hold that budget (genai: whole 32-token KV
   blocks, at least 96 tokens).
@@ -22,6 +25,7 @@ prefills (chunks that fit its budget). genai likewise evicts once the prompt is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +39,9 @@ from .harness import EvalConfig, Record, budget_tokens, decode_answer
 LLAMA, OPENVINO, GENAI = "llama.cpp", "openvino", "openvino-genai"
 ENGINES = (LLAMA, OPENVINO, GENAI)
 SCORED = ("snapkv", "h2o", "keynorm")
+OVERSIZE = "snapkv-3x"  # SnapKV on a backend whose free room is a third of the prompt
 METHODS: dict[str, tuple[str, ...]] = {
-    LLAMA: ("full", "streaming", *SCORED),
+    LLAMA: ("full", "streaming", *SCORED, OVERSIZE),
     OPENVINO: ("full", "streaming", *SCORED),
     GENAI: ("full", "genai"),
 }
@@ -48,16 +53,28 @@ _ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def backend_name(engine: str) -> str:
-    return {LLAMA: "llama", OPENVINO: "openvino", GENAI: "genai"}[engine]
+def backend_name(engine: str, method: str | None = None) -> str:
+    """The backend a method runs on: the engine's, or for ``OVERSIZE`` its small-room twin."""
+    name = {LLAMA: "llama", OPENVINO: "openvino", GENAI: "genai"}[engine]
+    return f"{name}-3x" if method == OVERSIZE else name
 
 
-def backend_configs(model: Path, engines: Iterable[str], threads: int = 1) -> list[BackendConfig]:
-    return [
+def oversize_room(n_tokens: int) -> int:
+    """The small-room backend's whole budget: a prompt of ``n_tokens`` is 3x its free room."""
+    return math.ceil(n_tokens / 3)
+
+
+def backend_configs(model: Path, engines: Iterable[str], threads: int = 1, n_tokens: int = 384) -> list[BackendConfig]:
+    engines = list(engines)
+    configs = [
         BackendConfig(name=backend_name(e), model_path=model, n_ctx=2048, n_seq_max=2, kv_budget_tokens=2000,
                       n_threads=threads, **_ENGINE_OPTIONS[e])
         for e in engines
     ]
+    configs += [BackendConfig(name=backend_name(e, OVERSIZE), model_path=model, n_ctx=2048, n_seq_max=2,
+                              kv_budget_tokens=oversize_room(n_tokens), n_threads=threads, **_ENGINE_OPTIONS[e])
+                for e in engines if OVERSIZE in METHODS[e]]
+    return configs
 
 
 def genai_budget(budget: int) -> int | None:
@@ -74,7 +91,11 @@ def policy_for(method: str, task: pt.PasskeyTask, fraction: float, cfg: EvalConf
     if method == "genai":
         cache = genai_budget(budget)
         return None if cache is None or cache >= task.n_tokens else SessionPolicy.engine(cache, cfg.sink_tokens, recent)
-    if method == "streaming":
+    if method == OVERSIZE:
+        if budget > oversize_room(task.n_tokens) - cfg.block_size:
+            return None  # the session's budget must leave the small backend room to compress into
+        method, kind = "snapkv", "scored"
+    elif method == "streaming":
         kind = "streaming"
     elif method in SCORED:
         kind = "scored"
@@ -107,7 +128,6 @@ def evaluate(
     """``full`` once per task (budget 1.0), the other methods at every budget they can run at."""
     cfg = cfg or EvalConfig()
     methods, budgets = list(methods), list(budgets)
-    backend = backend_name(engine)
     managed = engine == GENAI
     records: list[Record] = []
     for i, task in enumerate(tasks):
@@ -116,7 +136,7 @@ def evaluate(
                 policy = policy_for(method, task, frac, cfg)
                 if policy is None:
                     continue
-                got, stats = answer(manager, backend, task, policy)
+                got, stats = answer(manager, backend_name(engine, method), task, policy)
                 records.append(Record(
                     engine=engine, family=task.family, method=method, budget=float(frac),
                     budget_tokens=policy.budget_tokens or task.n_tokens,

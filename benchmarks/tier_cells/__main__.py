@@ -3,7 +3,7 @@ choice, each through ``kvres.cluster`` sessions on the project's passkey model.
 
 Run: ``.venv/bin/python -m benchmarks.tier_cells [--quick] [--out DIR]`` (default DIR
 benchmarks/results). Writes ``tier_cells.json`` (every answer, every cell's tier decision and
-session policy, the table), ``tier_cells.md`` and ``tier_cells.png``.
+session policy, the table, the PASS checks), ``tier_cells.md`` and ``tier_cells.png``.
 
 Each cell is one llama.cpp backend on models/passkey.gguf (n_ctx 512, one thread). The first three
 share a local Ray cluster whose environment turns T* on with its inputs pinned (c_engage 0, target
@@ -22,6 +22,10 @@ reaches the backend actors through ``runtime_env``):
   its answers and decode speed with that cell's. Where the probes make spilling f16 cheap enough,
   that is f16 spilling at auto's own budget, which no other cell runs: the reference cluster then
   runs it too, pinned ("f16 + spill (384 tokens)"), so the comparison still has a twin.
+
+Then the design's four PASS checks per cell (``checks.py``: retrieval kept, residency as the tier
+says, a spill's decode drop within T*'s prediction, auto = the cell it chose), in the JSON
+(``checks``) and the table.
 
 Per cell: two-turn passkey accuracy for both needle families (turn 1 appends the context, turn 2
 the question, then the answer is generated; 50 prompts per family of 384 tokens, needle in the
@@ -46,6 +50,7 @@ from typing import Any
 from models import passkey_tasks as pt
 
 from .cells import F16_RESIDENT, Cell, auto_cell, reference_cells, run_cells, twin_cell
+from .checks import checks_markdown, evaluate
 from .report import markdown, plot, summarize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,10 +117,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - t_start, 1),
         "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
     }
-    result = {"benchmark": "tier_cells", "meta": meta, "rows": rows, "cells": results}
+    checks = evaluate(results, rows, F16_RESIDENT)
+    result = {"benchmark": "tier_cells", "meta": meta, "rows": rows, "checks": [c.as_dict() for c in checks],
+              "cells": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tier_cells.json").write_text(json.dumps(result, indent=1))
-    text = markdown(rows, meta)
+    text = markdown(rows, meta) + "\nThe design's four PASS checks (benchmarks/tier_cells/checks.py):\n\n" \
+        + checks_markdown(checks)
     (args.out / "tier_cells.md").write_text(text)
     plot(rows, args.out / "tier_cells.png")
     print(text)

@@ -41,7 +41,13 @@ def test_passkey_runs_every_engine_and_policy_through_sessions(tmp_path) -> None
     # genai's own eviction cannot go below 96 tokens: not at 10% of 384, but at 25% and 50%
     assert {m for e, m, b in ran if e == "openvino-genai" and b == 0.1} == set()
     assert {("openvino-genai", "genai", 0.25), ("openvino-genai", "genai", 0.5)} <= ran
-    assert len(saved["records"]) == len(result["records"]) == 3 * (2 * 13 + 3)
+    # SnapKV on a backend whose room is a third of the prompt: where its budget leaves room to compress
+    assert {b for e, m, b in ran if m == "snapkv-3x"} == {0.1, 0.25}
+    for budget in (0.1, 0.25):  # scored by the prompt's own last tokens: as many needles as when it fits
+        hits = {m: sum(r["correct"] for r in saved["records"] if r["method"] == m and r["budget"] == budget
+                       and r["engine"] == "llama.cpp") for m in ("snapkv", "snapkv-3x")}
+        assert hits["snapkv-3x"] >= hits["snapkv"]
+    assert len(saved["records"]) == len(result["records"]) == 3 * (2 * 13 + 3 + 2)
     assert "| 10% |" in (tmp_path / "passkey.md").read_text()
     assert (tmp_path / "passkey.png").stat().st_size > 0
 

@@ -98,7 +98,7 @@ def test_openvino_backend_by_memory(stories_model: Path, store: LocalStorePort) 
 
 
 def test_executor_allocation_matches_llama_cpp_for_a_windowed_model(tmp_path: Path) -> None:
-    """The llama executor's own context (2 n_seq_max + 1 sequences, full-size SWA cache) on gemma3."""
+    """The llama executor's own context (2 n_seq_max + 1 sequences, small SWA cache) on gemma3."""
     model = write_arch_model(ARCH_MODELS["gemma3"], tmp_path / "gemma3.gguf")
     config = BackendConfig(model_path=model, n_ctx=1000, kv_budget_tokens=500, n_seq_max=3, n_threads=1)
     with llama_log() as lines:

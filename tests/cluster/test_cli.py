@@ -138,7 +138,7 @@ def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
         "ray_kvres_backend_resident_tokens", "ray_kvres_resident_tokens", "ray_kvres_cold_bytes",
         "ray_kvres_cold_blocks", "ray_kvres_evictions_total", "ray_kvres_spills_total",
         "ray_kvres_admissions_total", "ray_kvres_suspends_total", "ray_kvres_plan_latency_ms_bucket",
-        "ray_kvres_tokens_total",
+        "ray_kvres_tokens_total", "ray_kvres_store_blocks_lost",
     }
     assert all("$" not in q.replace("$backend", "").replace("$__rate_interval", "") for q in dashboard_queries())
 

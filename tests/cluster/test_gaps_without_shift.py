@@ -80,8 +80,9 @@ def test_gap_keeping_session_runs_to_8x_budget_on_a_q8_0_k_cache(host: BackendHo
 
 
 @pytest.mark.parametrize("kind", ["scored", "streaming"])
-def test_a_rebasing_policy_is_refused_at_open_on_a_q8_0_k_cache(host: BackendHost, kind: str) -> None:
-    policy = POLICIES[kind].model_copy(update={"rebase": True})
+def test_a_strict_rebasing_policy_is_refused_at_open_on_a_q8_0_k_cache(host: BackendHost, kind: str) -> None:
+    """(Without ``strict`` it degrades to keeping gaps: tests/cluster/test_degrade_sessions.py.)"""
+    policy = POLICIES[kind].model_copy(update={"rebase": True, "strict": True})
     with pytest.raises(KvresError, match="needs position_shift"):
         host.open_session(f"rebase-{kind}", policy)
 

@@ -12,16 +12,18 @@ import time
 from tests.conftest import REPO_ROOT, shared_model_path
 from tests.examples.test_examples import _env, ray_head  # noqa: F401  (the fixture)
 
+ASKED = 15000
 DRIVER = """
 import json, os, sys
+ASKED = 15000
 from kvres.cluster import BackendConfig, KvresConfig, connect
-config = KvresConfig(backends=[BackendConfig(name="d0", model_path=sys.argv[2], n_ctx=4096,
-                                             kv_budget_tokens=4000, n_threads=1)])
+config = KvresConfig(backends=[BackendConfig(name="d0", model_path=sys.argv[2], n_ctx=16384,
+                                             kv_budget_tokens=16000, n_threads=1)])
 manager = connect(address=sys.argv[1], namespace="driver-death", config=config)
 if sys.argv[3] == "stream":
     s = manager.open_session(session_id="orphan", backend="d0")
     s.append(list(range(3, 23)))
-    stream = s.stream(3000, ignore_eos=True)
+    stream = s.stream(ASKED, ignore_eos=True)
     got = [next(stream) for _ in range(3)]
     print(json.dumps(got), flush=True)
     os.kill(os.getpid(), 9)
@@ -48,5 +50,5 @@ def test_a_stream_whose_driver_dies_commits_only_what_it_yielded(ray_head) -> No
     tokens = json.loads(after.stdout.strip().splitlines()[-1])["tokens"]
     assert tokens[:23] == list(range(3, 23)) + handed_out
     # the stream stopped once the backend learnt of the death: the tokens it had yielded until
-    # then are committed (the driver had received the first of them), not the 3,000 asked for
-    assert len(tokens) < 20 + 3000 // 2, len(tokens)
+    # then are committed (the driver had received the first of them), not the 15,000 asked for
+    assert len(tokens) < 20 + ASKED // 2, len(tokens)

@@ -2,14 +2,17 @@
 
 Primitives:
 - ``ENGINE``: the engine name blocks carry (``"llama.cpp"``).
-- ``BlockFormat(model_id, type_k, type_v, geometry, flash_attn, export_refusal=None)``: the blocks
-  of one executor. ``payload_format`` (``llama-state-seq/v-rows``, or ``.../v-trans`` without
-  flash attention, which stores V rows transposed), ``fingerprint``, ``k_row`` / ``v_row`` (bytes
-  of one cell's K / V row in one layer), ``v_trans``.
-  ``require_export()``: ``CapabilityError(export_refusal)`` where the KV cannot leave the engine.
+- ``BlockFormat(model_id, type_k, type_v, geometry, flash_attn, export_refusal=None, windowed=False)``:
+  the blocks of one executor. ``payload_format`` (``llama-state-seq/v-rows``, or ``.../v-trans``
+  without flash attention, which stores V rows transposed; ``llama-state-seq-iswa/...`` for a
+  sliding-window model, whose blobs hold the global and the windowed layers' caches),
+  ``fingerprint``, ``k_row`` / ``v_row`` (bytes of one cell's K / V row in one layer), ``v_trans``.
+  ``require_export()``: ``CapabilityError(export_refusal)`` where the KV cannot leave the engine;
+  ``require_cells()``: ``CapabilityError`` where blobs cannot be read as cell arrays (windowed).
   ``block(session_id, rng, token_ids, payload, positions) -> KVBlock``.
   ``blob(cells) -> bytes``: cells as the state blob this format restores.
-  ``check_payload(block)``: its payload's size and cell positions match the block.
+  ``check_payload(block)``: its payload's size and cell positions match the block (a windowed
+  blob: both sections walked, the global cells at the block's positions, the windowed ones among them).
   ``check_blocks(session_id, log, blocks, spans)``: many blocks at once (type, fingerprint, payload
   sizes, token ids against the session's ``log``; cell positions are checked when parsed).
   ``empty_cells() -> StateCells``: no cells, in this format.
@@ -31,7 +34,7 @@ from kvres.policy.kv_types import kv_type_row_bytes
 from kvres.policy.ranges import Range
 from kvres.policy.recall import BlockSpans
 
-from .state_blob import StateCells, expected_payload_size, read_cell_positions
+from .state_blob import StateCells, expected_payload_size, read_cell_positions, section_positions
 
 ENGINE = "llama.cpp"
 
@@ -44,6 +47,7 @@ class BlockFormat:
     geometry: KVGeometry
     flash_attn: bool
     export_refusal: str | None = None  # why this model's KV cannot be exported; None: it can
+    windowed: bool = False  # a sliding-window model: each blob holds two cache sections
     k_row: int = field(init=False)
     v_row: int = field(init=False)
     payload_format: str = field(init=False)
@@ -54,7 +58,8 @@ class BlockFormat:
         object.__setattr__(self, "k_row", int(kv_type_row_bytes(self.type_k, row)))
         object.__setattr__(self, "v_row", int(kv_type_row_bytes(self.type_v, row)))
         # V rows are stored transposed without flash attention: another payload layout.
-        payload_format = f"llama-state-seq/{'v-rows' if self.flash_attn else 'v-trans'}"
+        payload_format = (f"llama-state-seq{'-iswa' if self.windowed else ''}/"
+                          f"{'v-rows' if self.flash_attn else 'v-trans'}")
         object.__setattr__(self, "payload_format", payload_format)
         object.__setattr__(self, "fingerprint", make_fingerprint(
             self.model_id, f"{ENGINE}:{payload_format}", self.type_k, self.type_v, self.geometry))
@@ -79,8 +84,18 @@ class BlockFormat:
     def blob(self, cells: StateCells) -> bytes:
         return cells.to_blob(self.v_trans)
 
+    def require_cells(self) -> None:
+        """Reading blobs as cell arrays (a recall's scoring pass and its exchange) needs one cache
+        section per blob: a sliding-window model's blocks are imported whole instead."""
+        if self.windowed:
+            raise CapabilityError("the blocks of a sliding-window model hold two KV caches, which a recall "
+                                  "cannot merge in numpy: its cold blocks are imported whole instead")
+
     def check_payload(self, block: KVBlock) -> None:
         rng = block.token_range
+        if self.windowed:
+            self._check_windowed(block)
+            return
         size = expected_payload_size(len(rng), self.geometry.n_layers, self.k_row, self.v_row)
         if block.payload_nbytes != size:
             raise BlockMismatchError(
@@ -93,10 +108,23 @@ class BlockFormat:
                 f"block for {rng}: its payload's cell positions do not match its header positions"
             )
 
+    def _check_windowed(self, block: KVBlock) -> None:
+        """A sliding-window blob: two sections walked to the end; the global layers' cells are the
+        block's positions, the windowed layers' a subset of them (those inside the window)."""
+        sections = section_positions(block.payload)
+        want = np.asarray(block.positions, dtype=np.int64)
+        if len(sections) != 2 or not block.positions or not np.array_equal(np.sort(sections[0]), want) \
+                or not np.isin(sections[1], want).all():
+            raise BlockMismatchError(
+                f"block for {block.token_range}: its payload's {len(sections)} cache sections do not hold the "
+                "cells of its positions"
+            )
+
     def check_blocks(self, session_id: str, log: Sequence[int], blocks: Sequence[KVBlock], spans: BlockSpans) -> None:
         """What ``check_payload`` and ``SessionTable._check_block`` check, for many blocks at once
         (ranges are checked by ``exchange_layout``, cell positions when the payloads are parsed)."""
         self.require_export()
+        self.require_cells()
         if not blocks:
             return
         for block in blocks:

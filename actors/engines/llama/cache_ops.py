@@ -16,8 +16,8 @@ Primitives:
   ``shift(seq, p0, delta)``: move ``[p0, inf)``. ``drop(seq)``: free a whole sequence.
   ``share(src, dst)``: ``dst`` (an empty session sequence) holds every cell of ``src`` too (a fork).
   ``export(seq, p0, p1) -> bytes``: serialise positions ``[p0, p1)`` of a sequence.
-  ``restore(seq, payload, positions, delta) -> bool``: put serialised cells (exported at
-  ``positions``) into ``seq`` moved by ``delta`` positions.
+  ``restore(seq, payload, positions, delta, empty=None) -> bool``: put serialised cells (exported
+  at ``positions``) into ``seq`` moved by ``delta`` positions (``empty``: ``seq`` holds no cell).
 
 Why parking: with flash attention, llama.cpp's CPU kernel accumulates V in f16 in KV *cell*
 order, so the same cells in another physical order give logits that differ by ~1e-3. llama.cpp
@@ -273,15 +273,19 @@ class CacheOps:
             ctx.seq_rm(scratch, -1, -1)
 
     def restore(
-        self, seq: int, payload: bytes | bytearray | memoryview, positions: Sequence[int], delta: int
+        self, seq: int, payload: bytes | bytearray | memoryview, positions: Sequence[int], delta: int,
+        empty: bool | None = None,
     ) -> bool:
+        """``empty``: whether ``seq`` holds no cell yet, where the caller knows (llama.cpp's
+        ``seq_pos_max`` of a sliding-window model reads its windowed cache, which a restored block
+        from before the window leaves empty); None asks llama.cpp."""
         ctx, scratch = self.ctx, self.scratch
         n_cells = len(positions)
         if delta:
             self.require_shift(f"restoring cells exported at {positions[0]}.. {delta:+d} positions away")
         self.unpark(seq, int(positions[0]), int(positions[-1]) + 1)
         self.reserve(n_cells)
-        if not delta and ctx.pos_max(seq) < 0:  # an empty sequence takes the blob as it is
+        if not delta and (ctx.pos_max(seq) < 0 if empty is None else empty):  # takes the blob as it is
             if not ctx.state_set(seq, payload):
                 return False
             self.live += n_cells

@@ -3,7 +3,8 @@
 Primitives:
 - ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
   n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7,
-  n_gpu_layers=None, main_gpu=None)`` (layers offloaded and main device; None: llama.cpp's default), an
+  n_gpu_layers=None, main_gpu=None, swa_full=False)`` (layers offloaded and main device; None: llama.cpp's
+  default; ``swa_full``: llama.cpp's full-size cache for windowed layers instead of the small one), an
   ``kvres.actors.engines.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
@@ -46,7 +47,13 @@ different physical layout (another session's cells interleaved, a batch split di
 changes logits at the 1e-4..1e-3 level; ``cache_ops`` keeps each session's cells in position
 order so that re-imports land where they were.
 
-Sliding-window models (``n_swa > 0``) keep a second cache: ``kv_export`` is false for them.
+Sliding-window models (``n_swa > 0``) keep a second cache for their windowed layers, by default
+llama.cpp's small one (``swa_full=False``: the window of every sequence plus one micro-batch, what
+``kvres capacity`` prices), which cannot shift positions (``position_shift`` false: policies keep
+gaps). Their blocks hold both caches (``blocks.BlockFormat(windowed=True)``): exported and
+imported whole and exactly (spill, suspend, resume, migrate), but not merged as cells, so a recall
+imports its cold blocks instead of exchanging them after a scoring pass (docs/notes.md,
+Sliding-window models).
 
 KV precision: ``type_k`` / ``type_v`` in ``kvres.policy.kv_types.CONFIGURABLE_KV_TYPES`` (a
 quantized type needs a head dimension of whole blocks; a quantized V cache turns flash attention
@@ -126,6 +133,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         score_kernel: int = 7,
         n_gpu_layers: int | None = None,
         main_gpu: int | None = None,
+        swa_full: bool = False,
     ) -> None:
         self.n_ctx = _check_n_ctx(n_ctx)
         max_sessions = (MAX_SEQUENCES - _RESERVED_SEQS) // 2
@@ -161,7 +169,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
                 self._model, n_ctx=self.n_ctx + _RESERVED_CELLS,
                 n_seq_max=2 * self.n_seq_max + _RESERVED_SEQS,
                 type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
-                n_threads=self.n_threads,
+                n_threads=self.n_threads, swa_full=swa_full,
             )
         except BaseException:
             self._model.close()
@@ -177,17 +185,15 @@ class LlamaExecutor(SessionTable[Session], Executor):
 
         self.model_id = model_id(self.model_path)
         n_swa = self._model.n_swa
-        # a sliding-window model keeps two caches, whose state blob this backend does not parse
-        refusal = (f"KV export / import is not supported for {self.model_path.name} (sliding-window cache of "
-                   f"{n_swa} tokens)") if n_swa else None
-        self._fmt = BlockFormat(self.model_id, type_k, type_v, self.geometry, self.flash_attn, refusal)
+        # a sliding-window model's blobs hold two caches: exported and imported whole, not read as cells
+        self._fmt = BlockFormat(self.model_id, type_k, type_v, self.geometry, self.flash_attn, windowed=n_swa > 0)
         self.payload_format, self.fingerprint = self._fmt.payload_format, self._fmt.fingerprint
         self._caps = Capabilities(
             remove_middle=True,
             position_shift=self._ops.can_shift,
             attention_capture=True,
             key_access=type_k in ("f32", "f16") and n_swa == 0,
-            kv_export=n_swa == 0,
+            kv_export=True,
         )
         # through a weak proxy: a cycle would keep a dropped executor's contexts alive until a GC pass
         me = weakref.proxy(self)
@@ -319,8 +325,9 @@ class LlamaExecutor(SessionTable[Session], Executor):
     def _materialize(self, s: Session) -> None:
         """Restore deferred imports into the engine, in position order."""
         pending, s.pending = sorted(s.pending, key=lambda p: p.positions[0]), []
+        held = s.positions.resident_count - sum(len(p.rng) for p in pending)  # cells in the engine now
         for i, item in enumerate(pending):
-            if not self._ops.restore(s.seq, item.block.payload, item.block.positions, item.delta):
+            if not self._ops.restore(s.seq, item.block.payload, item.block.positions, item.delta, held == 0):
                 for lost in pending[i:]:
                     s.positions.evict(lost.rng, rebase=False)
                 raise ContextFullError(
@@ -328,6 +335,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
                     f"for its cells, or a payload it rejects); it and later imports are evicted "
                     "again", needed=len(item.rng), free=self.free_cells(),
                 )
+            held += len(item.rng)
 
     # -- the executor contract ------------------------------------------------------------
     def append(self, session_id: str, tokens: Sequence[int]) -> npt.NDArray[np.float32]:

@@ -22,6 +22,8 @@ into the session for the exchange. The turn's cells and logits from the scoring 
 (``session.Prefill``) for the next append of exactly those tokens. What a recall reads is kept for
 the exchange that follows it (``RecallMemo``); what it computes before the turn can be done ahead
 while the backend is idle (``RecallPrep``, within ``RECALL_PREP_BYTES`` over all sessions).
+A sliding-window model's blobs hold two caches: its recalls raise ``CapabilityError`` here (the
+host then imports the cold blocks whole, ``import_range``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class Recall:
     def attention(
         self, s: Session, session_id: str, blocks: Sequence[KVBlock], toks: list[int], window: int, rebase: bool
     ) -> AttentionCapture:
+        self.fmt.require_cells()
         prep = self.preps.pop(session_id, None)
         if prep is None or not prep.holds(s, blocks, rebase):
             prep = self._prep(s, session_id, blocks, rebase)
@@ -125,6 +128,7 @@ class Recall:
 
     def prepare(self, s: Session, session_id: str, blocks: Sequence[KVBlock], rebase: bool) -> bool:
         self.preps.pop(session_id, None)
+        self.fmt.require_cells()
         n_cells = s.positions.resident_count + sum(len(b.token_range) for b in blocks)
         per_cell = self.fmt.geometry.n_layers * (self.fmt.k_row + self.fmt.v_row)
         if 3 * n_cells * per_cell > RECALL_PREP_BYTES:  # resident, merged and encoded copies
@@ -160,6 +164,7 @@ class Recall:
         """Evict ``evict`` and import ``blocks`` in one state restore: the session's cells read once
         (or taken from the recall before), merged with the blocks', moved to ``exchange_layout``'s
         positions and written back; the evicted ranges exported."""
+        self.fmt.require_cells()
         spans = _spans_of(blocks)
         layout = exchange_layout(s.positions, evict, spans, rebase)
         memo, self.memo = self.memo, None

@@ -1,0 +1,1 @@
+"""benchmarks.serve: session-bound against stateless HTTP chat clients (python -m benchmarks.serve)."""

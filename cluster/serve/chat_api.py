@@ -1,0 +1,207 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``, in OpenAI's format.
+
+Primitives:
+- ``router``: the two routes. A chat request with an ``X-Session-Id`` header runs on that kvres
+  session (opened on first use): the model's chat template renders the whole conversation the
+  client sends, the session keeps what of it it already holds and appends only the rest
+  (``usage.prompt_tokens_details.cached_tokens`` says how much was kept); the answer echoes the
+  header. Without one, the turn runs on a session opened for the request and closed after it.
+  ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
+- ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
+  ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage. A client
+  that leaves mid-stream keeps (on a bound session) only the tokens whose text it was sent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .catalog import ServedModel
+from .errors import api_error
+from .http_glue import SSE_DONE, answers_errors, note, service_of, sse
+from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse
+from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
+from .service import Service
+from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
+
+router = APIRouter()
+SESSION_HEADER = "x-session-id"
+DEFAULT_MAX_TOKENS = 1024
+
+
+def usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _chat_logprobs(outcome: TurnOutcome) -> dict[str, Any] | None:
+    if outcome.logprobs is None or outcome.token_texts is None:
+        return None
+    return {"content": [{"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+                        for text, lp in zip(outcome.token_texts, outcome.logprobs, strict=False)]}
+
+
+def _completion_logprobs(outcome: TurnOutcome) -> dict[str, Any] | None:
+    if outcome.logprobs is None or outcome.token_texts is None:
+        return None
+    offsets, at = [], 0
+    for text in outcome.token_texts:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": outcome.token_texts, "token_logprobs": outcome.logprobs, "top_logprobs": None,
+            "text_offset": offsets}
+
+
+class _Turn:
+    """What one chat or completion request runs: its model, plan, prompt and session binding."""
+
+    def __init__(self, service: Service, request: Request, model: ServedModel, backend: str | None,
+                 plan: GenerationPlan, prompt: Prompt, session_id: str | None, chat: bool) -> None:
+        self.service, self.request, self.model, self.backend = service, request, model, backend
+        self.plan, self.prompt, self.session_id, self.chat = plan, prompt, session_id, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.started = time.monotonic()
+        self.headers = {"X-Session-Id": session_id} if session_id else {}
+
+    def acquire(self) -> Any:
+        if self.session_id is not None:
+            return self.service.bound(self.model, self.backend, self.session_id)
+        return self.service.stateless(self.model, self.backend)
+
+    def whole(self) -> TurnOutcome:
+        session, stack = self.acquire()
+        with stack:
+            return run_turn(session, self.prompt, self.plan, self.model.anchor, self.model.local_decoder())
+
+    def streaming(self) -> StreamingTurn:
+        session, stack = self.acquire()
+        return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
+                               self.model.local_decoder())
+
+    def note(self, outcome: TurnOutcome | StreamingTurn) -> None:
+        if isinstance(outcome, StreamingTurn):
+            note(self.request, ttft_s=outcome.ttft_s, gaps=outcome.gaps.state(), prompt_tokens=outcome.prompt_tokens,
+                 cached_tokens=outcome.cached_tokens, completion_tokens=len(outcome.text.tokens),
+                 session_id=self.session_id)
+        else:
+            note(self.request, ttft_s=time.monotonic() - self.started, prompt_tokens=outcome.prompt_tokens,
+                 cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
+                 session_id=self.session_id)
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model.id,
+                "system_fingerprint": None, "choices": choices}
+
+
+@router.post("/v1/chat/completions")
+@answers_errors
+async def chat_completions(request: Request) -> Response:
+    service = service_of(request)
+    req = parse(ChatCompletionRequest, await request.body())
+    model, backend = service.catalog.resolve(req.model)
+    wanted, param = req.requested_max_tokens()
+    plan = req.plan(max_tokens_of(wanted, DEFAULT_MAX_TOKENS, model.n_ctx, param),
+                    json_schema_of(req.response_format), req.logprobs)
+    turn = _Turn(service, request, model, backend, plan, Prompt(messages=req.messages_for_template()),
+                 request.headers.get(SESSION_HEADER), chat=True)
+    if req.stream:
+        started = await service.run(turn.streaming)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_chat_events(turn, started, include_usage), media_type="text/event-stream",
+                                 headers=turn.headers)
+    outcome = await service.run(turn.whole)
+    turn.note(outcome)
+    choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text, "refusal": None},
+              "logprobs": _chat_logprobs(outcome), "finish_reason": outcome.finish_reason}
+    body = turn.envelope("chat.completion", [choice])
+    body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+    return JSONResponse(body, headers=turn.headers)
+
+
+async def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool) -> AsyncIterator[str]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        return sse(turn.envelope("chat.completion.chunk",
+                                 [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for piece in streaming.deltas():
+            yield chunk({"content": piece})
+        outcome = await turn.service.run(streaming.outcome)
+        if outcome.logprobs is not None:
+            yield chunk({}, logprobs=_chat_logprobs(outcome))
+        yield chunk({}, outcome.finish_reason)
+        turn.note(streaming)
+        if include_usage:
+            body = turn.envelope("chat.completion.chunk", [])
+            body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+            yield sse(body)
+        yield SSE_DONE
+    except Exception as exc:
+        yield sse(api_error(exc).body())
+        yield SSE_DONE
+    finally:
+        turn.note(streaming)
+        streaming.end_later()
+
+
+@router.post("/v1/completions")
+@answers_errors
+async def completions(request: Request) -> Response:
+    service = service_of(request)
+    req = parse(CompletionRequest, await request.body())
+    model, backend = service.catalog.resolve(req.model)
+    plan = req.plan(max_tokens_of(req.max_tokens, 16, model.n_ctx, "max_tokens"), None, req.logprobs is not None)
+    prompt = req.prompt_value()
+    turn = _Turn(service, request, model, backend, plan, Prompt(raw=prompt), None, chat=False)
+    echo = ""
+    if req.echo:
+        echo = prompt if isinstance(prompt, str) else await service.run(_detokenize, service, model, prompt)
+    if req.stream:
+        started = await service.run(turn.streaming)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_completion_events(turn, started, include_usage, echo), media_type="text/event-stream")
+    outcome = await service.run(turn.whole)
+    turn.note(outcome)
+    choice = {"index": 0, "text": echo + outcome.text, "logprobs": _completion_logprobs(outcome),
+              "finish_reason": outcome.finish_reason}
+    body = turn.envelope("text_completion", [choice])
+    body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+    return JSONResponse(body)
+
+
+def _detokenize(service: Service, model: ServedModel, tokens: list[int]) -> str:
+    return service.manager.backend(model.backends[0]).detokenize(tokens)
+
+
+async def _completion_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool,
+                             echo: str) -> AsyncIterator[str]:
+    def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
+        return sse(turn.envelope("text_completion",
+                                 [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]))
+    try:
+        if echo:
+            yield chunk(echo)
+        async for piece in streaming.deltas():
+            yield chunk(piece)
+        outcome = await turn.service.run(streaming.outcome)
+        yield chunk("", outcome.finish_reason, _completion_logprobs(outcome))
+        turn.note(streaming)
+        if include_usage:
+            body = turn.envelope("text_completion", [])
+            body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+            yield sse(body)
+        yield SSE_DONE
+    except Exception as exc:
+        yield sse(api_error(exc).body())
+        yield SSE_DONE
+    finally:
+        turn.note(streaming)
+        streaming.end_later()

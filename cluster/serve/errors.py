@@ -1,0 +1,111 @@
+"""kvres's errors as HTTP answers with an OpenAI-style error body.
+
+Primitives:
+- ``ApiError(status, message, type=..., param=None, code=None)``: an answer to send as it is;
+  ``body()`` is ``{"error": {"message", "type", "param", "code"}}``.
+- ``SessionLockedError``: another request is running on the session (``409``, never queued).
+- ``api_error(exc) -> ApiError``: the status for any exception: bad input (pydantic's
+  ``ValidationError`` naming the field, kvres's typed refusals, ``ValueError`` / ``TypeError``)
+  400, an unknown session or response 404, a session busy or already open 409, no backend that
+  can make room for it 429, an actor lost or restarting 503; anything else is a server fault, 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from kvres.actors.host.errors import BackendFullError, SessionBusyError
+from kvres.actors.host.scheduler import LoopStoppedError
+from kvres.coldstore.errors import (
+    BlockCorruptError,
+    ColdStoreError,
+    DiskReadError,
+    DiskWriteError,
+    InvalidSessionIdError,
+    StoreLockedError,
+)
+from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
+from kvres.policy.errors import ActorLostError, BlockMismatchError, CapabilityError, ModelLoadError
+from kvres.policy.placement import PlacementError
+
+from ..session import ConnectError
+
+
+class ApiError(KvresError):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",  # noqa: A002 (OpenAI's name)
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class SessionLockedError(KvresError):
+    """Another request holds the session; this one is refused (409), not queued."""
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def not_found(message: str, param: str | None = None, code: str = "not_found") -> ApiError:
+    return ApiError(404, message, param=param, code=code)
+
+
+def _validation(exc: ValidationError, prefix: str = "") -> ApiError:
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    param = prefix + ".".join(str(p) for p in first["loc"]) if first["loc"] else (prefix.rstrip(".") or None)
+    parts = []
+    for e in errors[:5]:
+        where = prefix + ".".join(str(p) for p in e["loc"])
+        got = "" if e.get("type") == "missing" else f" (got {_short(e.get('input'))})"
+        parts.append(f"{where or 'body'}: {e['msg']}{got}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return ApiError(400, "; ".join(parts) + more, param=param, code="invalid_value")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def api_error(exc: BaseException, prefix: str = "") -> ApiError:
+    """``prefix``: where the validated object sits in the request (e.g. ``"sampling."``)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return _validation(exc, prefix)
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, UnknownSessionError):
+        return ApiError(404, message, param="session_id", code="session_not_found")
+    if isinstance(exc, (SessionExistsError,)):
+        return ApiError(409, message, param="session_id", code="session_exists")
+    if isinstance(exc, (SessionBusyError, SessionLockedError)):
+        return ApiError(409, message, param="session_id", code="session_busy")
+    if isinstance(exc, (BackendFullError, PlacementError)):
+        return ApiError(429, message, type="rate_limit_error", code="backend_full")
+    if isinstance(exc, InvalidSessionIdError):
+        return ApiError(400, message, param="session_id", code="invalid_session_id")
+    if isinstance(exc, (ActorLostError, RayActorError, GetTimeoutError, ModelLoadError, ConnectError,
+                        LoopStoppedError, DiskWriteError, DiskReadError, StoreLockedError)):
+        return ApiError(503, f"kvres is unavailable for now ({type(exc).__name__}: {message}); retry later",
+                        type="server_error", code="unavailable")
+    if isinstance(exc, CapabilityError):
+        return ApiError(400, message, code="unsupported")
+    if isinstance(exc, (BlockCorruptError, BlockMismatchError)):
+        return ApiError(400, message, code="invalid_session_file")
+    if isinstance(exc, (ColdStoreError,)) and not isinstance(exc, ValueError):
+        return ApiError(503, message, type="server_error", code="unavailable")
+    if isinstance(exc, (KvresError, ValueError, TypeError)):
+        return ApiError(400, message, code="invalid_value")
+    return ApiError(500, f"internal error ({type(exc).__name__}); the server log has the details",
+                    type="server_error", code="internal_error")

@@ -1,0 +1,146 @@
+"""``kvres serve``: the HTTP front started from the command line.
+
+Primitives:
+- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--config``, ``--host``
+  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
+  ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--detach``.
+- ``run_serve(args) -> int``: the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
+  ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
+  at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command; kvres's
+  actors found or started there (``connect``), Serve's HTTP proxy on ``--host:--port``, the
+  application deployed (``kvres`` at ``/``), and one line printed: ``kvres serve: listening on
+  http://HOST:PORT/v1 ...``. Then it waits for Ctrl-C or SIGTERM and removes the application (and
+  with an embedded cluster, kvres's actors and the cluster). ``--detach`` (a standing cluster only)
+  returns at once and leaves the application running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from kvres.policy import KvresError
+
+from .auth import bind_host, key_digests, load_keys
+
+if TYPE_CHECKING:
+    from ..session import SessionManager
+
+APP_NAME = "kvres"
+
+
+class ServeStartError(KvresError, RuntimeError):
+    """The HTTP front could not start (Serve's own error is quoted)."""
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None,
+                        help="the Ray cluster to serve (default: RAY_ADDRESS, else an embedded one that ends with "
+                             "the command)")
+    parser.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
+    parser.add_argument("--config", default=None,
+                        help="a KvresConfig as a JSON object or a JSON file (default: the namespace's, else KVRES_*)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (default 127.0.0.1; without an API key always 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
+    parser.add_argument("--api-key-file", default=None,
+                        help="a file with one API key per line (default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
+    parser.add_argument("--min-replicas", type=int, default=1, help="Serve replicas at least (default 1)")
+    parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2)")
+    parser.add_argument("--max-ongoing-requests", type=int, default=64,
+                        help="requests one replica runs at once (default 64)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="an embedded cluster's CPUs (default: all)")
+    parser.add_argument("--detach", action="store_true",
+                        help="return once deployed and leave it running (needs a standing cluster: --address)")
+
+
+def _stop_on_sigterm() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from ..session import connect
+    from .app import ServeOptions, build
+
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    keys = load_keys(args.api_key_file)
+    host = bind_host(args.host, bool(keys))
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    if args.detach and not address:
+        raise ValueError("--detach needs a standing cluster (--address or RAY_ADDRESS): an embedded one ends "
+                         "with this command")
+    config = None
+    if args.config:
+        from ..standing import config_from_option
+
+        config = config_from_option(args.config)
+    options = ServeOptions(namespace=args.namespace, digests=key_digests(keys), min_replicas=args.min_replicas,
+                           max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests)
+    if address:
+        from ..ray_auth import follow_local_token
+
+        follow_local_token()
+        ray.init(address=address, namespace=args.namespace, log_to_driver=False)
+    else:
+        ray.init(address="local", namespace=args.namespace, log_to_driver=False, include_dashboard=False,
+                 num_cpus=args.num_cpus)
+    stop = _stop_on_sigterm()  # after ray.init, which installs handlers of its own
+    manager = None
+    try:
+        manager = connect(address=address, namespace=args.namespace, config=config)
+        options = ServeOptions(**{**options.__dict__, "config": manager.config})
+        try:
+            serve.start(http_options={"host": host, "port": args.port})
+            serve.run(build(options), name=APP_NAME, route_prefix="/", blocking=False)
+        except Exception as exc:
+            raise ServeStartError(f"the HTTP front could not start on {host}:{args.port}: "
+                                  f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                                  ) from exc
+        models = ", ".join(b.name for b in manager.config.backends)
+        print(f"kvres serve: listening on http://{host}:{args.port}/v1 (namespace {args.namespace!r}, "
+              f"backends {models}; API key {'required' if keys else 'not required'})", flush=True)
+        if args.detach:
+            return 0
+        stop.wait()
+        print("kvres serve: stopping", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        if not args.detach:
+            _teardown(manager, embedded=address is None)
+        ray.shutdown()
+
+
+def _teardown(manager: SessionManager | None, embedded: bool) -> None:
+    """The application removed; with an embedded cluster also Serve, the state actor and kvres's actors."""
+    from ray import serve
+
+    from .state_actor import ServeState
+
+    with contextlib.suppress(Exception):
+        serve.delete(APP_NAME)
+    if not embedded:
+        return
+    with contextlib.suppress(Exception):
+        serve.shutdown()  # type: ignore[no-untyped-call]
+    if manager is not None:
+        with contextlib.suppress(Exception):
+            ServeState(manager.namespace).destroy()
+        with contextlib.suppress(Exception):
+            manager.shutdown()

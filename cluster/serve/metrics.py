@@ -1,0 +1,156 @@
+"""The HTTP front's metrics, per route, in Prometheus's text format.
+
+Primitives:
+- ``Histogram(buckets)``: ``observe(seconds)``, ``merge(counts, total, n)``, ``state()``.
+- ``RequestSample``: what one request reports when it ends: route, status, time to first token,
+  the gaps between its tokens (as a ``Histogram`` state), duration, token counts.
+- ``ServeMetrics``: ``enter(replica, route)`` / ``leave(replica, route)`` (the queue depth: requests
+  received and not yet answered, per route, summed over replicas), ``record(sample)``,
+  ``session_counters(session_id)`` (a bound session's turns, prefilled / cached / completion
+  tokens through HTTP: ``SESSION_COUNTERS``), ``forget_session(session_id)``,
+  ``render() -> str`` (``text/plain; version=0.0.4``): ``kvres_serve_requests_total{route,status}``,
+  ``kvres_serve_time_to_first_token_seconds``, ``kvres_serve_inter_token_latency_seconds``,
+  ``kvres_serve_request_duration_seconds`` (histograms per route), ``kvres_serve_queue_depth{route}``,
+  ``kvres_serve_tokens_total{route,kind}`` (kind: prompt, cached, completion).
+
+One ``ServeMetrics`` lives in the serve state actor (``state_actor``), so ``/metrics`` answers the
+same whichever replica serves it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf only)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        if not math.isfinite(value) or value < 0:
+            return
+        i = next((i for i, b in enumerate(self.buckets) if value <= b), len(self.buckets))
+        self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def merge(self, counts: list[int], total: float, n: int) -> None:
+        if len(counts) != len(self.counts):
+            raise ValueError(f"histogram counts have {len(counts)} buckets, expected {len(self.counts)}")
+        self.counts = [a + b for a, b in zip(self.counts, counts, strict=True)]
+        self.total += total
+        self.n += n
+
+    def state(self) -> tuple[list[int], float, int]:
+        return list(self.counts), self.total, self.n
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip((*self.buckets, math.inf), self.counts, strict=True):
+            running += count
+            le = "+Inf" if bound == math.inf else f"{bound:g}"
+            out.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
+        out.append(f"{name}_sum{{{labels}}} {self.total:.6f}")
+        out.append(f"{name}_count{{{labels}}} {self.n}")
+        return out
+
+
+@dataclass
+class RequestSample:
+    route: str
+    status: int
+    duration_s: float
+    ttft_s: float | None = None
+    gaps: tuple[list[int], float, int] | None = None  # a TOKEN_GAP_BUCKETS histogram's state
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    session_id: str | None = None  # a session-bound turn: counted in that session's counters too
+
+
+SESSION_COUNTERS = ("turns", "prefilled_tokens", "cached_tokens", "completion_tokens")
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@dataclass
+class ServeMetrics:
+    requests: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    ttft: dict[str, Histogram] = field(default_factory=dict)
+    gaps: dict[str, Histogram] = field(default_factory=dict)
+    duration: dict[str, Histogram] = field(default_factory=dict)
+    tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    in_flight: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def enter(self, replica: str, route: str) -> None:
+        self.in_flight[(replica, route)] += 1
+
+    def leave(self, replica: str, route: str) -> None:
+        key = (replica, route)
+        self.in_flight[key] = max(0, self.in_flight[key] - 1)
+
+    def record(self, sample: RequestSample) -> None:
+        route = sample.route
+        self.requests[(route, sample.status)] += 1
+        self.duration.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(sample.duration_s)
+        if sample.ttft_s is not None:
+            self.ttft.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(sample.ttft_s)
+        if sample.gaps is not None and sample.gaps[2]:
+            self.gaps.setdefault(route, Histogram(TOKEN_GAP_BUCKETS)).merge(*sample.gaps)
+        for kind, n in (("prompt", sample.prompt_tokens), ("cached", sample.cached_tokens),
+                        ("completion", sample.completion_tokens)):
+            if n:
+                self.tokens[(route, kind)] += n
+        if sample.session_id is not None and sample.status < 400:
+            c = self.sessions.setdefault(sample.session_id, dict.fromkeys(SESSION_COUNTERS, 0))
+            c["turns"] += 1
+            c["prefilled_tokens"] += sample.prompt_tokens - sample.cached_tokens
+            c["cached_tokens"] += sample.cached_tokens
+            c["completion_tokens"] += sample.completion_tokens
+
+    def session_counters(self, session_id: str) -> dict[str, int]:
+        return dict(self.sessions.get(session_id) or dict.fromkeys(SESSION_COUNTERS, 0))
+
+    def forget_session(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def queue_depth(self) -> dict[str, int]:
+        depth: dict[str, int] = defaultdict(int)
+        for (_, route), n in self.in_flight.items():
+            depth[route] += n
+        return dict(depth)
+
+    def render(self) -> str:
+        lines = ["# HELP kvres_serve_requests_total HTTP requests answered, by route and status.",
+                 "# TYPE kvres_serve_requests_total counter"]
+        for (route, status), n in sorted(self.requests.items()):
+            lines.append(f'kvres_serve_requests_total{{route="{_label(route)}",status="{status}"}} {n}')
+        for name, what, table in (
+            ("kvres_serve_time_to_first_token_seconds", "From the request to its first token.", self.ttft),
+            ("kvres_serve_inter_token_latency_seconds", "Between two tokens of one stream.", self.gaps),
+            ("kvres_serve_request_duration_seconds", "From the request to its last byte.", self.duration),
+        ):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} histogram"]
+            for route, hist in sorted(table.items()):
+                lines += hist.lines(name, f'route="{_label(route)}"')
+        lines += ["# HELP kvres_serve_queue_depth Requests received and not yet answered, by route.",
+                  "# TYPE kvres_serve_queue_depth gauge"]
+        for route, n in sorted(self.queue_depth().items()):
+            lines.append(f'kvres_serve_queue_depth{{route="{_label(route)}"}} {n}')
+        lines += ["# HELP kvres_serve_tokens_total Tokens by route and kind (prompt: the context a turn "
+                  "generated from; cached: the part of it the session already held; completion: generated).",
+                  "# TYPE kvres_serve_tokens_total counter"]
+        for (route, kind), n in sorted(self.tokens.items()):
+            lines.append(f'kvres_serve_tokens_total{{route="{_label(route)}",kind="{kind}"}} {n}')
+        return "\n".join(lines) + "\n"

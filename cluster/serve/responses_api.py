@@ -1,0 +1,303 @@
+"""``/v1/responses``: OpenAI's Responses API (the OpenResponses specification) on kvres sessions.
+
+Primitives:
+- ``router``: ``POST /v1/responses``, ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``,
+  ``GET /v1/responses/{id}/input_items``.
+- A response id names a point of a kvres session (its id and its log length then; ``records``).
+  ``previous_response_id`` continues from it: from the session's latest point, only the new input
+  is appended; from an older one the session is forked there (``Session.fork``, then ``truncate``
+  of the branch to the point), so a branch costs only its new tokens. ``instructions`` apply to the
+  response they come with (a system message first, as the specification says); ``store=false``
+  keeps nothing: a session it opened or forked is closed after the answer (so is one whose
+  response failed or whose client left mid-stream).
+- ``stream=true``: the specification's events, in order: ``response.created``,
+  ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
+  ``response.output_text.delta`` (one per piece of text), ``response.output_text.done``,
+  ``response.content_part.done``, ``response.output_item.done``, then ``response.completed`` (or
+  ``response.incomplete`` when ``max_output_tokens`` ended it, ``response.failed`` on an error),
+  each with its ``sequence_number``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvres.policy import UnknownSessionError
+
+from ..session_handle import Session
+from .catalog import ServedModel
+from .errors import ApiError, api_error, bad_request, not_found
+from .http_glue import answers_errors, note, service_of, sse
+from .openai_schemas import parse
+from .records import ResponseRecord
+from .responses_schemas import ResponseRequest
+from .sampling_fields import GenerationPlan, max_tokens_of
+from .service import Service
+from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
+
+router = APIRouter()
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+
+
+def _new_session_id() -> str:
+    return f"resp-{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class _Call:
+    """One ``POST /v1/responses``: its request, the point it continues from, what it produced."""
+
+    service: Service
+    req: ResponseRequest
+    model: ServedModel
+    backend: str | None
+    plan: GenerationPlan
+    id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created_at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    session: Session | None = None
+    kept: bool = False  # stored: the session it opened or forked stays open for the next response
+
+    def _close_unless_kept(self, session: Session) -> None:
+        if not self.kept:
+            self.service.close_quietly(session)
+
+    @property
+    def inputs(self) -> list[dict[str, str]]:
+        return [m.as_message() for m in self.req.input_messages()]
+
+    def context(self) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.req.instructions}] if self.req.instructions else []
+        return system + self.history + self.inputs
+
+    # -- the session this response runs on ----------------------------------------------------
+    def acquire(self) -> tuple[Session, contextlib.ExitStack]:
+        service, req = self.service, self.req
+        if req.previous_response_id is None:
+            sid = _new_session_id()
+            stack = service.lease(sid)
+            try:
+                session = service.open_session(self.model, self.backend, sid)
+            except BaseException:
+                stack.close()
+                raise
+            stack.callback(self._close_unless_kept, session)
+            return session, stack
+        previous = service.state.get_response(req.previous_response_id)
+        if previous is None:
+            raise not_found(f"no stored response {req.previous_response_id!r} (never stored, deleted, or "
+                            "answered with store=false)", param="previous_response_id", code="response_not_found")
+        if previous.response.get("model") not in (None, self.model.id):
+            raise bad_request(f"response {previous.id!r} was made by model {previous.response.get('model')!r}, "
+                              f"not {self.model.id!r}", param="model")
+        self.history = list(previous.conversation)
+        stack = service.lease(previous.session_id)
+        try:
+            try:
+                session = service.manager.session(previous.session_id)
+            except UnknownSessionError:
+                raise not_found(f"the session of response {previous.id!r} was closed", param="previous_response_id",
+                                code="response_not_found") from None
+            held = len(session.tokens())
+            if held < previous.length:
+                raise ApiError(409, f"session {previous.session_id!r} was rolled back past response {previous.id!r}",
+                               param="previous_response_id", code="response_gone")
+            if held == previous.length:
+                return session, stack  # its latest point: only the new input is appended
+            branch = session.fork(_new_session_id())  # an older point: a branch from there
+        except BaseException:
+            stack.close()
+            raise
+        stack.close()
+        stack = service.lease(branch.session_id)
+        try:
+            branch.truncate(previous.length)
+        except BaseException:
+            stack.close()
+            service.close_quietly(branch)
+            raise
+        stack.callback(self._close_unless_kept, branch)
+        return branch, stack
+
+    def whole(self) -> TurnOutcome:
+        session, stack = self.acquire()
+        with stack:
+            self.session = session
+            outcome = run_turn(session, Prompt(messages=self.context()), self.plan, self.model.anchor,
+                               self.model.local_decoder())
+            self.store(outcome)
+            return outcome
+
+    def streaming(self) -> StreamingTurn:
+        session, stack = self.acquire()
+        self.session = session
+        return start_streaming(self.service, session, stack, Prompt(messages=self.context()), self.plan, self.started,
+                               self.model.anchor, self.model.local_decoder())
+
+    # -- the answer ---------------------------------------------------------------------------
+    def message(self, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+                "content": content if text or status != "in_progress" else []}
+
+    def body(self, status: str, output: list[dict[str, Any]], outcome: TurnOutcome | None = None,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:
+        req = self.req
+        fmt = (req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text else {"type": "text"})
+        body: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": int(self.created_at), "status": status,
+            "background": False, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
+            "model": self.model.id, "output": output, "parallel_tool_calls": False,
+            "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default", "store": req.store, "temperature": self.plan.temperature,
+            "text": {"format": fmt}, "tool_choice": req.tool_choice or "none", "tools": [], "top_logprobs": 0,
+            "top_p": req.top_p if req.top_p is not None else 1.0, "truncation": "disabled",
+            "usage": None, "user": req.user, "metadata": req.metadata or {},
+        }
+        if outcome is not None:
+            body["usage"] = {"input_tokens": outcome.prompt_tokens,
+                             "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
+                             "output_tokens": outcome.completion_tokens,
+                             "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+        if self.session is not None:
+            body["kvres"] = {"session_id": self.session.session_id,
+                             "session_length": None if outcome is None else outcome.length}
+        return body
+
+    def final(self, outcome: TurnOutcome) -> dict[str, Any]:
+        status = "incomplete" if outcome.finish_reason == "length" else "completed"
+        logprobs = None
+        if outcome.logprobs is not None and outcome.token_texts is not None:
+            logprobs = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                        for t, lp in zip(outcome.token_texts, outcome.logprobs, strict=False)]
+        return self.body(status, [self.message(outcome.text, status, logprobs)], outcome)
+
+    def store(self, outcome: TurnOutcome) -> None:
+        if not self.req.store or self.session is None:
+            return
+        record = ResponseRecord(
+            id=self.id, session_id=self.session.session_id, length=outcome.length,
+            conversation=self.history + self.inputs + [{"role": "assistant", "content": outcome.text}],
+            input_items=[m.item() for m in self.req.input_messages()], response=self.final(outcome),
+            created_at=self.created_at)
+        orphans = self.service.state.put_response(record)
+        self.kept = True
+        for orphan in orphans:
+            with contextlib.suppress(Exception):
+                self.service.close_quietly(self.service.manager.session(orphan))
+
+
+@router.post("/v1/responses")
+@answers_errors
+async def create_response(request: Request) -> Response:
+    service = service_of(request)
+    req = parse(ResponseRequest, await request.body())
+    model, backend = service.catalog.resolve(req.model)
+    plan = req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx, "max_output_tokens"),
+                    req.json_schema(), req.wants_logprobs())
+    call = _Call(service, req, model, backend, plan)
+    if req.stream:
+        started = await service.run(call.streaming)
+        return StreamingResponse(_events(request, call, started), media_type="text/event-stream")
+    outcome = await service.run(call.whole)
+    note(request, ttft_s=time.monotonic() - call.started, prompt_tokens=outcome.prompt_tokens,
+         cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
+         session_id=call.session.session_id if call.session and req.store else None)
+    return JSONResponse(call.final(outcome))
+
+
+async def _events(request: Request, call: _Call, streaming: StreamingTurn) -> AsyncIterator[str]:
+    seq = [0]
+
+    def event(kind: str, **data: Any) -> str:
+        payload = {"type": kind, "sequence_number": seq[0], **data}
+        seq[0] += 1
+        return sse(payload, event=kind)
+
+    where = {"item_id": call.message_id, "output_index": 0, "content_index": 0}
+    text = ""
+    try:
+        yield event("response.created", response=call.body("in_progress", []))
+        yield event("response.in_progress", response=call.body("in_progress", []))
+        yield event("response.output_item.added", output_index=0, item=call.message("", "in_progress"))
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        yield event("response.content_part.added", **where, part=part)
+        async for piece in streaming.deltas():
+            text += piece
+            yield event("response.output_text.delta", **where, delta=piece, logprobs=[])
+        outcome = await call.service.run(streaming.outcome)
+        await call.service.run(call.store, outcome)
+        final = call.final(outcome)
+        item = final["output"][0]
+        yield event("response.output_text.done", **where, text=outcome.text, logprobs=item["content"][0]["logprobs"])
+        yield event("response.content_part.done", **where, part=item["content"][0])
+        yield event("response.output_item.done", output_index=0, item=item)
+        yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+        _note(request, call, streaming)
+    except Exception as exc:
+        err = api_error(exc)
+        failed = call.body("failed", [call.message(text, "incomplete")] if text else [],
+                           error={"code": err.code or "server_error", "message": err.message})
+        yield event("response.failed", response=failed)
+    finally:
+        _note(request, call, streaming)
+        streaming.end_later()
+
+
+def _note(request: Request, call: _Call, streaming: StreamingTurn) -> None:
+    note(request, ttft_s=streaming.ttft_s, gaps=streaming.gaps.state(), prompt_tokens=streaming.prompt_tokens,
+         cached_tokens=streaming.cached_tokens, completion_tokens=len(streaming.text.tokens),
+         session_id=call.session.session_id if call.session and call.req.store else None)
+
+
+@router.get("/v1/responses/{response_id}")
+@answers_errors
+async def get_response(request: Request, response_id: str) -> Response:
+    service = service_of(request)
+    record = await service.run(service.state.get_response, response_id)
+    if record is None:
+        raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
+    return JSONResponse(record.response)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+@answers_errors
+async def input_items(request: Request, response_id: str) -> Response:
+    service = service_of(request)
+    record = await service.run(service.state.get_response, response_id)
+    if record is None:
+        raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
+    items = [{"id": item.get("id") or f"msg_{response_id}_{i}", **item} for i, item in enumerate(record.input_items)]
+    return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+                         "last_id": items[-1]["id"] if items else None, "has_more": False})
+
+
+@router.delete("/v1/responses/{response_id}")
+@answers_errors
+async def delete_response(request: Request, response_id: str) -> Response:
+    service = service_of(request)
+
+    def delete() -> bool:
+        record, orphan = service.state.delete_response(response_id)
+        if orphan is not None:
+            with contextlib.suppress(UnknownSessionError):
+                service.close_quietly(service.manager.session(orphan))
+        return record is not None
+
+    if not await service.run(delete):
+        raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

@@ -1,0 +1,126 @@
+"""The request of ``POST /v1/responses`` (OpenAI's Responses API, the OpenResponses specification).
+
+Primitives:
+- ``InputMessage``: an input item ``{"type": "message" (optional), "role", "content"}``, content a
+  string or ``input_text`` / ``output_text`` parts; ``as_message()``. Other item types (function
+  calls, images, files) are refused, naming the item.
+- ``TextConfig``: ``text.format``: ``{"type": "text"}``, ``{"type": "json_object"}`` or
+  ``{"type": "json_schema", "name", "schema", "strict"}``.
+- ``ResponseRequest``: ``model``, ``input`` (a string or a list of items), ``instructions``,
+  ``previous_response_id``, ``max_output_tokens``, ``store`` (default true), ``stream``, ``text``,
+  ``metadata``, ``truncation`` ("disabled"), ``tools`` (none), ``reasoning`` (none), ``background``
+  (false) and the shared sampling fields; ``input_messages()``, ``json_schema()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+
+from .openai_schemas import TextPart
+from .sampling_fields import JsonSchemaFormat, ResponseFormat, SamplingFields, json_schema_of
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+    id: StrictStr | None = None
+    status: StrictStr | None = None
+
+    def as_message(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+    def item(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: StrictStr | None = Field(None, max_length=64)
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: TextFormat = TextFormat()
+    verbosity: StrictStr | None = None
+
+
+class ResponseRequest(SamplingFields):
+    model: StrictStr
+    input: StrictStr | list[InputMessage]
+    instructions: StrictStr | None = None
+    previous_response_id: StrictStr | None = Field(None, min_length=1, max_length=128)
+    max_output_tokens: StrictInt | None = Field(None, ge=0)
+    store: StrictBool = True
+    stream: StrictBool = False
+    text: TextConfig | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    truncation: Literal["disabled"] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: StrictBool = False
+    include: list[StrictStr] | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    stream_options: dict[str, Any] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, v: str | list[InputMessage]) -> str | list[InputMessage]:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must hold at least one item")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("tools are not supported by kvres (no tool calling); leave them out")
+        return v
+
+    @field_validator("reasoning")
+    @classmethod
+    def _no_reasoning(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v and any(value is not None for value in v.values()):
+            raise ValueError("reasoning options are not supported by kvres; leave them out")
+        return v
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("background responses are not supported by kvres; set background to false")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_alternatives(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError(f"top_logprobs must be 0: kvres returns the chosen tokens' log-probabilities only, got {v}")
+        return v
+
+    def input_messages(self) -> list[InputMessage]:
+        if isinstance(self.input, str):
+            return [InputMessage(role="user", content=self.input)]
+        return list(self.input)
+
+    def json_schema(self) -> dict[str, Any] | None:
+        fmt = (self.text or TextConfig()).format
+        if fmt.type == "json_schema":
+            return json_schema_of(ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+                name=fmt.name or "response", schema=fmt.schema_ or {})), "text.format")
+        return json_schema_of(ResponseFormat(type=fmt.type), "text.format")
+
+    def wants_logprobs(self) -> bool:
+        return bool(self.include and "message.output_text.logprobs" in self.include)

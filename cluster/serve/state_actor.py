@@ -1,0 +1,189 @@
+"""What the HTTP front shares between its replicas: stored responses, session leases, metrics.
+
+Primitives:
+- ``ServeStateActor(namespace)``: one named, detached Ray actor per kvres namespace
+  (``state_actor_name()``), restarted by Ray when it dies. Its stored responses are written
+  through to Ray's GCS key-value store (``RESPONSES_KV_NAMESPACE``) and read back when it starts,
+  so they survive its death and every replica's; its leases and metrics are memory only.
+- ``ServeState(namespace)``: a replica's client of it: ``put_response``, ``get_response``,
+  ``delete_response``, ``forget_session`` (each waits for its answer), ``lease(key)`` (a context
+  manager: held for the block, renewed in the background while held, ``SessionLockedError`` when
+  another request holds it), ``enter`` / ``record`` (metrics, sent without waiting),
+  ``metrics_text()``, ``session_counters(session_id)``, ``destroy()`` (kill the actor and drop its stored responses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from .errors import SessionLockedError
+from .leases import SessionLeases
+from .metrics import RequestSample, ServeMetrics
+from .records import ResponseRecord, ResponseRecords
+
+RESPONSES_KV_NAMESPACE = "kvres-serve-responses"
+LEASE_TTL_S = 120.0
+RENEW_EVERY_S = 20.0
+
+
+def state_actor_name() -> str:
+    return "kvres-serve-state"
+
+
+def _kv_prefix(namespace: str) -> str:
+    return f"{namespace}/"
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class ServeStateActor:
+    def __init__(self, namespace: str) -> None:
+        from ray.experimental import internal_kv
+
+        self._kv = internal_kv
+        self._prefix = _kv_prefix(namespace)
+        self.records = ResponseRecords(persist=self._persist)
+        keys = internal_kv._internal_kv_list(self._prefix, namespace=RESPONSES_KV_NAMESPACE)
+        loaded = []
+        for key in keys:
+            data = internal_kv._internal_kv_get(key, namespace=RESPONSES_KV_NAMESPACE)
+            if data is not None:
+                with contextlib.suppress(ValueError, TypeError):
+                    loaded.append(ResponseRecord.from_json(data))
+        self.records.load(loaded)
+        self.leases = SessionLeases()
+        self.metrics = ServeMetrics()
+
+    def _persist(self, record_id: str, text: str | None) -> None:
+        key = self._prefix + record_id
+        if text is None:
+            self._kv._internal_kv_del(key, namespace=RESPONSES_KV_NAMESPACE)
+        else:
+            self._kv._internal_kv_put(key, text, overwrite=True, namespace=RESPONSES_KV_NAMESPACE)
+
+    # -- stored responses --------------------------------------------------------------------
+    def put_response(self, record: ResponseRecord) -> list[str]:
+        return self.records.put(record)
+
+    def get_response(self, record_id: str) -> ResponseRecord | None:
+        return self.records.get(record_id)
+
+    def delete_response(self, record_id: str) -> tuple[ResponseRecord | None, str | None]:
+        return self.records.delete(record_id)
+
+    def forget_session(self, session_id: str) -> list[str]:
+        self.metrics.forget_session(session_id)
+        return self.records.forget_session(session_id)
+
+    def drop_all(self) -> None:
+        for rid in self.records.ids():
+            self.records.delete(rid)
+
+    # -- leases --------------------------------------------------------------------------------
+    def acquire(self, key: str, holder: str, ttl_s: float) -> bool:
+        return self.leases.acquire(key, holder, ttl_s)
+
+    def renew(self, held: dict[str, str], ttl_s: float) -> None:
+        self.leases.renew(held, ttl_s)
+
+    def release(self, key: str, holder: str) -> None:
+        self.leases.release(key, holder)
+
+    # -- metrics -------------------------------------------------------------------------------
+    def enter(self, replica: str, route: str) -> None:
+        self.metrics.enter(replica, route)
+
+    def record(self, replica: str, sample: RequestSample) -> None:
+        self.metrics.leave(replica, sample.route)
+        self.metrics.record(sample)
+
+    def metrics_text(self) -> str:
+        return self.metrics.render()
+
+    def session_counters(self, session_id: str) -> dict[str, int]:
+        return self.metrics.session_counters(session_id)
+
+
+class ServeState:
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.replica = uuid.uuid4().hex[:8]
+        self._handle = ServeStateActor.options(  # type: ignore[attr-defined]
+            name=state_actor_name(), namespace=namespace, get_if_exists=True, lifetime="detached",
+        ).remote(namespace)
+        self._held: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+
+    def _get(self, ref: Any) -> Any:
+        return ray.get(ref)
+
+    def put_response(self, record: ResponseRecord) -> list[str]:
+        return list(self._get(self._handle.put_response.remote(record)))
+
+    def get_response(self, record_id: str) -> ResponseRecord | None:
+        record: ResponseRecord | None = self._get(self._handle.get_response.remote(record_id))
+        return record
+
+    def delete_response(self, record_id: str) -> tuple[ResponseRecord | None, str | None]:
+        answer: tuple[ResponseRecord | None, str | None] = self._get(self._handle.delete_response.remote(record_id))
+        return answer
+
+    def forget_session(self, session_id: str) -> list[str]:
+        return list(self._get(self._handle.forget_session.remote(session_id)))
+
+    @contextlib.contextmanager
+    def lease(self, key: str) -> Iterator[str]:
+        holder = uuid.uuid4().hex
+        if not self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S)):
+            raise SessionLockedError(f"session {key!r} has a request running; send this one once it has ended")
+        with self._lock:
+            self._held[key] = holder
+            self._start_renewer()
+        try:
+            yield holder
+        finally:
+            with self._lock:
+                self._held.pop(key, None)
+            self._handle.release.remote(key, holder)
+
+    def _start_renewer(self) -> None:
+        if self._renewer is not None and self._renewer.is_alive():
+            return
+        self._renewer = threading.Thread(target=self._renew_loop, name="kvres-serve-leases", daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(RENEW_EVERY_S):
+            with self._lock:
+                held = dict(self._held)
+            if not held:
+                with self._lock:  # nothing held: this thread ends; the next lease starts another
+                    if not self._held:
+                        self._renewer = None
+                        return
+                continue
+            self._handle.renew.remote(held, LEASE_TTL_S)
+
+    def enter(self, route: str) -> None:
+        self._handle.enter.remote(self.replica, route)
+
+    def record(self, sample: RequestSample) -> None:
+        self._handle.record.remote(self.replica, sample)
+
+    def metrics_text(self) -> str:
+        return str(self._get(self._handle.metrics_text.remote()))
+
+    def session_counters(self, session_id: str) -> dict[str, int]:
+        return dict(self._get(self._handle.session_counters.remote(session_id)))
+
+    def destroy(self) -> None:
+        with contextlib.suppress(Exception):
+            self._get(self._handle.drop_all.remote())
+        ray.kill(self._handle)

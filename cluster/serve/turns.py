@@ -1,0 +1,270 @@
+"""One turn on a kvres session: the prompt appended (only what the session lacks), then the reply.
+
+Primitives:
+- ``Prompt``: ``messages`` (rendered with the model's chat template: ``Session.append_messages``
+  appends only what the session does not hold) or ``raw`` (text or token ids, appended as they are).
+- ``TurnOutcome``: the reply's ``tokens``, ``text``, ``finish_reason`` (OpenAI's: "stop" or
+  "length"), ``logprobs`` and ``token_texts`` (when asked), ``prompt_tokens`` (the context the reply
+  was generated from), ``cached_tokens`` (the part of it the session already held: not prefilled
+  again), ``length`` (the session's log length after the turn).
+- ``InContext(session, anchor, decode=None)``: the reply's text as it reads in the session (decoded
+  after a token that keeps llama.cpp from dropping the first token's leading space; by ``decode``,
+  the model's vocabulary in this process, else by the backend).
+- ``run_turn(session, prompt, plan, anchor) -> TurnOutcome``: blocking, the whole reply at once.
+- ``StreamingTurn(service, session, stack, prompt, plan, started, anchor)`` (``start_streaming``
+  makes and starts one): ``start()`` (blocking: the prompt appended and the first token pulled, so
+  that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
+  iterator of text pieces, each token pulled on the service's threads), ``outcome()``, ``ttft_s``,
+  ``gaps`` (the inter-token histogram), ``end()`` (blocking, once: a stream left before its end
+  keeps only the tokens whose text was sent (``TextDeltas.covered``), then ``stack`` is closed: the
+  session's lease released, a one-request session closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvres.actors.generation import Generation
+
+from ..session_handle import Session
+from .metrics import TOKEN_GAP_BUCKETS, Histogram
+from .sampling_fields import GenerationPlan
+from .text_deltas import TextDeltas
+
+if TYPE_CHECKING:
+    from ..backend_client import TokenStream
+    from .service import Service
+
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: list[dict[str, str]] | None = None
+    raw: str | Sequence[int] | None = None
+
+
+@dataclass
+class TurnOutcome:
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    length: int
+    logprobs: list[float] | None = None
+    token_texts: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def openai_finish(kvres_finish: str) -> str:
+    return "length" if kvres_finish == "length" else "stop"
+
+
+def _append(session: Session, prompt: Prompt) -> int:
+    """How many tokens the prompt appended (what the session did not hold yet)."""
+    if prompt.messages is not None:
+        return session.append_messages(prompt.messages)
+    assert prompt.raw is not None
+    return len(session.append(prompt.raw))
+
+
+class InContext:
+    """The reply's text as it reads in the session's log: llama.cpp drops a leading space from the
+    first token it decodes, so a reply decoded alone can lose the space its first token carries,
+    and a conversation rendered with it would no longer be what the session holds (the next turn
+    would prefill the reply again). Decoded after ``anchor`` (a control token, which reads as
+    nothing, or else the prompt's last token), nothing is dropped."""
+
+    _heads: dict[tuple[str, int], str] = {}  # (backend, anchor) -> its text, decoded once
+
+    def __init__(self, session: Session, anchor: int, decode: Decode | None = None) -> None:
+        self.session = session
+        self.anchor = anchor
+        self.decode: Decode = decode or session.detokenize
+        key = (session.backend, anchor)
+        head = self._heads.get(key)
+        if head is None:
+            head = self.decode([anchor])
+            if len(self._heads) > 4096:
+                self._heads.clear()
+            self._heads[key] = head
+        self.head = head
+
+    def __call__(self, tokens: Sequence[int]) -> str:
+        text = self.decode([self.anchor, *tokens])
+        return text[len(self.head):] if text.startswith(self.head) else self.decode(tokens)
+
+    def reply(self, reply: Generation) -> str:
+        text = self(reply)
+        if isinstance(reply.stop, str):
+            cut = text.find(reply.stop)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+
+def _in_context(session: Session, anchor: int | None, decode: Decode | None) -> InContext:
+    return InContext(session, session.tokens()[-1] if anchor is None else anchor, decode)
+
+
+def _token_texts(text_of: InContext, tokens: Sequence[int]) -> list[str]:
+    """Each token's text as it reads after the prompt (a leading space kept)."""
+    return [text_of([t]) for t in tokens]
+
+
+def run_turn(session: Session, prompt: Prompt, plan: GenerationPlan, anchor: int | None,
+             decode: Decode | None = None) -> TurnOutcome:
+    """``anchor``: a control token of the model (``ServedModel.anchor``), or None; ``decode``: the
+    model's detokenizer in this process (``ServedModel.local_decoder()``), or None (the backend's)."""
+    appended = _append(session, prompt)
+    text_of = _in_context(session, anchor, decode)
+    reply = session.generate(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
+    length = len(session.tokens())
+    return _outcome(text_of, reply, text_of.reply(reply), length - len(reply), appended, plan)
+
+
+def _outcome(text_of: InContext, reply: Generation, text: str, prompt_tokens: int, appended: int,
+             plan: GenerationPlan) -> TurnOutcome:
+    wants = plan.request.sampling.logprobs
+    return TurnOutcome(list(reply), text, openai_finish(reply.finish_reason), prompt_tokens, prompt_tokens - appended,
+                       prompt_tokens + len(reply), reply.logprobs if wants else None,
+                       _token_texts(text_of, reply) if wants else None)
+
+
+class StreamingTurn:
+    def __init__(self, service: Service, session: Session, stack: contextlib.ExitStack, prompt: Prompt,
+                 plan: GenerationPlan, started: float, anchor: int | None, decode: Decode | None = None) -> None:
+        self.service = service
+        self.decode = decode
+        self.session = session
+        self.stack = stack
+        self.prompt = prompt
+        self.plan = plan
+        self.started = started
+        self.anchor = anchor
+        self.text = TextDeltas(session.detokenize, plan.stop)  # replaced by start(): decoding in context
+        self._in_context: InContext | None = None
+        self.gaps = Histogram(TOKEN_GAP_BUCKETS)
+        self.ttft_s: float | None = None
+        self.appended = self.prompt_tokens = self.cached_tokens = 0
+        self.completed = False
+        self._stream: TokenStream | None = None
+        self._first: str | None = None
+        self._final: tuple[str, int] = ("", 0)
+        self._last_token_at = 0.0
+        self._pending: Future[str | None] | None = None
+        self._ended = threading.Event()
+        self._end_lock = threading.Lock()
+        # a stream whose response was never iterated (its client gone first) still frees its session
+        weakref.finalize(self, _end_unended, self._ended, stack, service.pool)
+
+    def start(self) -> None:
+        """The prompt appended, then the first token: the log's length is read after the reply, off
+        the path to the first token."""
+        self.appended = _append(self.session, self.prompt)
+        self._in_context = _in_context(self.session, self.anchor, self.decode)
+        self.text = TextDeltas(self._in_context, self.plan.stop)
+        plan = self.plan
+        self._stream = self.session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
+        self._first = self._pull()
+
+    def _pull(self) -> str | None:
+        assert self._stream is not None
+        token = next(self._stream, None)
+        if token is None:
+            return None
+        now = time.monotonic()
+        if self.ttft_s is None:
+            self.ttft_s = now - self.started
+        else:
+            self.gaps.observe(now - self._last_token_at)
+        self._last_token_at = now
+        return self.text.push(token)
+
+    def _finish(self) -> None:
+        assert self._in_context is not None
+        reply = self.generation
+        length = len(self.session.tokens())
+        self.prompt_tokens = length - len(reply)
+        self.cached_tokens = self.prompt_tokens - self.appended
+        self._final = (self._in_context.reply(reply), length)
+
+    async def deltas(self) -> AsyncIterator[str]:
+        piece = self._first
+        while piece is not None:
+            if piece:
+                yield piece
+            future = self._pending = self.service.pool.submit(self._pull)
+            piece = await asyncio.wrap_future(future)
+        await asyncio.wrap_future(self.service.pool.submit(self._finish))
+        rest = self.text.finish(self._final[0])
+        self.completed = True
+        if rest:
+            yield rest
+
+    @property
+    def generation(self) -> Generation:
+        assert self._stream is not None and self._stream.generation is not None
+        return self._stream.generation
+
+    def outcome(self) -> TurnOutcome:
+        assert self._in_context is not None
+        return _outcome(self._in_context, self.generation, self._final[0], self.prompt_tokens, self.appended,
+                        self.plan)
+
+    def end(self) -> None:
+        with self._end_lock:
+            if self._ended.is_set():
+                return
+            self._ended.set()
+        try:
+            if self._pending is not None:
+                with contextlib.suppress(Exception):
+                    self._pending.result()  # the token being pulled: the stream is not ours to close before
+            if self._stream is not None and not self.completed:
+                self._stream.close()  # commits the tokens pulled; those whose text was not sent go below
+                held = len(self.session.tokens())
+                keep = held - self._stream.delivered + self.text.covered
+                if held > keep:
+                    self.session.truncate(keep)
+        finally:
+            self.stack.close()
+
+    def end_later(self) -> None:
+        """``end()`` on the service's threads (from a coroutine that may be being cancelled)."""
+        if not self._ended.is_set():
+            self.service.pool.submit(self.end)
+
+
+def _end_unended(ended: threading.Event, stack: contextlib.ExitStack, pool: Any) -> None:
+    if not ended.is_set():
+        ended.set()
+        with contextlib.suppress(RuntimeError):  # the pool already shut down: the replica is going
+            pool.submit(stack.close)
+
+
+def start_streaming(service: Service, session: Session, stack: contextlib.ExitStack, prompt: Prompt,
+                    plan: GenerationPlan, started: float, anchor: int | None,
+                    decode: Decode | None = None) -> StreamingTurn:
+    """A started ``StreamingTurn``; on failure the stack is closed and the error raised."""
+    turn = StreamingTurn(service, session, stack, prompt, plan, started, anchor, decode)
+    try:
+        turn.start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that stopped the start is the one to answer
+            turn.end()
+        raise
+    return turn

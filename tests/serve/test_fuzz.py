@@ -1,0 +1,141 @@
+"""Malformed requests never get a 500: each is a 4xx whose error body names the problem. A fixed
+list of cases (each with a word the message or ``param`` must carry), then random JSON bodies
+drawn by hypothesis."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
+    """(method, path, body (bytes, or a JSON value), headers, a word the answer must name)."""
+    chat = "/v1/chat/completions"
+    ok = {"model": model, "messages": MSG, "max_tokens": 2}
+    return [
+        ("POST", chat, b"", {}, "empty"),
+        ("POST", chat, b"{not json", {}, "JSON"),
+        ("POST", chat, b"\xff\xfe\x00", {}, "JSON"),
+        ("POST", chat, [1, 2, 3], {}, "object"),
+        ("POST", chat, "just a string", {}, "object"),
+        ("POST", chat, {"messages": MSG}, {}, "model"),
+        ("POST", chat, {"model": model}, {}, "messages"),
+        ("POST", chat, {"model": model, "messages": []}, {}, "messages"),
+        ("POST", chat, {"model": model, "messages": "hello"}, {}, "messages"),
+        ("POST", chat, {"model": model, "messages": [{"role": "wizard", "content": "x"}]}, {}, "role"),
+        ("POST", chat, {"model": model, "messages": [{"role": "user"}]}, {}, "content"),
+        ("POST", chat, {"model": model, "messages": [{"role": "user", "content": 5}]}, {}, "content"),
+        ("POST", chat, {"model": model, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, {},
+         "content"),
+        ("POST", chat, {"model": 12, "messages": MSG}, {}, "model"),
+        ("POST", chat, {"model": "nope", "messages": MSG}, {}, "model"),
+        ("POST", chat, {**ok, "max_tokens": -1}, {}, "max_tokens"),
+        ("POST", chat, {**ok, "max_tokens": "ten"}, {}, "max_tokens"),
+        ("POST", chat, {**ok, "max_tokens": 10**9}, {}, "max_tokens"),
+        ("POST", chat, {**ok, "max_tokens": 2.5}, {}, "max_tokens"),
+        ("POST", chat, {**ok, "temperature": -1}, {}, "temperature"),
+        ("POST", chat, {**ok, "temperature": "hot"}, {}, "temperature"),
+        ("POST", chat, {**ok, "top_p": 0}, {}, "top_p"),
+        ("POST", chat, {**ok, "frequency_penalty": 9}, {}, "frequency_penalty"),
+        ("POST", chat, {**ok, "presence_penalty": "x"}, {}, "presence_penalty"),
+        ("POST", chat, {**ok, "n": 3}, {}, "n"),
+        ("POST", chat, {**ok, "stop": [""]}, {}, "stop"),
+        ("POST", chat, {**ok, "stop": ["a"] * 40}, {}, "stop"),
+        ("POST", chat, {**ok, "stop": 7}, {}, "stop"),
+        ("POST", chat, {**ok, "seed": "abc"}, {}, "seed"),
+        ("POST", chat, {**ok, "stream": "yes"}, {}, "stream"),
+        ("POST", chat, {**ok, "logit_bias": {"5": 10}}, {}, "logit_bias"),
+        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}, {}, "tools"),
+        ("POST", chat, {**ok, "top_logprobs": 5}, {}, "top_logprobs"),
+        ("POST", chat, {**ok, "response_format": {"type": "xml"}}, {}, "response_format"),
+        ("POST", chat, {**ok, "response_format": {"type": "json_schema"}}, {}, "json_schema"),
+        ("POST", chat, {**ok, "grammar": "root ::= [a-z"}, {}, "grammar"),
+        ("POST", chat, {**ok, "grammar": "root ::= [a-z]+", "response_format": {"type": "json_object"}}, {},
+         "grammar"),
+        ("POST", chat, {**ok, "top_k": -3}, {}, "top_k"),
+        ("POST", chat, {**ok, "min_p": 1.5}, {}, "min_p"),
+        ("POST", chat, {**ok, "stop_token_ids": [-1]}, {}, "stop_token_ids"),
+        ("POST", chat, {**ok, "unknown_field": 1}, {}, "unknown_field"),
+        ("POST", chat, ok, {"X-Session-Id": "../../etc/passwd"}, "session"),
+        ("POST", chat, ok, {"X-Session-Id": "x" * 300}, "session"),
+        ("POST", "/v1/completions", {"model": model, "prompt": ""}, {}, "prompt"),
+        ("POST", "/v1/completions", {"model": model, "prompt": ["a", "b"]}, {}, "prompt"),
+        ("POST", "/v1/completions", {"model": model, "prompt": [1, -5]}, {}, "prompt"),
+        ("POST", "/v1/completions", {"model": model, "prompt": [10**9]}, {}, "token"),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "logprobs": 3}, {}, "logprobs"),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "suffix": "y"}, {}, "suffix"),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "best_of": 4}, {}, "best_of"),
+        ("POST", "/v1/responses", {"model": model}, {}, "input"),
+        ("POST", "/v1/responses", {"model": model, "input": []}, {}, "input"),
+        ("POST", "/v1/responses", {"model": model, "input": [{"type": "function_call", "name": "f"}]}, {}, "input"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "previous_response_id": "resp_nope"}, {},
+         "previous_response_id"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "max_output_tokens": -4}, {}, "max_output_tokens"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "background": True}, {}, "background"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "text": {"format": {"type": "yaml"}}}, {}, "text"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "truncation": "auto"}, {}, "truncation"),
+        ("GET", "/v1/responses/resp_missing", None, {}, "resp_missing"),
+        ("DELETE", "/v1/responses/resp_missing", None, {}, "resp_missing"),
+        ("GET", "/v1/sessions/no-such-session", None, {}, "no-such-session"),
+        ("GET", "/v1/sessions/bad%20id!", None, {}, "session"),
+        ("DELETE", "/v1/sessions/no-such-session", None, {}, "no-such-session"),
+        ("POST", "/v1/sessions/no-such-session/suspend", None, {}, "no-such-session"),
+        ("POST", "/v1/sessions/no-such-session/fork", {"new_id": 5}, {}, "new_id"),
+        ("POST", "/v1/sessions/no-such-session/rollback", {"count": "two"}, {}, "count"),
+        ("POST", "/v1/sessions/no-such-session/explode", None, {}, "explode"),
+        ("POST", "/v1/sessions/s-new/restore", b"garbage bytes", {}, "session"),
+        ("GET", "/v1/models/nope", None, {}, "nope"),
+        ("GET", "/v1/nowhere", None, {}, "nowhere"),
+    ]
+
+
+def _send(http: httpx.Client, method: str, path: str, body: object, headers: dict) -> httpx.Response:
+    if body is None:
+        return http.request(method, path, headers=headers)
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return http.request(method, path, content=content, headers={"Content-Type": "application/json", **headers})
+
+
+def test_malformed_requests_get_a_4xx_that_names_the_problem(server) -> None:
+    cases = _cases(server.model)
+    assert len(cases) >= 30
+    failures = []
+    with server.http() as http:
+        for method, path, body, headers, word in cases:
+            r = _send(http, method, path, body, headers)
+            error = r.json().get("error", {}) if r.headers.get("content-type", "").startswith("application/json") else {}
+            named = word.lower() in (str(error.get("message", "")) + " " + str(error.get("param", ""))).lower()
+            if not 400 <= r.status_code < 500 or not named:
+                failures.append((method, path, str(body)[-120:], r.status_code, r.text[:300]))
+    assert not failures, "\n".join(map(str, failures))
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=True)
+                    | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+FIELDS = st.sampled_from(["model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "stream",
+                          "n", "response_format", "logprobs", "frequency_penalty", "input", "prompt", "top_k"])
+
+
+@pytest.mark.slow
+def test_random_bodies_never_get_a_500(server) -> None:
+    http = server.http()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
+           body=st.dictionaries(FIELDS, JSON, max_size=6))
+    def check(path: str, body: dict) -> None:
+        body.setdefault("max_tokens", 2)
+        r = http.post(path, content=json.dumps(body, allow_nan=True).encode(),
+                      headers={"Content-Type": "application/json"})
+        assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            assert r.json()["error"]["message"]
+
+    check()

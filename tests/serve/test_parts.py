@@ -1,0 +1,209 @@
+"""The HTTP front's parts on their own (no server): API keys, leases, stored responses, metrics,
+streamed text, error mapping, request validation, route labels, the model catalog, the CLI's
+refusals."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from kvres.actors.config import BackendConfig
+from kvres.actors.host.errors import BackendFullError, SessionBusyError
+from kvres.cluster.cli import main
+from kvres.cluster.serve.auth import AuthConfigError, KeyCheck, bind_host, key_digests, load_keys
+from kvres.cluster.serve.catalog import ModelCatalog
+from kvres.cluster.serve.errors import ApiError, SessionLockedError, api_error
+from kvres.cluster.serve.http_glue import route_label
+from kvres.cluster.serve.leases import SessionLeases
+from kvres.cluster.serve.metrics import TOKEN_GAP_BUCKETS, Histogram, RequestSample, ServeMetrics
+from kvres.cluster.serve.openai_schemas import ChatCompletionRequest, parse
+from kvres.cluster.serve.records import ResponseRecord, ResponseRecords
+from kvres.cluster.serve.responses_schemas import ResponseRequest
+from kvres.cluster.serve.text_deltas import TextDeltas
+from kvres.coldstore.errors import InvalidSessionIdError
+from kvres.policy import SessionExistsError, UnknownSessionError
+from kvres.policy.errors import BackendLostError, CapabilityError
+
+KEY = "k" * 20
+
+
+def test_keys_from_the_environment_or_a_file(tmp_path) -> None:
+    assert load_keys(env={"KVRES_API_KEYS": f"{KEY}, {KEY}2"}) == [KEY, f"{KEY}2"]
+    f = tmp_path / "keys"
+    f.write_text(f"# ops\n{KEY}3\n\n")
+    assert load_keys(env={"KVRES_API_KEY_FILE": str(f)}) == [f"{KEY}3"]
+    assert load_keys(str(f), env={"KVRES_API_KEYS": KEY}) == [f"{KEY}3"]  # the file given wins
+    assert load_keys(env={}) == []
+    with pytest.raises(AuthConfigError, match="at least 16"):
+        load_keys(env={"KVRES_API_KEYS": "short"})
+    with pytest.raises(AuthConfigError, match="cannot be read"):
+        load_keys(str(tmp_path / "missing"))
+
+
+def test_key_check_compares_digests() -> None:
+    check = KeyCheck(key_digests([KEY, f"{KEY}2"]))
+    assert check.allows(f"Bearer {KEY}") and check.allows(f"bearer {KEY}2") and check.allows(None, KEY)
+    assert not check.allows("Bearer wrong") and not check.allows(None) and not check.allows(KEY)
+    assert KeyCheck(()).open and KeyCheck(()).allows(None)
+
+
+def test_without_a_key_only_loopback(caplog) -> None:
+    assert bind_host("0.0.0.0", have_keys=True) == "0.0.0.0"
+    with caplog.at_level("WARNING", logger="kvres.serve"):
+        assert bind_host("0.0.0.0", have_keys=False) == "127.0.0.1"
+    assert "no API key" in caplog.text and "0.0.0.0" in caplog.text
+
+
+def test_leases_one_holder_expiry_renew_release() -> None:
+    now = [0.0]
+    leases = SessionLeases(clock=lambda: now[0])
+    assert leases.acquire("s", "a", 10) and not leases.acquire("s", "b", 10) and leases.acquire("s", "a", 10)
+    now[0] = 8.0
+    leases.renew({"s": "a"}, 10)
+    now[0] = 15.0
+    assert not leases.acquire("s", "b", 10)  # renewed until 18
+    leases.release("s", "b")  # not b's
+    assert leases.holder("s") == "a"
+    now[0] = 18.5
+    assert leases.acquire("s", "b", 10)  # a's expired
+    leases.release("s", "b")
+    assert leases.holder("s") is None
+
+
+def test_records_count_sessions_and_persist() -> None:
+    written: dict[str, str | None] = {}
+    records = ResponseRecords(max_records=3, persist=lambda k, v: written.__setitem__(k, v))
+
+    def rec(rid: str, sid: str, t: float) -> ResponseRecord:
+        return ResponseRecord(rid, sid, 10, [{"role": "user", "content": rid}], created_at=t)
+
+    assert records.put(rec("r1", "s1", 1)) == [] and records.put(rec("r2", "s1", 2)) == []
+    assert records.delete("r1") == (rec("r1", "s1", 1), None)  # s1 is still named by r2
+    assert records.put(rec("r3", "s2", 3)) == [] and records.put(rec("r4", "s3", 4)) == []
+    assert records.put(rec("r5", "s3", 5)) == ["s1"]  # r2 made room: s1 is named by none
+    assert written["r2"] is None and ResponseRecord.from_json(written["r5"]).session_id == "s3"
+    assert records.forget_session("s3") == ["r4", "r5"] and records.ids() == ["r3"]
+    again = ResponseRecords()
+    again.load([ResponseRecord.from_json(v) for v in written.values() if v])
+    assert again.ids() == ["r3"]  # what was written: the forgotten ones deleted
+
+
+def test_metrics_render_per_route() -> None:
+    m = ServeMetrics()
+    m.enter("r1", "/v1/chat/completions")
+    m.enter("r2", "/v1/chat/completions")
+    gaps = Histogram(TOKEN_GAP_BUCKETS)
+    for g in (0.002, 0.004, 0.2):
+        gaps.observe(g)
+    m.leave("r1", "/v1/chat/completions")
+    m.record(RequestSample("/v1/chat/completions", 200, 0.5, ttft_s=0.05, gaps=gaps.state(), prompt_tokens=30,
+                           cached_tokens=20, completion_tokens=3, session_id="s"))
+    text = m.render()
+    assert 'kvres_serve_requests_total{route="/v1/chat/completions",status="200"} 1' in text
+    assert 'kvres_serve_time_to_first_token_seconds_bucket{route="/v1/chat/completions",le="0.05"} 1' in text
+    assert 'kvres_serve_inter_token_latency_seconds_count{route="/v1/chat/completions"} 3' in text
+    assert 'kvres_serve_queue_depth{route="/v1/chat/completions"} 1' in text
+    assert 'kvres_serve_tokens_total{route="/v1/chat/completions",kind="cached"} 20' in text
+    assert m.session_counters("s") == {"turns": 1, "prefilled_tokens": 10, "cached_tokens": 20, "completion_tokens": 3}
+
+
+def test_text_deltas_hold_back_stop_prefixes_and_broken_characters() -> None:
+    pieces = {1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "\xe2", 6: "\x82\xac"}
+
+    def detok(tokens) -> str:
+        return b"".join(pieces[t].encode("latin-1") for t in tokens).decode("utf-8", "replace")
+
+    d = TextDeltas(detok, stop=["world"])
+    assert [d.push(t) for t in (1, 2, 3)] == ["Hel", "lo", " "]  # "wor" may begin "world": held back
+    assert d.sent == "Hello " and d.covered == 2
+    assert d.push(4) == ""  # "world" completed: cut before it
+    assert d.finish("Hello ") == "" and d.sent == "Hello "
+    e = TextDeltas(detok)
+    assert e.push(5) == "" and e.push(6) == "€" and e.covered == 2
+
+
+def test_errors_map_to_statuses() -> None:
+    cases = {UnknownSessionError("s"): 404, SessionExistsError("s"): 409, SessionBusyError("busy"): 409,
+             SessionLockedError("locked"): 409, BackendFullError("full"): 429, BackendLostError("lost"): 503,
+             CapabilityError("no"): 400, InvalidSessionIdError("bad"): 400, ValueError("v"): 400,
+             RuntimeError("bug"): 500, ApiError(418, "tea"): 418}
+    for exc, status in cases.items():
+        assert api_error(exc).status == status, exc
+    body = api_error(UnknownSessionError("s")).body()["error"]
+    assert body["code"] == "session_not_found" and "'s'" in body["message"]
+
+
+def test_requests_are_validated_naming_the_field() -> None:
+    with pytest.raises(ApiError) as err:
+        parse(ChatCompletionRequest, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}')
+    assert err.value.status == 400 and err.value.param == "top_p"
+    with pytest.raises(ApiError, match="JSON"):
+        parse(ChatCompletionRequest, b"{")
+    req = parse(ChatCompletionRequest, b'{"model": "m", "messages": [{"role": "developer", "content": '
+                                       b'[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "seed": -1}')
+    assert req.messages_for_template() == [{"role": "system", "content": "ab"}]
+    plan = req.plan(8)
+    assert plan.seed == 2**32 - 2 and plan.temperature == 1.0 and plan.request.max_tokens == 8
+    r = ResponseRequest.model_validate({"model": "m", "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+    assert r.json_schema() == {"type": "object"} and r.input_messages()[0].as_message() == {"role": "user",
+                                                                                          "content": "hi"}
+    with pytest.raises(pydantic.ValidationError, match="background"):
+        ResponseRequest.model_validate({"model": "m", "input": "hi", "background": True})
+
+
+def test_route_labels_are_a_bounded_set() -> None:
+    assert route_label("/v1/chat/completions") == "/v1/chat/completions"
+    assert route_label("/v1/responses/resp_1/input_items") == "/v1/responses/{id}/input_items"
+    assert route_label("/v1/sessions/abc/fork") == "/v1/sessions/{id}/fork"
+    assert route_label("/v1/sessions/abc") == "/v1/sessions/{id}"
+    assert route_label("/health") == "/health" and route_label("/x/y") == "other"
+
+
+def test_catalog_ids_and_backends(tmp_path) -> None:
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"GGUF")
+    catalog = ModelCatalog([BackendConfig(name="x", model_path=a), BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
+                            BackendConfig(name="z", model_path=b)])
+    assert [(m.id, m.backends, m.n_ctx) for m in catalog.models] == [("m", ["x", "y"], 1024), ("b-m", ["z"], 4096)]
+    assert catalog.resolve("m")[1] is None and catalog.resolve("z") == (catalog.models[1], "z")
+    with pytest.raises(ApiError) as err:
+        catalog.resolve("other")
+    assert err.value.status == 404 and err.value.param == "model"
+
+
+def test_serve_command_refuses_before_starting_anything(capsys) -> None:
+    assert main(["serve", "--detach"]) == 1
+    assert "--detach needs a standing cluster" in capsys.readouterr().err
+    assert main(["serve", "--port", "0"]) == 1
+
+
+def test_the_serve_config_builder(monkeypatch) -> None:
+    from ray.serve import Application
+
+    from kvres.cluster.serve.app import build_app
+
+    monkeypatch.setenv("KVRES_API_KEYS", KEY)
+    assert isinstance(build_app({"namespace": "ns", "max_replicas": 3}), Application)
+    with pytest.raises(ValueError, match="unknown kvres serve arguments"):
+        build_app({"replicas": 2})
+    with pytest.raises(ValueError, match="min_replicas"):
+        build_app({"min_replicas": 3, "max_replicas": 2})
+
+
+def test_the_local_vocabulary_decodes_as_the_backend_does(stories_model) -> None:
+    from kvres.actors.engines.llama.engine import LlamaModel
+    from kvres.cluster.serve.vocab import local_vocab
+
+    engine = LlamaModel(stories_model)
+    vocab = local_vocab(str(stories_model))
+    assert vocab is not None and vocab.n_vocab == engine.n_vocab
+    ids = engine.tokenize("Once upon a time, a little cat saw the sun.", add_bos=True)
+    for tokens in (ids, ids[1:], ids[3:], [ids[0]], list(range(250, 300))):
+        for special in (False, True):
+            assert vocab.detokenize(tokens, special) == engine.detokenize(tokens, special)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        vocab.detokenize([vocab.n_vocab])
+    assert local_vocab("/no/such/model.gguf") is None
