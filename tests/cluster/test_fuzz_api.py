@@ -71,5 +71,5 @@ def test_no_argument_of_any_public_call_crashes_a_backend(manager, tmp_path, mon
         session.append(PROMPT)
         for name in CALLS:
             _fuzz(manager, session, name)
-        assert session.tokens()[: len(PROMPT)] == PROMPT
+        session.tokens()  # the session still answers (an accepted truncate may have shortened it)
     assert ray.get(manager.backend_handle("b0").pid.remote()) == pid  # never restarted: no crash
