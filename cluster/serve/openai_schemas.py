@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from .errors import api_error, bad_request
-from .sampling_fields import ResponseFormat, SamplingFields
+from .sampling_fields import ResponseFormat, SamplingFields, only_chosen_logprobs
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -99,12 +99,7 @@ class ChatCompletionRequest(_Generating):
             raise ValueError("tools are not supported by kvres (no tool calling); leave them out")
         return v
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_alternatives(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(f"top_logprobs must be 0: kvres returns the chosen tokens' log-probabilities only, got {v}")
-        return v
+    _no_alternatives = field_validator("top_logprobs")(only_chosen_logprobs)
 
     def messages_for_template(self) -> list[dict[str, str]]:
         return [m.as_message() for m in self.messages]

@@ -19,7 +19,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from .openai_schemas import TextPart
-from .sampling_fields import JsonSchemaFormat, ResponseFormat, SamplingFields, json_schema_of
+from .sampling_fields import (
+    JsonSchemaFormat,
+    ResponseFormat,
+    SamplingFields,
+    json_schema_of,
+    only_chosen_logprobs,
+)
 
 
 class InputMessage(BaseModel):
@@ -103,12 +109,7 @@ class ResponseRequest(SamplingFields):
             raise ValueError("background responses are not supported by kvres; set background to false")
         return v
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_alternatives(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(f"top_logprobs must be 0: kvres returns the chosen tokens' log-probabilities only, got {v}")
-        return v
+    _no_alternatives = field_validator("top_logprobs")(only_chosen_logprobs)
 
     def input_messages(self) -> list[InputMessage]:
         if isinstance(self.input, str):

@@ -8,6 +8,7 @@ Primitives:
   ``penalty_last_n``, ``grammar`` (GBNF), ``ignore_eos``, ``stop_token_ids``. Unknown fields are
   refused (400 naming them); ``user``, ``service_tier``, ``parallel_tool_calls``, ``prompt_cache_key``
   and ``safety_identifier`` are accepted and not acted on.
+- ``only_chosen_logprobs``: the ``top_logprobs`` check every request model with that field uses.
 - ``GenerationPlan``: ``max_tokens``, ``kwargs`` (the keywords of ``Session.generate`` /
   ``stream``), ``stop`` and ``request`` (the ``GenerationRequest``, validated before any session is
   touched: a bad value is a 400 before anything runs).
@@ -36,6 +37,13 @@ from kvres.actors.engines.sampling import SEED_LIMIT, SamplingParams
 from kvres.actors.generation import GenerationRequest
 
 from .errors import api_error, bad_request
+
+
+def only_chosen_logprobs(v: int | None) -> int | None:
+    """``top_logprobs`` must be 0 or absent: kvres gives the chosen tokens' log-probabilities only."""
+    if v:
+        raise ValueError(f"top_logprobs must be 0: kvres returns the chosen tokens' log-probabilities only, got {v}")
+    return v
 
 
 class SamplingFields(BaseModel):
