@@ -48,15 +48,15 @@ logger = logging.getLogger("kvres.coldstore")
 
 @dataclass
 class StoreCounters:
-    puts: int = 0
-    hits_ram: int = 0
-    hits_disk: int = 0
-    misses: int = 0
-    spills: int = 0
-    promotions: int = 0
-    drops: int = 0
-    spill_errors: int = 0
-    corrupt: int = 0
+    puts: int = 0  # put calls, a refused one included
+    hits_ram: int = 0  # gets answered from RAM
+    hits_disk: int = 0  # gets answered from disk
+    misses: int = 0  # gets of a key no tier holds (or holds for another fingerprint)
+    spills: int = 0  # blocks moved from RAM to disk to make room
+    promotions: int = 0  # disk hits copied back into RAM
+    drops: int = 0  # blocks no tier kept (their owner recomputes them)
+    spill_errors: int = 0  # writes the disk refused (full, or an OS error)
+    corrupt: int = 0  # disk reads that failed their check
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .catalog import ServedModel
 from .errors import api_error
-from .http_glue import SSE_DONE, answers_errors, note, service_of, sse
-from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse
+from .http_glue import SSE_DONE, answers_errors, note, read_request, sse
+from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
 from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
@@ -104,9 +104,7 @@ class _Turn:
 @router.post("/v1/chat/completions")
 @answers_errors
 async def chat_completions(request: Request) -> Response:
-    service = service_of(request)
-    req = parse(ChatCompletionRequest, await request.body())
-    model, backend = service.catalog.resolve(req.model)
+    service, req, model, backend = await read_request(request, ChatCompletionRequest)
     wanted, param = req.requested_max_tokens()
     plan = req.plan(max_tokens_of(wanted, DEFAULT_MAX_TOKENS, model.n_ctx, param),
                     json_schema_of(req.response_format), req.logprobs)
@@ -126,21 +124,36 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(body, headers=turn.headers)
 
 
-async def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool) -> AsyncIterator[str]:
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return sse(turn.envelope("chat.completion.chunk",
-                                 [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool) -> AsyncIterator[str]:
+    def closing(outcome: TurnOutcome) -> list[dict[str, Any]]:
+        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": outcome.finish_reason}
+        if outcome.logprobs is None:
+            return [last]
+        return [{"index": 0, "delta": {}, "logprobs": _chat_logprobs(outcome), "finish_reason": None}, last]
+
+    return _events(turn, streaming, include_usage, "chat.completion.chunk",
+                   opening=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}],
+                   piece=lambda text: {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None},
+                   closing=closing)
+
+
+async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, obj: str,
+                  opening: list[dict[str, Any]], piece: Callable[[str], dict[str, Any]],
+                  closing: Callable[[TurnOutcome], list[dict[str, Any]]]) -> AsyncIterator[str]:
+    """The server-sent events of a streamed turn: ``opening`` choices, one per text delta, the
+    ``closing`` ones, the usage chunk when asked, ``[DONE]``; an error mid-way ends it as an event."""
     try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for piece in streaming.deltas():
-            yield chunk({"content": piece})
+        for choice in opening:
+            yield sse(turn.envelope(obj, [choice]))
+        async for text in streaming.deltas():
+            yield sse(turn.envelope(obj, [piece(text)]))
         outcome = await turn.service.run(streaming.outcome)
-        if outcome.logprobs is not None:
-            yield chunk({}, logprobs=_chat_logprobs(outcome))
-        yield chunk({}, outcome.finish_reason)
+        for choice in closing(outcome):
+            yield sse(turn.envelope(obj, [choice]))
         turn.note(streaming)
         if include_usage:
-            body = turn.envelope("chat.completion.chunk", [])
+            body = turn.envelope(obj, [])
             body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
             yield sse(body)
         yield SSE_DONE
@@ -155,9 +168,7 @@ async def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: boo
 @router.post("/v1/completions")
 @answers_errors
 async def completions(request: Request) -> Response:
-    service = service_of(request)
-    req = parse(CompletionRequest, await request.body())
-    model, backend = service.catalog.resolve(req.model)
+    service, req, model, backend = await read_request(request, CompletionRequest)
     plan = req.plan(max_tokens_of(req.max_tokens, 16, model.n_ctx, "max_tokens"), None, req.logprobs is not None)
     prompt = req.prompt_value()
     turn = _Turn(service, request, model, backend, plan, Prompt(raw=prompt), None, chat=False)
@@ -181,27 +192,11 @@ def _detokenize(service: Service, model: ServedModel, tokens: list[int]) -> str:
     return service.manager.backend(model.backends[0]).detokenize(tokens)
 
 
-async def _completion_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool,
-                             echo: str) -> AsyncIterator[str]:
-    def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> str:
-        return sse(turn.envelope("text_completion",
-                                 [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]))
-    try:
-        if echo:
-            yield chunk(echo)
-        async for piece in streaming.deltas():
-            yield chunk(piece)
-        outcome = await turn.service.run(streaming.outcome)
-        yield chunk("", outcome.finish_reason, _completion_logprobs(outcome))
-        turn.note(streaming)
-        if include_usage:
-            body = turn.envelope("text_completion", [])
-            body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
-            yield sse(body)
-        yield SSE_DONE
-    except Exception as exc:
-        yield sse(api_error(exc).body())
-        yield SSE_DONE
-    finally:
-        turn.note(streaming)
-        streaming.end_later()
+def _completion_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool,
+                       echo: str) -> AsyncIterator[str]:
+    def choice(text: str, finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    return _events(turn, streaming, include_usage, "text_completion", opening=[choice(echo)] if echo else [],
+                   piece=choice,
+                   closing=lambda outcome: [choice("", outcome.finish_reason, _completion_logprobs(outcome))])

@@ -2,6 +2,10 @@
 
 Primitives:
 - ``service_of(request) -> Service``: the replica's service (``app.state.service``).
+- ``parse(model_type, body: bytes, empty_ok=False) -> model``: JSON, then the pydantic model; every
+  problem a 400 naming it (an empty body reads as ``{}`` where ``empty_ok``).
+- ``await read_request(request, model_type) -> (service, request model, served model, backend)``:
+  what a generating route starts with: the body parsed and its ``model`` resolved.
 - ``error_response(err: ApiError) -> JSONResponse``; ``answers_errors(route)``: a decorator that
   turns any exception of a route into its HTTP answer (``api_error``); a 500 is logged with its
   traceback.
@@ -23,16 +27,18 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, api_error
+from .errors import ApiError, api_error, bad_request
 from .metrics import RequestSample
 
 if TYPE_CHECKING:
+    from .catalog import ServedModel
     from .service import Service
 
 log = logging.getLogger("kvres.serve")
@@ -40,9 +46,36 @@ SSE_DONE = "data: [DONE]\n\n"
 OPEN_PATHS = ("/health",)
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 def service_of(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
+
+
+def parse(model_type: type[M], body: bytes, empty_ok: bool = False) -> M:
+    if not body.strip():
+        if not empty_ok:
+            raise bad_request("the request body is empty; send a JSON object")
+        body = b"{}"
+    try:
+        raw = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise bad_request(f"the request body must be a JSON object, got a JSON {type(raw).__name__}")
+    try:
+        return model_type.model_validate(raw)
+    except ValidationError as exc:
+        raise api_error(exc) from None
+
+
+async def read_request(request: Request, model_type: type[M]) -> tuple[Service, M, ServedModel, str | None]:
+    service = service_of(request)
+    req = parse(model_type, await request.body())
+    model, backend = service.catalog.resolve(getattr(req, "model", None))
+    return service, req, model, backend
 
 
 def error_response(err: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:

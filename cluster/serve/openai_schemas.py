@@ -11,29 +11,15 @@ Primitives:
 - ``CompletionRequest``: ``model``, ``prompt`` (a string, token ids, or a list of one of them),
   ``max_tokens`` (default 16), ``echo``, ``logprobs`` (0 or None), ``stream``, ``n`` (1),
   ``best_of`` (1), ``suffix`` (None) and the sampling fields.
-- ``parse(model_type, body: bytes) -> model``: JSON, then the model; every problem a 400 naming it.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from .errors import api_error, bad_request
 from .sampling_fields import ResponseFormat, SamplingFields, only_chosen_logprobs
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class TextPart(BaseModel):
@@ -159,18 +145,3 @@ class CompletionRequest(_Generating):
         if v:
             raise ValueError("suffix (insertion) is not supported by kvres; leave it out")
         return v
-
-
-def parse(model_type: type[M], body: bytes) -> M:
-    if not body.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        raw = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise bad_request(f"the request body must be a JSON object, got a JSON {type(raw).__name__}")
-    try:
-        return model_type.model_validate(raw)
-    except ValidationError as exc:
-        raise api_error(exc) from None

@@ -36,8 +36,7 @@ from kvres.policy import UnknownSessionError
 from ..session_handle import Session
 from .catalog import ServedModel
 from .errors import ApiError, api_error, bad_request, not_found
-from .http_glue import answers_errors, note, service_of, sse
-from .openai_schemas import parse
+from .http_glue import answers_errors, note, read_request, service_of, sse
 from .records import ResponseRecord
 from .responses_schemas import ResponseRequest
 from .sampling_fields import GenerationPlan, max_tokens_of
@@ -204,9 +203,7 @@ class _Call:
 @router.post("/v1/responses")
 @answers_errors
 async def create_response(request: Request) -> Response:
-    service = service_of(request)
-    req = parse(ResponseRequest, await request.body())
-    model, backend = service.catalog.resolve(req.model)
+    service, req, model, backend = await read_request(request, ResponseRequest)
     plan = req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx, "max_output_tokens"),
                     req.json_schema(), req.wants_logprobs())
     call = _Call(service, req, model, backend, plan)
@@ -267,23 +264,24 @@ def _note(request: Request, call: _Call, streaming: StreamingTurn) -> None:
 @router.get("/v1/responses/{response_id}")
 @answers_errors
 async def get_response(request: Request, response_id: str) -> Response:
-    service = service_of(request)
-    record = await service.run(service.state.get_response, response_id)
-    if record is None:
-        raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
-    return JSONResponse(record.response)
+    return JSONResponse((await _stored(request, response_id)).response)
 
 
 @router.get("/v1/responses/{response_id}/input_items")
 @answers_errors
 async def input_items(request: Request, response_id: str) -> Response:
+    record = await _stored(request, response_id)
+    items = [{"id": item.get("id") or f"msg_{response_id}_{i}", **item} for i, item in enumerate(record.input_items)]
+    return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+                         "last_id": items[-1]["id"] if items else None, "has_more": False})
+
+
+async def _stored(request: Request, response_id: str) -> ResponseRecord:
     service = service_of(request)
     record = await service.run(service.state.get_response, response_id)
     if record is None:
         raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
-    items = [{"id": item.get("id") or f"msg_{response_id}_{i}", **item} for i, item in enumerate(record.input_items)]
-    return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-                         "last_id": items[-1]["id"] if items else None, "has_more": False})
+    return record
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -18,20 +18,21 @@ Every call but ``GET`` and ``DELETE`` holds the session's lease (409 while a tur
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvres.coldstore import validate_session_id
 
-from .errors import api_error, bad_request
-from .http_glue import answers_errors, service_of
+from ..session_handle import Session
+from .errors import bad_request
+from .http_glue import answers_errors, parse, service_of
 from .service import Service
 
 router = APIRouter()
@@ -50,19 +51,6 @@ class RollbackBody(BaseModel):
     count: StrictInt
 
 
-def _body(model: type[BaseModel], raw: bytes) -> Any:
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request(f"the request body must be a JSON object, got a JSON {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise api_error(exc) from None
-
-
 def _summary(session_id: str, backend: str, **more: Any) -> dict[str, Any]:
     return {"id": session_id, "object": "session", "backend": backend, **more}
 
@@ -79,28 +67,21 @@ async def list_sessions(request: Request) -> Response:
 @answers_errors
 async def session_stats(request: Request, session_id: str) -> Response:
     service = service_of(request)
-
-    def stats() -> dict[str, Any]:
-        validate_session_id(session_id)
-        session = service.manager.session(session_id)
-        return {**_summary(session_id, session.backend), **session.stats(),
-                "http": service.state.session_counters(session_id)}
-
-    return JSONResponse(await service.run(stats))
+    return JSONResponse(await service.run(_read, service, session_id, lambda session: {
+        **_summary(session_id, session.backend), **session.stats(), "http": service.state.session_counters(session_id)}))
 
 
 @router.get("/v1/sessions/{session_id}/tokens")
 @answers_errors
 async def session_tokens(request: Request, session_id: str) -> Response:
     service = service_of(request)
+    return JSONResponse(await service.run(_read, service, session_id, lambda session: {
+        "id": session_id, "object": "session.tokens", "tokens": session.tokens(), "text": session.text()}))
 
-    def tokens() -> dict[str, Any]:
-        validate_session_id(session_id)
-        session = service.manager.session(session_id)
-        log = session.tokens()
-        return {"id": session_id, "object": "session.tokens", "tokens": log, "text": session.text()}
 
-    return JSONResponse(await service.run(tokens))
+def _read(service: Service, session_id: str, view: Callable[[Session], dict[str, Any]]) -> dict[str, Any]:
+    validate_session_id(session_id)
+    return view(service.manager.session(session_id))
 
 
 @router.delete("/v1/sessions/{session_id}")
@@ -134,11 +115,11 @@ async def session_action(request: Request, session_id: str, action: str) -> Resp
         recomputed = await service.run(_held, service, session_id, lambda s: s.resume())
         return JSONResponse({"id": session_id, "object": "session", "recomputed_tokens": recomputed})
     if action == "fork":
-        body = _body(ForkBody, raw)
+        body = parse(ForkBody, raw, empty_ok=True)
         branch = await service.run(_held, service, session_id, lambda s: s.fork(body.new_id))
         return JSONResponse(_summary(branch.session_id, branch.backend, forked_from=session_id))
     if action == "rollback":
-        body = _body(RollbackBody, raw)
+        body = parse(RollbackBody, raw, empty_ok=True)
         length = await service.run(_held, service, session_id, lambda s: s.rollback(body.count))
         return JSONResponse({"id": session_id, "object": "session", "token_count": length})
     if action == "export":

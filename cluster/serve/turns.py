@@ -144,18 +144,20 @@ def _outcome(text_of: InContext, reply: Generation, text: str, prompt_tokens: in
                        _token_texts(text_of, reply) if wants else None)
 
 
+@dataclass(eq=False)
 class StreamingTurn:
-    def __init__(self, service: Service, session: Session, stack: contextlib.ExitStack, prompt: Prompt,
-                 plan: GenerationPlan, started: float, anchor: int | None, decode: Decode | None = None) -> None:
-        self.service = service
-        self.decode = decode
-        self.session = session
-        self.stack = stack
-        self.prompt = prompt
-        self.plan = plan
-        self.started = started
-        self.anchor = anchor
-        self.text = TextDeltas(session.detokenize, plan.stop)  # replaced by start(): decoding in context
+    service: Service
+    session: Session
+    stack: contextlib.ExitStack
+    prompt: Prompt
+    plan: GenerationPlan
+    started: float
+    anchor: int | None
+    decode: Decode | None = None
+
+    def __post_init__(self) -> None:
+        service, stack = self.service, self.stack
+        self.text = TextDeltas(self.session.detokenize, self.plan.stop)  # replaced by start(): decoding in context
         self._in_context: InContext | None = None
         self.gaps = Histogram(TOKEN_GAP_BUCKETS)
         self.ttft_s: float | None = None

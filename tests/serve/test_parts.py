@@ -13,10 +13,10 @@ from kvres.cluster.cli import main
 from kvres.cluster.serve.auth import AuthConfigError, KeyCheck, bind_host, key_digests, load_keys
 from kvres.cluster.serve.catalog import ModelCatalog
 from kvres.cluster.serve.errors import ApiError, SessionLockedError, api_error
-from kvres.cluster.serve.http_glue import route_label
+from kvres.cluster.serve.http_glue import parse, route_label
 from kvres.cluster.serve.leases import SessionLeases
 from kvres.cluster.serve.metrics import TOKEN_GAP_BUCKETS, Histogram, RequestSample, ServeMetrics
-from kvres.cluster.serve.openai_schemas import ChatCompletionRequest, parse
+from kvres.cluster.serve.openai_schemas import ChatCompletionRequest
 from kvres.cluster.serve.records import ResponseRecord, ResponseRecords
 from kvres.cluster.serve.responses_schemas import ResponseRequest
 from kvres.cluster.serve.text_deltas import TextDeltas
