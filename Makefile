@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvres-installed
 
-.PHONY: install demo test lint typecheck unit bench clean prometheus-check dashboard-shot
+.PHONY: install demo test lint typecheck unit bench clean prometheus-check dashboard-shot system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,16 @@ typecheck: $(STAMP)
 
 # PYTHONFAULTHANDLER: a crash, even one after pytest's summary (interpreter exit), prints every
 # thread's Python stack.
-unit: $(STAMP)
+unit: $(STAMP) system-deps
 	PYTHONFAULTHANDLER=1 $(BIN)/pytest
+
+# Debian's redis-server: the head-restart tests run Ray's GCS fault tolerance against it. Installed
+# with apt-get where missing (the tests then fail saying so if that was impossible).
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || \
+		{ echo "installing Debian's redis-server for the head-restart tests"; \
+		  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null 2>&1 || \
+		  echo "could not install redis-server (apt-get install -y redis-server): the head-restart tests will fail"; }
 
 test: lint typecheck unit
 
@@ -43,8 +51,10 @@ bench: $(STAMP)
 
 # Operator checks against a live local cluster (not part of `make test`): they install Debian's
 # prometheus / chromium with apt-get when missing and write their results into docs/.
+# CHECK_ARGS=--scrape-only: no Prometheus, the metrics endpoint's text read as Prometheus scrapes it
+# (what the check does by itself where no prometheus binary can be installed).
 prometheus-check: $(STAMP)
-	$(BIN)/python scripts/prometheus_check.py
+	$(BIN)/python scripts/prometheus_check.py $(CHECK_ARGS)
 
 dashboard-shot: $(STAMP)
 	$(BIN)/python scripts/dashboard_screenshot.py

@@ -103,7 +103,9 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     if cache_dir is None:
         from platformdirs import user_cache_dir
 
-        cache_dir = Path(os.environ.get("KVRES_CACHE_DIR") or user_cache_dir("kvres"))
+        from .settings import read_settings
+
+        cache_dir = read_settings().cache_dir or Path(user_cache_dir("kvres"))
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / "kvres-tiny-v2.gguf"
     if not path.is_file():

@@ -114,9 +114,17 @@ class StopRule:
         return None
 
 
-def reply_text(produced: Sequence[int], stop: str | int | None, detokenize: Callable[[Sequence[int]], str]) -> str:
-    """The reply as text: control tokens left out, cut before a stop string."""
+def reply_text(produced: Sequence[int], stop: str | int | None, detokenize: Callable[[Sequence[int]], str],
+               before: int | None = None) -> str:
+    """The reply as text: control tokens left out, cut before a stop string. ``before``: the log's
+    token before the reply; decoded after it, the reply keeps the leading space of its first token
+    (llama.cpp drops it from the first token it decodes)."""
     text = detokenize(produced)
+    if before is not None and produced:
+        head = detokenize([before])
+        whole = detokenize([before, *produced])
+        if whole.startswith(head):
+            text = whole[len(head):]
     if isinstance(stop, str):
         cut = text.find(stop)
         if cut >= 0:

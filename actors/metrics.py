@@ -2,22 +2,34 @@
 
 Primitives:
 - ``Metrics``: the recording interface the actors call; ``NullMetrics`` records nothing (plain
-  classes used without Ray); ``RayMetrics`` records into Ray's metrics agent.
+  classes used without Ray); ``RayMetrics(per_session=None)`` records into Ray's metrics agent
+  (``declare_backend(name)``: every counter's series of a backend at 0 from its start, so a rate
+  reads 0 rather than no data before the first event).
 - ``GaugeRefresher``: sets gauge series again, every ``period_s``, from a daemon thread.
 - ``session_label(session_id) -> str``: what the ``session`` label holds for a session: a short
   keyed hash ``h-<16 hex digits>`` (BLAKE2b keyed with a per-cluster secret), or the id itself
   where ``KVRES_METRICS_SESSION_IDS=1`` opted in. ``hashed_label(session_id, secret)`` is the pure
   part; ``session_ids_opted_in(env)`` reads the variable.
-- Names: kvres_resident_tokens{backend,session}, kvres_backend_resident_tokens{backend},
-  kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, kvres_evictions_total{backend,session},
-  kvres_admissions_total, kvres_spills_total, kvres_recomputed_tokens_total,
-  kvres_suspends_total, kvres_degraded_total{backend,session} (a session runs a weaker policy
-  than it asked, ``kvres.policy.degrade``: counted once per session), kvres_plan_latency_ms
-  (histogram, {backend}),
-  kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens decoded),
-  kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started: event "drops",
-  "spill_errors", "corrupt"; a gauge, present from the start), kvres_dropped_blocks_total{backend,session}
-  (blocks a session found gone: recomputed from its log).
+- ``per_session_series() -> bool``: whether this cluster's counters and resident gauges carry a
+  ``session`` label at all (``KVRES_METRICS_PER_SESSION=1`` or ``KVRES_METRICS_SESSION_IDS=1`` in
+  the first process; off by default: one series per backend, whatever the number of sessions).
+- Names (``{backend}`` series; ``{backend,session}`` where per-session series are on):
+  kvres_resident_tokens{backend,session} (per-session only), kvres_backend_resident_tokens{backend},
+  kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, ``kvres_<counter>_total`` for every
+  name in ``COUNTERS`` (evictions, admissions (parked blocks read back on a resume), recalls (evicted
+  ranges read back), recomputed_tokens, suspends (forced: to make room), explicit_suspends,
+  resumes (implicit: a call for a suspended session), explicit_resumes, degraded (a session runs a
+  weaker policy than it asked, ``kvres.policy.degrade``: counted once per session), dropped_blocks
+  (blocks a session found gone: recomputed from its log), ...), kvres_plan_latency_ms (histogram,
+  {backend}), kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens
+  decoded), kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started:
+  event "drops", "spill_errors", "corrupt"; a gauge, present from the start);
+  request metrics, measured where the backend actor answers calls and hands out tokens:
+  kvres_time_to_first_token_seconds{backend,method} (histogram: a stream's first token; for
+  ``generate`` / ``chat`` the whole answer, which is when its first token reaches the caller),
+  kvres_inter_token_seconds{backend} (histogram: between a stream's tokens),
+  kvres_call_seconds{backend,method} (histogram: every call, from its arrival to its answer),
+  kvres_queue_depth{backend} (calls the backend accepted and has not answered: waiting or running).
 
 Session ids are what ``SessionManager.session(id)`` needs to take a session over, and the metrics
 endpoint has no authentication, so labels carry a keyed hash of the id instead. The secret (or the
@@ -36,7 +48,6 @@ session's series then ages out instead of piling up).
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import threading
 import time
@@ -48,31 +59,41 @@ from kvres.policy.errors import KvresError
 from .cluster_secrets import METRICS_LABEL_SECRET, cluster_secret
 
 SESSION_IDS_ENV = "KVRES_METRICS_SESSION_IDS"
+PER_SESSION_ENV = "KVRES_METRICS_PER_SESSION"
+PER_SESSION_KEY = "metrics-per-session"  # the cluster's decision, in the GCS beside the label secret
 LABEL_DIGEST_BYTES = 8
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 _process_secret: bytes | None = None
 
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
             "recall_us", "recall_prep_us",
-            "recomputed_tokens", "suspends", "resumes", "rebuilds", "rollbacks", "inexact_recomputed_tokens",
-            "degraded", "dropped_blocks")
+            "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
+            "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
+# histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
+CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TOKEN_GAP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class MetricsConfigError(KvresError, ValueError):
     """A metrics setting in the environment kvres cannot read; names the variable and the value."""
 
 
+def _settings(env: Mapping[str, str] | None) -> Any:
+    from .settings import SettingsError, read_settings
+
+    try:
+        return read_settings(env)
+    except SettingsError as exc:
+        raise MetricsConfigError(str(exc)) from None
+
+
 def session_ids_opted_in(env: Mapping[str, str] | None = None) -> bool:
-    raw = (os.environ if env is None else env).get(SESSION_IDS_ENV, "")
-    value = raw.strip().lower()
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise MetricsConfigError(
-        f"environment variable {SESSION_IDS_ENV}={raw!r} is invalid: expected 1 (session ids in "
-        "metric labels) or 0 (keyed hashes, the default)"
-    )
+    return bool(_settings(env).metrics_session_ids)
+
+
+def per_session_opted_in(env: Mapping[str, str] | None = None) -> bool:
+    """This process's wish (``KVRES_METRICS_PER_SESSION`` or ``KVRES_METRICS_SESSION_IDS``)."""
+    return bool(_settings(env).per_session_series)
 
 
 def _new_label_secret() -> bytes:
@@ -80,12 +101,23 @@ def _new_label_secret() -> bytes:
     return b"" if session_ids_opted_in() else secrets.token_bytes(16)
 
 
+def per_session_series() -> bool:
+    """Whether this cluster's metrics carry per-session series (decided by its first process)."""
+    import ray
+
+    if ray.is_initialized():
+        return cluster_secret(PER_SESSION_KEY, lambda: b"1" if per_session_opted_in() else b"0") == b"1"
+    return per_session_opted_in()
+
+
 def label_secret() -> bytes:
-    """The cluster's label secret (the process's outside Ray); empty when ids are opted in."""
+    """The cluster's label secret (the process's outside Ray); empty when ids are opted in. The
+    first call on a cluster also decides whether it has per-session series at all."""
     global _process_secret
     import ray
 
     if ray.is_initialized():
+        per_session_series()
         return cluster_secret(METRICS_LABEL_SECRET, _new_label_secret)
     if _process_secret is None:
         _process_secret = _new_label_secret()
@@ -111,6 +143,8 @@ class Metrics:
 
     def count(self, name: str, backend: str, session: str, value: int = 1) -> None: ...
 
+    def declare_backend(self, backend: str) -> None: ...
+
     def observe_plan_ms(self, backend: str, ms: float) -> None: ...
 
     def set_cold(self, node: str, tier: str, nbytes: int, blocks: int) -> None: ...
@@ -118,6 +152,14 @@ class Metrics:
     def count_tokens(self, backend: str, kind: str, n: int) -> None: ...
 
     def set_store_events(self, node: str, counts: Mapping[str, int]) -> None: ...
+
+    def observe_call(self, backend: str, method: str, seconds: float) -> None: ...
+
+    def observe_first_token(self, backend: str, method: str, seconds: float) -> None: ...
+
+    def observe_token_gap(self, backend: str, seconds: float) -> None: ...
+
+    def set_queue_depth(self, backend: str, calls: int) -> None: ...
 
 
 NullMetrics = Metrics
@@ -127,7 +169,7 @@ class GaugeRefresher:
     """Gauge values and counter increments handed to Ray's metrics off the caller's path (one
     record costs about half a millisecond, too much for a suspend or a resume): ``record`` keeps the
     last value of a gauge series, ``add`` sums a counter's increments and ``observe`` queues a
-    histogram's observations; a daemon thread, started
+    histogram's observations (``add`` of 0 declares a counter's series at 0); a daemon thread, started
     on first use, hands what changed to Ray within ``FLUSH_S`` and sets every gauge series again every
     ``period_s`` seconds. ``keep_zero=False`` series are forgotten at zero."""
 
@@ -183,7 +225,10 @@ class GaugeRefresher:
         for gauge, tags, value in changed.values():
             gauge.set(value, tags=tags)
         for counter, tags, value in increments.values():
-            counter.inc(value, tags=tags)
+            if value:
+                counter.inc(value, tags=tags)
+            else:  # declared: the series exists at 0 before its first event (inc refuses 0)
+                counter._record(0, tags=tags)
 
     def refresh(self) -> None:
         with self._lock:
@@ -218,11 +263,17 @@ def _refresh_period_s() -> float:
 
 
 class RayMetrics(Metrics):
-    def __init__(self) -> None:
+    """``per_session``: whether counters and resident gauges carry a ``session`` label (default:
+    the cluster's decision, ``per_session_series()``)."""
+
+    def __init__(self, per_session: bool | None = None) -> None:
         from ray.util import metrics
 
         self._refresher = GaugeRefresher(_refresh_period_s())
         self._label_secret: bytes | None = None  # read at the first session series
+        self.per_session = per_session_series() if per_session is None else per_session
+        counter_tags = ("backend", "session") if self.per_session else ("backend",)
+        self._seen: set[tuple[str, str]] = set()  # (backend, session) whose counters are declared
 
         self._resident = metrics.Gauge(
             "kvres_resident_tokens", "Resident KV tokens of a session", tag_keys=("backend", "session")
@@ -237,9 +288,7 @@ class RayMetrics(Metrics):
             "kvres_cold_blocks", "Blocks held by a cold-store tier", tag_keys=("node", "tier")
         )
         self._counters: dict[str, Any] = {
-            name: metrics.Counter(
-                f"kvres_{name}_total", f"kvres {name.replace('_', ' ')}", tag_keys=("backend", "session")
-            )
+            name: metrics.Counter(f"kvres_{name}_total", f"kvres {name.replace('_', ' ')}", tag_keys=counter_tags)
             for name in COUNTERS
         }
         self._plan = metrics.Histogram(
@@ -254,6 +303,19 @@ class RayMetrics(Metrics):
             "kvres_tokens_total", "Tokens a backend prefilled (kind=prompt) or generated (kind=generated)",
             tag_keys=("backend", "kind"),
         )
+        self._first_token = metrics.Histogram(
+            "kvres_time_to_first_token_seconds", "From a call's arrival to its first token reaching the caller "
+            "(a stream's first token; generate / chat: the answer)",
+            boundaries=list(CALL_BUCKETS_S), tag_keys=("backend", "method"))
+        self._token_gap = metrics.Histogram(
+            "kvres_inter_token_seconds", "Time between two tokens of a stream",
+            boundaries=list(TOKEN_GAP_BUCKETS_S), tag_keys=("backend",))
+        self._call = metrics.Histogram(
+            "kvres_call_seconds", "A backend call from its arrival to its answer",
+            boundaries=list(CALL_BUCKETS_S), tag_keys=("backend", "method"))
+        self._queue = metrics.Gauge(
+            "kvres_queue_depth", "Calls a backend accepted and has not answered yet (waiting or running)",
+            tag_keys=("backend",))
 
     def _session(self, session_id: str) -> str:
         if self._label_secret is None:
@@ -261,16 +323,32 @@ class RayMetrics(Metrics):
         return hashed_label(session_id, self._label_secret)
 
     def set_resident(self, backend: str, session: str, tokens: int) -> None:
-        self._refresher.record(
-            self._resident, tokens, {"backend": backend, "session": self._session(session)}, keep_zero=False
-        )
+        if self.per_session:
+            self._refresher.record(self._resident, tokens, self._counter_tags(backend, session), keep_zero=False)
 
     def set_backend_resident(self, backend: str, tokens: int) -> None:
         self._refresher.record(self._backend, tokens, {"backend": backend})
 
+    def declare_backend(self, backend: str) -> None:
+        """Every counter's series of ``backend`` at 0 (per-session series: at each session's first
+        sight), so a rate reads 0, not "no data", before the first event."""
+        if not self.per_session:
+            for counter in self._counters.values():
+                self._refresher.add(counter, 0, {"backend": backend})
+
+    def _counter_tags(self, backend: str, session: str) -> dict[str, str]:
+        if not self.per_session:
+            return {"backend": backend}
+        tags = {"backend": backend, "session": self._session(session)}
+        if (backend, session) not in self._seen:
+            self._seen.add((backend, session))
+            for counter in self._counters.values():
+                self._refresher.add(counter, 0, tags)
+        return tags
+
     def count(self, name: str, backend: str, session: str, value: int = 1) -> None:
         if value:
-            self._refresher.add(self._counters[name], value, {"backend": backend, "session": self._session(session)})
+            self._refresher.add(self._counters[name], value, self._counter_tags(backend, session))
 
     def observe_plan_ms(self, backend: str, ms: float) -> None:
         self._refresher.observe(self._plan, ms, {"backend": backend})
@@ -286,3 +364,15 @@ class RayMetrics(Metrics):
     def set_store_events(self, node: str, counts: Mapping[str, int]) -> None:
         for event, n in counts.items():
             self._refresher.record(self._store_events, n, {"node": node, "event": event})
+
+    def observe_call(self, backend: str, method: str, seconds: float) -> None:
+        self._refresher.observe(self._call, seconds, {"backend": backend, "method": method})
+
+    def observe_first_token(self, backend: str, method: str, seconds: float) -> None:
+        self._refresher.observe(self._first_token, seconds, {"backend": backend, "method": method})
+
+    def observe_token_gap(self, backend: str, seconds: float) -> None:
+        self._refresher.observe(self._token_gap, seconds, {"backend": backend})
+
+    def set_queue_depth(self, backend: str, calls: int) -> None:
+        self._refresher.record(self._queue, calls, {"backend": backend})

@@ -1,9 +1,12 @@
 """A driver's typed client of one backend actor: one method per actor method, each one Ray call.
 
 Primitives:
-- ``BackendClient(name, handle, revive, lease=None)``: ``handle()`` is the actor's handle now (looked up again
-  after a death: a backend created anew has a new one), ``revive()`` waits until the actor answers
-  again (or raises ``BackendLostError``). Calls that wait for their answer: ``open_session``,
+- ``BackendClient(name, handle, revive, lease=None, routes=None)``: ``handle()`` is the actor's handle
+  now (looked up again after a death: a backend created anew has a new one), ``revive()`` waits
+  until the actor answers again (or raises ``BackendLostError``; ``NodeLostError`` when its node
+  died). ``routes`` (``failover.Failover``): a backend lost with its node hands each session's call
+  to the backend the session moved to (``routed(session_id)``), and calls that name no session
+  to a live backend of the same model. Calls that wait for their answer: ``open_session``,
   ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,
   ``append_messages``, ``cancel``, ``truncate``, ``fork``, ``tokens``, ``export``, ``restore``,
   ``suspend``, ``resume``,
@@ -25,27 +28,40 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ray import ObjectRef
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnschedulableError, RayActorError
 
 from kvres.actors.config import SessionPolicy
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.journal import SessionRecord
 from kvres.policy import SessionExistsError, UnknownSessionError
-from kvres.policy.errors import BackendLostError
+from kvres.policy.errors import BackendLostError, NodeLostError
 
 from .remote_calls import answer, call
 
 
+class Routes(Protocol):
+    """Where calls of a backend lost with its node go (``failover.Failover`` and the manager)."""
+
+    def lost(self, name: str, fresh: bool = False) -> bool: ...
+
+    def home_of(self, session_id: str, lost: str) -> str: ...
+
+    def stand_in(self, lost: str) -> str: ...
+
+    def client(self, name: str) -> BackendClient: ...
+
+
 class BackendClient:
     def __init__(self, name: str, handle: Callable[[], Any], revive: Callable[[], None],
-                 lease: ObjectRef[bytes] | None = None) -> None:
+                 lease: ObjectRef[bytes] | None = None, routes: Routes | None = None) -> None:
         self.name = name
         self._handle = handle
         self.revive = revive
         self._lease = lease  # an object this driver owns: a backend streaming to it watches it
+        self._routes = routes
 
     def __repr__(self) -> str:
         return f"BackendClient({self.name!r})"
@@ -54,56 +70,99 @@ class BackendClient:
               once: bool = False) -> Any:
         if once:
             return answer(submit(self._handle()))
-        return call(lambda: submit(self._handle()), self.revive, BackendLostError, f"backend {self.name!r}",
-                    retry_ok=retry_ok)
+        try:
+            return call(lambda: submit(self._handle()), self.revive, BackendLostError, f"backend {self.name!r}",
+                        retry_ok=retry_ok)
+        except ActorUnschedulableError as exc:  # Ray gave up placing it: its node died, or there is no room
+            self.revive()  # NodeLostError when its node died
+            raise BackendLostError(f"backend {self.name!r} could not be placed ({type(exc).__name__}); check "
+                                   "`kvres status` and the cluster's resources, then repeat the call") from None
+
+    def routed(self, session_id: str) -> BackendClient:
+        """The client of the backend that serves ``session_id`` now: this one, or, when this one
+        was lost with its node, the one the session moved to (moved there by this call)."""
+        if self._routes is None or not self._routes.lost(self.name):
+            return self
+        return self._routes.client(self._routes.home_of(session_id, self.name))
+
+    def _session_call(self, session_id: str, submit: Callable[[Any], Any],
+                      retry_ok: tuple[type[BaseException], ...] = ()) -> Any:
+        """A call of one session: sent to the backend that serves it now; when this backend turns
+        out lost with its node during the call, the session moves and the call goes there (its
+        request id makes the repeat safe)."""
+        client = self.routed(session_id)
+        try:
+            return client._call(submit, retry_ok)
+        except NodeLostError:
+            if client._routes is None:
+                raise
+            return client.routed(session_id)._call(submit, retry_ok)
+
+    def _any_call(self, submit: Callable[[Any], Any]) -> Any:
+        """A call that names no session: a lost backend's goes to a live one of the same model."""
+        routes = self._routes
+        client = self if routes is None or not routes.lost(self.name) else routes.client(routes.stand_in(self.name))
+        try:
+            return client._call(submit)
+        except NodeLostError:
+            if routes is None:
+                raise
+            return routes.client(routes.stand_in(self.name))._call(submit)
 
     # -- sessions -------------------------------------------------------------------------------
     def open_session(self, session_id: str, policy: SessionPolicy | None) -> None:
         """A repeat that finds the session open means the first attempt opened it."""
+        if self._routes is not None and self._routes.lost(self.name):
+            self.revive()  # NodeLostError naming it
         self._call(lambda h: h.open_session.remote(session_id, policy), retry_ok=(SessionExistsError,))
 
     def append(self, session_id: str, tokens: Sequence[int], request_id: str) -> int:
-        return int(self._call(lambda h: h.append.remote(session_id, list(tokens), request_id)))
+        return int(self._session_call(session_id, lambda h: h.append.remote(session_id, list(tokens), request_id)))
 
     def append_text(self, session_id: str, text: str, request_id: str) -> list[int]:
-        return [int(t) for t in self._call(lambda h: h.append_text.remote(session_id, text, request_id))]
+        return [int(t) for t in self._session_call(session_id, lambda h: h.append_text.remote(session_id, text, request_id))]
 
-    def generate(self, session_id: str, request: GenerationRequest, request_id: str) -> Generation:
-        answer_: Generation = self._call(lambda h: h.generate.remote(session_id, request, request_id))
+    def generate(self, session_id: str, request: GenerationRequest, request_id: str,
+                 prompt: list[int] | None = None) -> Generation:
+        answer_: Generation = self._session_call(
+            session_id, lambda h: h.generate.remote(session_id, request, request_id, prompt))
         return answer_
 
-    def stream(self, session_id: str, request: GenerationRequest, request_id: str) -> TokenStream:
-        return TokenStream(self, session_id, request, request_id)
+    def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
+               messages: list[dict[str, Any]] | None = None) -> TokenStream:
+        return TokenStream(self, session_id, request, request_id, prompt, messages)
 
-    def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str) -> Any:
-        """The backend's streaming generator of one request (tokens, then the ``Generation``)."""
+    def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
+                    messages: list[dict[str, Any]] | None = None) -> Any:
+        """The backend's streaming generator of one request (tokens, then the ``Generation``);
+        ``prompt`` / ``messages``: appended first, in the same call."""
         lease = None if self._lease is None else [self._lease]  # in a list: handed over, not resolved
-        return self._handle().stream.remote(session_id, request, request_id, lease)
+        return self._handle().stream.remote(session_id, request, request_id, lease, prompt, messages)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:
-        answer_: Generation = self._call(lambda h: h.chat.remote(session_id, messages, request, request_id))
+        answer_: Generation = self._session_call(session_id, lambda h: h.chat.remote(session_id, messages, request, request_id))
         return answer_
 
     def append_messages(self, session_id: str, messages: list[dict[str, Any]], request_id: str) -> int:
-        return int(self._call(lambda h: h.append_messages.remote(session_id, messages, request_id)))
+        return int(self._session_call(session_id, lambda h: h.append_messages.remote(session_id, messages, request_id)))
 
     def cancel(self, session_id: str, request_id: str, keep: int) -> Generation | None:
-        answer_: Generation | None = self._call(lambda h: h.cancel.remote(session_id, request_id, keep))
+        answer_: Generation | None = self._session_call(session_id, lambda h: h.cancel.remote(session_id, request_id, keep))
         return answer_
 
     def truncate(self, session_id: str, length: int) -> int:
-        return int(self._call(lambda h: h.truncate.remote(session_id, length)))
+        return int(self._session_call(session_id, lambda h: h.truncate.remote(session_id, length)))
 
     def fork(self, source_id: str, new_id: str) -> None:
         """A repeat that finds the new session open means the first attempt forked it."""
-        self._call(lambda h: h.fork.remote(source_id, new_id), retry_ok=(SessionExistsError,))
+        self._session_call(source_id, lambda h: h.fork.remote(source_id, new_id), retry_ok=(SessionExistsError,))
 
     def tokens(self, session_id: str) -> list[int]:
-        return [int(t) for t in self._call(lambda h: h.tokens.remote(session_id))]
+        return [int(t) for t in self._session_call(session_id, lambda h: h.tokens.remote(session_id))]
 
     def export(self, session_id: str) -> bytes:
-        return bytes(self._call(lambda h: h.export.remote(session_id)))
+        return bytes(self._session_call(session_id, lambda h: h.export.remote(session_id)))
 
     def restore(self, data: bytes, session_id: str) -> int:
         """Tokens recomputed bringing the restored session in. A repeat that finds it open means
@@ -112,12 +171,15 @@ class BackendClient:
         return 0 if answer_ is None else int(answer_[1])
 
     def suspend(self, session_id: str) -> None:
-        self._call(lambda h: h.suspend.remote(session_id))
+        self._session_call(session_id, lambda h: h.suspend.remote(session_id))
 
-    def resume(self, session_id: str, record: SessionRecord | None = None, once: bool = False) -> int:
+    def resume(self, session_id: str, record: SessionRecord | None = None, once: bool = False,
+               retry_ok: tuple[type[BaseException], ...] = ()) -> int:
         """Tokens recomputed. With ``record`` (handed over by another backend) the session comes
-        from it instead of this backend's own record."""
-        return int(self._call(lambda h: h.resume.remote(session_id, record), once=once) or 0)
+        from it instead of this backend's own record (and is sent here, never routed)."""
+        if record is not None:
+            return int(self._call(lambda h: h.resume.remote(session_id, record), retry_ok=retry_ok, once=once) or 0)
+        return int(self._session_call(session_id, lambda h: h.resume.remote(session_id, None)) or 0)
 
     def detach(self, session_id: str, once: bool = False) -> SessionRecord:
         """The session's record, taken off this backend (served by none until it is resumed)."""
@@ -126,17 +188,17 @@ class BackendClient:
 
     def close(self, session_id: str) -> None:
         """A repeat that finds the session gone means the first attempt closed it."""
-        self._call(lambda h: h.close.remote(session_id), retry_ok=(UnknownSessionError,))
+        self._session_call(session_id, lambda h: h.close.remote(session_id), retry_ok=(UnknownSessionError,))
 
     def session_stats(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call(lambda h: h.session_stats.remote(session_id)))
+        return dict(self._session_call(session_id, lambda h: h.session_stats.remote(session_id)))
 
     # -- the backend ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        return [int(t) for t in self._call(lambda h: h.tokenize.remote(text, add_bos, special))]
+        return [int(t) for t in self._any_call(lambda h: h.tokenize.remote(text, add_bos, special))]
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
-        return str(self._call(lambda h: h.detokenize.remote(list(tokens), special)))
+        return str(self._any_call(lambda h: h.detokenize.remote(list(tokens), special)))
 
     def ping_ref(self) -> ObjectRef[str]:
         """The node id the backend runs on, once it has started (its constructor has run)."""
@@ -157,6 +219,8 @@ class _StreamState:
     session_id: str
     request: GenerationRequest
     request_id: str
+    prompt: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
     generation: Generation | None = None
     delivered: int = 0
 
@@ -168,8 +232,9 @@ class TokenStream:
     request is sent again once the backend is back: the same sampler and seed give the same
     tokens, and those already handed out are skipped."""
 
-    def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str) -> None:
-        self._state = _StreamState(client, session_id, request, request_id)
+    def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
+                 prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None) -> None:
+        self._state = _StreamState(client, session_id, request, request_id, prompt, messages)
         self._tokens = _run(self._state)
 
     def __iter__(self) -> Iterator[int]:
@@ -202,12 +267,13 @@ class TokenStream:
 
 
 def _run(state: _StreamState) -> Generator[int, None, None]:
-    client = state.client
+    client = state.client = state.client.routed(state.session_id)
     try:
         for attempt in (1, 2):
             produced = 0
             try:
-                for ref in client.stream_refs(state.session_id, state.request, state.request_id):
+                for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
+                                               state.messages):
                     item = answer(ref)
                     if isinstance(item, Generation):
                         state.generation = item
@@ -217,13 +283,16 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                         state.delivered = produced
                         yield int(item)
                 return
-            except RayActorError as exc:
+            except (RayActorError, ActorUnschedulableError) as exc:
                 if attempt == 2:
                     raise BackendLostError(
                         f"backend {client.name!r} died twice during one stream ({type(exc).__name__}); "
                         f"{state.delivered} tokens were handed out and not committed: repeat the call"
                     ) from None
-                client.revive()
+                try:
+                    client.revive()
+                except NodeLostError:  # lost with its node: the session moves, the stream goes on there
+                    client = state.client = client.routed(state.session_id)
     finally:
         if state.generation is None:
             _leave(state)

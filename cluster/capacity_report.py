@@ -3,15 +3,20 @@ costs and how much context a memory holds.
 
 Primitives:
 - ``register(subparsers)`` / ``run(args) -> int``: the command (``kvres.cluster.cli`` registers it).
-- ``parse_bytes(text) -> int``: "8GiB", "512 MiB", "2GB", "1e9", "4096" (bytes); a typed
+- ``parse_bytes(text) -> int``: "8GiB", "512 MiB", "2GB", "1e9", "4096" (bytes; units as
+  ``pydantic.ByteSize`` reads them, plain numbers also in scientific notation); a typed
   ``CapacityError`` otherwise.
 - ``capacity_report(model, memory_bytes=None, context=None, probes=None) -> dict``: the layout
   (global / windowed / shared / recurrent layers, window, where the pattern came from), bytes per
   token, and per KV tier (f16, q8_0, q4_0) the context that fits the memory: with windowed layers
   billed their window (T0), billed dense, and as llama.cpp allocates a one-sequence context with
   a small SWA cache (window + micro-batch, padded) or its default full-size one; the SWA saving;
-  the T* decision with its terms (``kvres.policy.tiering.choose_tier``).
-- ``format_table(report) -> str``.
+  the T* decision with its terms (``kvres.policy.tiering.choose_tier``). The model's trained
+  context (GGUF ``<arch>.context_length``) caps what a backend can use: ``usable_context`` per tier
+  and ``warnings`` say so where the memory holds more, or ``--context`` asks for more.
+- ``format_table(report) -> str``: the table, then the tier choice and T* in plain words (what
+  spills, and how much KV may spill before each token slows by more than the target), then the
+  terms, then the warnings.
 
 Without ``--memory`` the memory is the free memory of llama.cpp's first GPU, else host RAM. The T*
 terms come from ``kvres.actors.sizing.probes.load_probes`` (cached per device, env overrides); only
@@ -23,27 +28,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 from typing import Any
+
+from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from kvres.policy.capacity import CapacityError, LayerKVProfile, resolve_context_for_budget
 from kvres.policy.kv_layout import CacheCells, ModelKVLayout
 from kvres.policy.tiering import KV_TIER_LADDER, MIB, choose_tier, layout_profile_factory, tier_supported
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-_BYTES = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 MAX_CONTEXT = 1 << 24
+_BYTE_SIZE = TypeAdapter(ByteSize)
 
 
 def parse_bytes(text: str) -> int:
-    m = _BYTES.match(text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise CapacityError(f"memory {text!r} is not a size: expected a number with an optional unit "
-                            f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    value = float(m.group(1)) * _UNITS[unit]
+    try:
+        value = float(text)  # a plain number of bytes, also 1e9
+    except ValueError:
+        try:
+            value = float(_BYTE_SIZE.validate_python(text.strip()))
+        except ValidationError:
+            raise CapacityError(f"memory {text!r} is not a size: expected a number with an optional unit "
+                                f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)") from None
     if value < 1:
         raise CapacityError(f"memory {text!r} must be at least 1 byte")
     return int(value)
@@ -98,6 +104,7 @@ def capacity_report(
             "fits_llama_cpp_full_swa": _llama_fits(layout, k, v, memory_bytes, full_swa),
         }
         row["swa_saving"] = 1.0 - row["kv_bytes_at_context"] / row["dense_kv_bytes_at_context"]
+        row["usable_context"] = min(row["fits_llama_cpp"], trained) if trained else row["fits_llama_cpp"]
         tiers.append(row)
     if probes is None:
         from kvres.actors.sizing.probes import load_probes
@@ -127,7 +134,25 @@ def capacity_report(
         "tstar": decision.as_dict(),
         "tstar_summary": decision.summary(),
         "probe_sources": dict(getattr(probes, "sources", {})),
+        "warnings": _warnings(layout.arch, trained, n_ctx, context, tiers),
     }
+
+
+def _warnings(arch: str, trained: int, n_ctx: int, asked: int | None, tiers: list[dict[str, Any]]) -> list[str]:
+    """Where the trained context caps what the memory holds, or what --context asks."""
+    if not trained:
+        return [f"the model file names no trained context ({arch}.context_length): the figures are the "
+                "memory's alone; check the model card for how many positions it was trained on"]
+    out = []
+    most = max((t for t in tiers if t["supported"]), key=lambda t: t["fits_llama_cpp"], default=None)
+    if most is not None and most["fits_llama_cpp"] > trained:
+        out.append(f"the model was trained on {trained:,} positions ({arch}.context_length): the memory holds "
+                   f"{most['fits_llama_cpp']:,} tokens of {most['tier']} KV, but a context past {trained:,} is "
+                   f"outside its training and its output degrades there; a backend uses at most {trained:,} "
+                   "(the usable column)")
+    if asked is not None and n_ctx > trained:
+        out.append(f"--context {n_ctx} is past the {trained:,} positions the model was trained on")
+    return out
 
 
 def _mib(n: float) -> str:
@@ -146,7 +171,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"memory     {_mib(report['memory_bytes'])} ({report['memory_source']}); context {report['context']:,}",
         "",
         f"{'tier':<10} {'B/token':>9} {'KV @ ctx':>14} {'dense @ ctx':>14} {'SWA saves':>9} "
-        f"{'fits (T0)':>12} {'fits dense':>12} {'llama.cpp':>12} {'full SWA':>12}",
+        f"{'fits (T0)':>12} {'fits dense':>12} {'llama.cpp':>12} {'full SWA':>12} {'usable':>12}",
     ]
     for row in report["tiers"]:
         if not row["supported"]:
@@ -156,25 +181,43 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{row['tier']:<10} {row['bytes_per_token_growth']:>9,.0f} {_mib(row['kv_bytes_at_context']):>14} "
             f"{_mib(row['dense_kv_bytes_at_context']):>14} {row['swa_saving']:>9.1%} {row['fits_windowed']:>12,} "
-            f"{row['fits_dense']:>12,} {row['fits_llama_cpp']:>12,} {row['fits_llama_cpp_full_swa']:>12,}"
+            f"{row['fits_dense']:>12,} {row['fits_llama_cpp']:>12,} {row['fits_llama_cpp_full_swa']:>12,} "
+            f"{row['usable_context']:>12,}"
         )
-    d = report["tstar"]
-    pcie = "none" if d["pcie_gbps"] is None else f"{d['pcie_gbps']:.2f}"
-    lines += [
-        "",
-        f"T*         {d['chosen']} for {d['n_ctx']:,} tokens in {_mib(d['budget_bytes'])}"
-        + (" (floor: still spills past T*)" if d["floor_fallback"] else ""),
-        f"           T* {_mib(d['tstar_bytes'])} (target drop {d['target_drop']:g}, cap {_mib(d['max_spill_bytes'])}); "
-        f"top-tier spill {_mib(d['top_tier_spill_bytes'])}; chosen spill {_mib(d['chosen_spill_bytes'])}, "
-        f"drop {d['predicted_drop']:.3f}",
-        f"           t_resident {d['t_resident_s'] * 1e3:.3f} ms = (W_active {_mib(d['weights_active_bytes'])} + KV "
-        f"{_mib(d['kv_resident_bytes'])}) / vram {d['vram_gbps']:.1f} GB/s; bw_eff {d['bw_eff_gbps']:.2f} GB/s "
-        f"({d['binding_link']}; host RAM {d['host_ram_gbps']:.2f}, pcie {pcie}); c_engage {d['c_engage_s'] * 1e3:.3f} ms",
-        "",
-        "fits (T0): windowed layers billed their window; llama.cpp: one sequence, SWA cache of window + "
-        "512-token micro-batch, 256-cell padding; full SWA: llama.cpp's default swa_full",
-    ]
+    lines += ["", *_tier_in_words(report["tstar"]), ""]
+    lines.append("fits (T0): windowed layers billed their window; llama.cpp: one sequence, SWA cache of window + "
+                 "512-token micro-batch, 256-cell padding; full SWA: llama.cpp's default swa_full; usable: "
+                 "llama.cpp's, capped at the trained context")
+    lines += [f"warning    {w}" for w in report.get("warnings", [])]
     return "\n".join(lines)
+
+
+def _tier_in_words(d: dict[str, Any]) -> list[str]:
+    """The T* choice as sentences: which KV tier, whether anything spills and what that costs."""
+    pcie = "none" if d["pcie_gbps"] is None else f"{d['pcie_gbps']:.2f}"
+    target = f"{d['target_drop']:.0%}"
+    kv_top = d["kv_bytes"][0]
+    if d["chosen_spill_bytes"] <= 0:
+        what = f"the whole KV cache ({_mib(d['kv_bytes'][d['chosen_index']])}) fits in memory: nothing spills"
+    else:
+        what = (f"{_mib(d['chosen_spill_bytes'])} of its KV does not fit and spills to host memory, predicted "
+                f"to slow each token by {d['predicted_drop']:.0%}"
+                + (" (more than the target: no tier fits, the smallest is taken)" if d["floor_fallback"] else ""))
+    if d["tstar_bytes"] <= 0:
+        tstar = (f"none: engaging the spill path alone ({d['c_engage_s'] * 1e3:.3f} ms) costs more than {target} "
+                 f"of a token's time ({d['t_resident_s'] * 1e3:.3f} ms), so spilling is never worth it here")
+    else:
+        tstar = (f"up to {_mib(d['tstar_bytes'])} may spill before each token slows by more than {target}"
+                 + (f" (capped at {_mib(d['max_spill_bytes'])})" if d["tstar_bytes"] >= d["max_spill_bytes"] else ""))
+    top = "" if d["chosen_index"] == 0 else f" ({d['ladder'][0]} needs {_mib(kv_top)}: a smaller tier is taken)"
+    return [
+        f"KV tier    {d['chosen']} for {d['n_ctx']:,} tokens in {_mib(d['budget_bytes'])}{top}: {what}",
+        f"T*         how much KV may spill to host memory: {tstar}",
+        f"terms      t_resident {d['t_resident_s'] * 1e3:.3f} ms = (W_active {_mib(d['weights_active_bytes'])} + "
+        f"KV {_mib(d['kv_resident_bytes'])}) / vram {d['vram_gbps']:.1f} GB/s; bw_eff {d['bw_eff_gbps']:.2f} GB/s "
+        f"({d['binding_link']}; host RAM {d['host_ram_gbps']:.2f}, pcie {pcie}); c_engage "
+        f"{d['c_engage_s'] * 1e3:.3f} ms",
+    ]
 
 
 def register(subparsers: Any) -> None:

@@ -4,17 +4,21 @@ Primitives:
 - ``kvres demo [--model PATH] [--prompts N] [--prompt-tokens N] [--budget N] [--threads N]``: a
   local Ray cluster; no eviction, streaming, SnapKV and H2O compared on the same prompts at one
   resident budget, then a session suspended, resumed and migrated (``kvres.cluster.demo``).
-- ``kvres status [--address ADDR] [--namespace NS] [--json]``: backends, sessions, cold tiers and
-  each kvres actor's repr now, of a running cluster, as tables (``--json``: the
-  ``SessionManager.status()`` dictionary).
+- ``kvres status [--address ADDR] [--namespace NS] [--json]``: backends (with their peak and the
+  calls they hold), sessions, cold tiers and each kvres actor's repr (static facts), of a running
+  cluster, as tables (``--json``: the ``SessionManager.status()`` dictionary).
 - ``kvres inspect SESSION [--address ADDR] [--namespace NS] [--json]``: one session: policy,
   resident ranges drawn over its token log, cold blocks per tier, counters.
+- ``kvres top [--address ADDR] [--namespace NS] [--interval S] [--sessions N] [--once]``: the same
+  cluster live, a frame a second: backends (resident, peak, calls held), the busiest sessions,
+  cold stores (``kvres.cluster.top``).
 - ``kvres grafana [--install] [--dir DIR]``: where the shipped Grafana dashboard is; ``--install``
   copies it where the Grafana that Ray provisions picks its dashboards up.
-- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--json] ...``: a
-  standing cluster: a Ray head on this machine (started unless one answers on the port) with
-  kvres's actors, left running when the command exits; prints the address drivers use
-  (``kvres.cluster.standing``).
+- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--gcs-redis HOST:PORT |
+  --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on this machine (started unless
+  one answers on the port; its other ports chosen free) with kvres's actors, left running when the
+  command exits; says each phase as it starts (on stderr), then prints the address drivers use and
+  a ready ``ray job submit`` line (``kvres.cluster.standing``).
 - ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
   the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
 - ``kvres serve [--address ADDR] [--host H] [--port P] [--api-key-file F] ...``: the OpenAI-compatible
@@ -85,7 +89,8 @@ def _start(args: argparse.Namespace) -> int:
     cluster = start_standing(
         namespace=args.namespace, config=config, port=args.port, address=args.address,
         node_ip_address=args.node_ip_address, num_cpus=args.num_cpus, dashboard_port=args.dashboard_port,
-        temp_dir=args.temp_dir, ray_args=args.ray_arg,
+        temp_dir=args.temp_dir, ray_args=args.ray_arg, gcs_redis=args.gcs_redis, gcs_storage_path=args.gcs_storage,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     print(json.dumps(cluster.as_dict()) if args.json else cluster.instructions())
     return 0
@@ -118,10 +123,16 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                        help="a KvresConfig as a JSON object or a JSON file (default: KVRES_CONFIG and KVRES_*)")
     start.add_argument("--node-ip-address", default=None, help="ray start --node-ip-address")
     start.add_argument("--num-cpus", type=int, default=None, help="ray start --num-cpus")
-    start.add_argument("--dashboard-port", type=int, default=None, help="ray start --dashboard-port (default 8265)")
+    start.add_argument("--dashboard-port", type=int, default=None,
+                       help="ray start --dashboard-port (default 8265, or a free port when another process holds it)")
     start.add_argument("--temp-dir", default=None, help="ray start --temp-dir (default: Ray's, /tmp/ray)")
     start.add_argument("--ray-arg", action="append", default=[], metavar="ARG",
                        help="one more argument for `ray start`, e.g. --ray-arg=--metrics-export-port=8080")
+    start.add_argument("--gcs-redis", default=None, metavar="HOST:PORT",
+                       help="GCS fault tolerance: the head keeps its tables in this Redis, so a restarted head "
+                            "finds every session (docs/operators.md, Failures)")
+    start.add_argument("--gcs-storage", default=None, metavar="DIR",
+                       help="GCS fault tolerance with Ray's embedded RocksDB storage in DIR")
     start.add_argument("--json", action="store_true", help="print the address and what was started as JSON")
     start.set_defaults(run=_start)
     stop = sub.add_parser("stop", help="stop kvres's actors (and with --ray the Ray head on this machine)")
@@ -159,8 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     grafana.set_defaults(run=_grafana)
     _standing_commands(sub)
     from .capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
+    from .top import register as register_top  # kvres top
 
     register_capacity(sub)
+    register_top(sub)
     return parser
 
 

@@ -5,7 +5,8 @@ Primitives:
   (else ``RAY_ADDRESS``, else the one running on this machine) unless this process is already
   connected, and checks that kvres runs in ``namespace``.
 - ``ClusterView(namespace)``: ``status()`` (the shape of ``SessionManager.status()``: backends in
-  name order, the planner's load view, cold stores, the session directory),
+  name order, the planner's load view, cold stores, the session directory; an actor that does not
+  answer within ``ROW_TIMEOUT_S`` shows as a row with an ``error``),
   ``session_stats(session_id)``, ``reprs()`` (every kvres actor's live ``repr``).
 - ``NoClusterError``: no kvres actors in that namespace.
 
@@ -29,6 +30,7 @@ from .reachability import check_reachable
 
 BACKEND_PREFIX = "kvres-backend-"
 COLDSTORE_PREFIX = "kvres-coldstore-"
+ROW_TIMEOUT_S = 10.0
 
 
 class NoClusterError(KvresError):
@@ -37,6 +39,17 @@ class NoClusterError(KvresError):
 
 def _repr_of(actor: Any) -> str:
     return repr(actor)
+
+
+def _answer(ref: Any, timeout_s: float = ROW_TIMEOUT_S, **names: str) -> dict[str, Any]:
+    """An actor's stats, or a row saying why not (down, restarting, or its node gone) within
+    ``timeout_s``: one actor never holds the whole status back."""
+    try:
+        return dict(ray.get(ref, timeout=timeout_s))
+    except ray.exceptions.GetTimeoutError:
+        return {**names, "error": f"no answer within {timeout_s:.0f} s (restarting, or its node is gone)"}
+    except ray.exceptions.RayError as exc:
+        return {**names, "error": f"{type(exc).__name__}: actor down"}
 
 
 class ClusterView:
@@ -60,13 +73,13 @@ class ClusterView:
         stores = self._named(COLDSTORE_PREFIX)
         planner = self.actors[PLANNER_NAME]
         load = planner.load.remote()
-        stats = [h.stats.remote() for h in backends.values()]
-        store_stats = [h.stats.remote() for h in stores.values()]
+        stats = {n: h.stats.remote() for n, h in backends.items()}
+        store_stats = {n: h.stats.remote() for n, h in stores.items()}
         return {
             "namespace": self.namespace,
-            "backends": ray.get(stats),
+            "backends": [_answer(ref, backend=n[len(BACKEND_PREFIX):]) for n, ref in stats.items()],
             "load": ray.get(load),
-            "cold_stores": dict(zip(stores, ray.get(store_stats), strict=True)),
+            "cold_stores": {n: _answer(ref) for n, ref in store_stats.items()},
             "sessions": ray.get(planner.directory.remote()),
         }
 

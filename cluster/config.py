@@ -121,19 +121,17 @@ class KvresConfig(BaseModel):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KvresConfig:
         """``KVRES_CONFIG`` (a JSON object inline, or a path to a file holding one) first, then
-        per-field overrides applied to every backend: KVRES_MODEL, KVRES_ENGINE, KVRES_N_CTX,
-        KVRES_KV_BUDGET_TOKENS, KVRES_N_THREADS, KVRES_TYPE_K, KVRES_TYPE_V; KVRES_PLACEMENT sets
-        the placement kind. Without ``backends`` the configuration has the default backend; an
+        per-field overrides applied to every backend: ``KVRES_<FIELD>`` for every ``BackendConfig``
+        field but name / node_id (``KVRES_MODEL`` names the model path; byte sizes read as
+        ``pydantic.ByteSize``: ``KVRES_KV_MEMORY_BYTES=8GiB``; ``kvres.actors.settings``);
+        KVRES_PLACEMENT sets the placement kind. Without ``backends`` the configuration has the default backend; an
         empty or malformed ``backends`` is a ``ConfigEnvError``, never the default."""
-        env = os.environ if env is None else env
-        source = env.get("KVRES_CONFIG", "")
+        from kvres.actors.settings import backend_overrides, read_settings
+
+        source = read_settings(env).config or ""
         raw = _config_from_env_var(source) if source.strip() else {}
-        overrides = {
-            "KVRES_MODEL": "model_path", "KVRES_ENGINE": "engine", "KVRES_N_CTX": "n_ctx",
-            "KVRES_KV_BUDGET_TOKENS": "kv_budget_tokens", "KVRES_N_THREADS": "n_threads",
-            "KVRES_TYPE_K": "type_k", "KVRES_TYPE_V": "type_v",
-        }
-        patch = {field: env[var] for var, field in overrides.items() if env.get(var)}
+        patch = backend_overrides(env)
+        env = os.environ if env is None else env
         backends = raw.get("backends", [{}])
         assert isinstance(backends, list)  # checked by _config_from_env_var
         raw["backends"] = [{**b, **patch} for b in backends]

@@ -4,7 +4,8 @@ Primitives:
 - ``PlannerClient(handle, revive)``: ``handle()`` is the planner's handle now, ``revive()`` waits
   until it answers again (or raises ``PlannerLostError``). ``place`` (the backend chosen and
   registered, or None when a repeat after a death finds the first attempt had placed it),
-  ``register``, ``forget``, ``where``, ``directory``, ``load``; ``directory_ref`` sends without
+  ``rehome`` (a live backend for a session whose backend died with its node), ``lost`` (backends
+  dropped for a dead node), ``register``, ``forget``, ``where``, ``directory``, ``load``; ``directory_ref`` sends without
   waiting (what a revive pings).
 
 Each call is one Ray call; one that meets the planner's death waits for it to come back and is sent
@@ -39,6 +40,13 @@ class PlannerClient:
         placed = self._call(lambda h: h.place.remote(session_id, model, placement, need, demand_tokens, list(seeds)),
                             retry_ok=(SessionExistsError,))
         return None if placed is None else str(placed)
+
+    def rehome(self, session_id: str, lost: str, model: str | None, need: EngineNeed, demand_tokens: int,
+               seeds: Sequence[LoadReport]) -> str:
+        return str(self._call(lambda h: h.rehome.remote(session_id, lost, model, need, demand_tokens, list(seeds))))
+
+    def lost(self) -> dict[str, str]:
+        return dict(self._call(lambda h: h.lost.remote()))
 
     def register(self, session_id: str, backend: str) -> None:
         self._call(lambda h: h.register.remote(session_id, backend))

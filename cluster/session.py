@@ -12,7 +12,7 @@ Primitives:
   ``Session.export`` wrote),
   ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
   namespace's cold blocks and store folders unless told to keep them).
-- ``ConnectError``: a kvres actor could not start; ``connect`` then leaves nothing running.
+- ``ConnectError`` (``actor_ops``): a kvres actor could not start; ``connect`` then leaves nothing running.
 - ``Session`` (``kvres.cluster.session_handle``): what ``open_session`` and ``session`` return.
 
 Each call is one Ray call (generation is batched inside the backend, never one remote call per
@@ -22,84 +22,51 @@ token), made through the typed clients of the backends (``BackendClient``) and t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnschedulableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.default_model import default_model_path
 from kvres.actors.host.journal import RayDirectory, RayJournal, SessionRecord
-from kvres.actors.host.store_ports import cold_store_name
+from kvres.actors.host.store_ports import cold_store_name, store_node_dead
 from kvres.actors.metrics import label_secret
 from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.residency import residency_for
+from kvres.actors.settings import read_settings
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session
 from kvres.policy import ArgumentError, KvresError, SessionExistsError, UnknownSessionError
-from kvres.policy.errors import BackendLostError, PlannerLostError
-from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
+from kvres.policy.errors import BackendLostError, NodeLostError, PlannerLostError
+from kvres.policy.placement import PlacementError, PlacementPolicy
 
+from .actor_ops import ConnectError as ConnectError  # re-exported: where callers import it from
+from .actor_ops import actor_exists, destroy_stores, start_error, status_row
 from .backend_client import BackendClient
 from .config import BackendConfig, KvresConfig, SessionPolicy
-from .gcs_config import published_config
+from .config_agreement import check_agreement
+from .failover import Failover, seeds
+from .gcs_config import publish_config, published_config
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
 from .reachability import check_reachable
-from .remote_calls import answer, wait_until_answers
+from .remote_calls import wait_until_answers
+from .restarts import sweep_previous_runs, unknown_session
 from .session_handle import Session
 
 log = logging.getLogger("kvres.cluster")
-
-
-class ConnectError(KvresError, RuntimeError):
-    """A kvres actor could not start (its own error is quoted); nothing was left running."""
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _start_error(kind: str, name: str, exc: BaseException) -> ConnectError:
-    """The actor's own error (the last line Ray quotes of its creation task) as a kvres error."""
-    text = _ANSI.sub("", str(getattr(exc, "error_msg", None) or exc)).strip()
-    cause = text.splitlines()[-1].strip() if text else type(exc).__name__
-    return ConnectError(
-        f"{kind} {name!r} could not start: {cause} (the actors this connect() created are stopped)"
-    )
-
-
-def _destroy_stores(stores: Sequence[Any], timeout_s: float = 60.0) -> None:
-    """Drop every block of each store and remove its folder; a failure is logged, not raised, so
-    a shutdown always goes on to stop every actor."""
-    refs = [store.destroy.remote() for store in stores]
-    if not refs:
-        return
-    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except Exception as exc:  # a store already dead has nothing to remove; others: say so
-            log.warning("removing a cold store's blocks failed: %s", exc)
-    if pending:
-        log.warning("%d cold store(s) did not remove their blocks within %.0f s", len(pending), timeout_s)
-
-
-def _actor_exists(name: str, namespace: str) -> bool:
-    try:
-        ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return False
-    return True
 
 
 class SessionManager:
@@ -117,14 +84,27 @@ class SessionManager:
             self.planner: Any = self._adopt(PLANNER_NAME, self._ensure_planner)
             self.cold_stores = self._ensure_cold_stores()
             for backend in config.backends:
+                if self._failover.lost(backend.name):  # pinned to a dead node: not created again
+                    self._backends[backend.name] = None
+                    continue
                 self._backends[backend.name] = self._adopt(
                     backend_actor_name(backend.name), functools.partial(self._ensure_backend, backend)
                 )
-            self._await_started("backend", {n: self.backend(n).ping_ref() for n in self._backends})
+            self._await_started("backend", {n: self.backend(n).ping_ref() for n, h in self._backends.items()
+                                            if h is not None})
             self._collect_orphans()
+            sweep_previous_runs(namespace, self.cold_stores)  # folders an earlier run left on the nodes
         except BaseException:
             self._undo_start()
             raise
+
+    @property
+    def _failover(self) -> Failover:
+        """Backends lost with their node, and where their sessions went (made on first use)."""
+        found: Failover | None = self.__dict__.get("_failover_view")
+        if found is None:
+            found = self.__dict__["_failover_view"] = Failover(self)
+        return found
 
     # -- actors ----------------------------------------------------------------------------
     def _collect_orphans(self) -> None:
@@ -137,7 +117,7 @@ class SessionManager:
     def _adopt(self, name: str, create: Callable[[], Any]) -> Any:
         """``create()`` the named actor (or get it: every option says ``get_if_exists``); one that
         did not exist before is recorded, to be killed again if this manager fails to start."""
-        existed = _actor_exists(name, self.namespace)
+        existed = actor_exists(name, self.namespace)
         handle = create()
         if not existed:
             self._created.append(handle)
@@ -149,12 +129,12 @@ class SessionManager:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                raise _start_error(kind, name, exc) from exc
+                raise start_error(kind, name, exc) from exc
 
     def _undo_start(self) -> None:
         """Kill the actors this manager created (the folders of its new cold stores removed
         first); actors it found running, which others may use, are left alone."""
-        _destroy_stores(self._created_stores)
+        destroy_stores(self._created_stores)
         for handle in self._created:
             ray.kill(handle)
         self._created.clear()
@@ -213,7 +193,7 @@ class SessionManager:
         """The typed client of backend ``name`` (a ``KvresError`` naming the known ones if none)."""
         self.backend_handle(name)
         return BackendClient(name, lambda: self.backend_handle(name), lambda: self.revive_backend(name),
-                             self._lease)
+                             self._lease, routes=self._failover)
 
     @property
     def planner_client(self) -> PlannerClient:
@@ -223,15 +203,24 @@ class SessionManager:
         cfg = next((b for b in self.config.backends if b.name == name), None)
 
         def ping() -> Any:
+            self._failover.check(name)  # NodeLostError when it was pinned to a node that died
             try:
                 self._backends[name] = ray.get_actor(backend_actor_name(name), namespace=self.namespace)
             except ValueError:
                 if cfg is None:
                     raise
+                self._failover.check(name, fresh=True)  # pinned to a node that died: not started again
                 self._backends[name] = self._ensure_backend(cfg)  # killed for good: start it again
             return self.backend(name).ping_ref()
 
-        wait_until_answers(ping, BackendLostError, f"backend {name!r}")
+        try:
+            wait_until_answers(ping, BackendLostError, f"backend {name!r}")
+        except (ActorUnschedulableError, BackendLostError) as exc:  # Ray cannot place it: its node died?
+            self._failover.check(name, fresh=True)
+            if isinstance(exc, BackendLostError):
+                raise
+            raise BackendLostError(f"backend {name!r} cannot be placed ({type(exc).__name__}); check `kvres "
+                                   "status` and the cluster's resources") from None
 
     def revive_planner(self) -> None:
         def ping() -> Any:
@@ -254,6 +243,21 @@ class SessionManager:
     def backends(self) -> list[str]:
         return list(self._backends)
 
+    def add_backend(self, backend: BackendConfig) -> None:
+        """Start one more backend in this cluster, and publish the configuration with it, so every
+        later driver has it too (a driver's ``config=`` may not add one by itself)."""
+        if not isinstance(backend, BackendConfig):
+            raise ArgumentError(f"add_backend takes a BackendConfig, got {type(backend).__name__} {backend!r}")
+        if backend.name in self._backends:
+            raise KvresError(f"backend {backend.name!r} already runs in namespace {self.namespace!r}")
+        config = self.config.model_copy(update={"backends": [*self.config.backends, backend]})
+        self._backends[backend.name] = self._adopt(backend_actor_name(backend.name),
+                                                   functools.partial(self._ensure_backend, backend))
+        self._await_started("backend", {backend.name: self.backend(backend.name).ping_ref()})
+        self.config = config
+        self._placement_seeded = False  # the next placement hands the planner the new backend
+        publish_config(self.namespace, config)
+
     # -- sessions --------------------------------------------------------------------------
     def _place(
         self,
@@ -267,20 +271,16 @@ class SessionManager:
         first call also hands it this configuration's backends, so a backend that has not
         reported yet counts as empty; so does a call that finds the planner without them (it was
         restarted)."""
-        seeds = [
-            LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
-                       model=str(b.model_path or default_model_path()), node=b.node_id or "")
-            for b in self.config.backends
-        ]
+        seeded = seeds(self.config)
         residency = residency_for(policy)
         planner = self.planner_client
         args = (session_id, None if model is None else os.fspath(model),
                 PlacementPolicy.of(placement, self.config.placement.policy()), residency.engine_need,
                 residency.bounded_tokens or 0)
         try:
-            placed = planner.place(*args, [] if getattr(self, "_placement_seeded", False) else seeds)
+            placed = planner.place(*args, [] if getattr(self, "_placement_seeded", False) else seeded)
         except PlacementError:
-            placed = planner.place(*args, seeds)
+            placed = planner.place(*args, seeded)
         if placed is None:  # the planner placed it, then died before answering
             placed = planner.where(session_id)
         self._placement_seeded = True
@@ -306,8 +306,8 @@ class SessionManager:
         placed = backend is None
         if backend is None:
             backend = self._place(model, policy, session_id, placement)
-        client = self.backend(backend)  # a known backend, or a KvresError naming the known ones
         try:
+            client = self.backend(backend)  # a known backend, or a KvresError naming the known ones
             client.open_session(session_id, policy)
         except BaseException:
             if placed:
@@ -321,7 +321,7 @@ class SessionManager:
         validate_session_id(session_id)
         backend = self.planner_client.where(session_id)
         if backend is None:
-            raise UnknownSessionError(session_id)
+            raise unknown_session(self.namespace, session_id)  # says so when the cluster was restarted
         return Session(self, session_id, backend)
 
     def sessions(self) -> list[Session]:
@@ -366,10 +366,26 @@ class SessionManager:
         return Session(self, new_id, session.backend)
 
     def migrate(self, session: Session, backend: str) -> None:
+        """Move ``session`` to ``backend``. From a backend lost with its node the session moves
+        with its journal record (its blocks there are gone: recomputed from its log)."""
         target = self.backend(backend)
+        if self._failover.lost(session.backend):
+            session.backend = self.planner_client.where(session.session_id) or session.backend
         if backend == session.backend:
             return
-        record = self._detach(session)
+        try:
+            record = None if self._failover.lost(session.backend) else self._detach(session)
+        except (NodeLostError, ActorUnschedulableError):
+            if not self._failover.lost(session.backend, fresh=True):
+                raise
+            record = None
+        if record is None:  # its backend was lost with its node: the session moves from its journal record
+            record = self._failover.record_of(session.session_id, session.backend)
+            with contextlib.suppress(SessionExistsError):  # a repeat: the first attempt resumed it there
+                target.resume(session.session_id, record, retry_ok=(SessionExistsError,))
+            self.planner_client.register(session.session_id, backend)
+            session.backend = backend
+            return
         try:
             target.resume(session.session_id, record, once=True)
         except Exception:
@@ -405,14 +421,18 @@ class SessionManager:
         ``backends`` each backend's own stats (one call per backend, sent together), or with
         ``detail=False`` the load view's rows. An actor that is down (restarting) shows as
         ``{"error": ...}`` in its row instead of failing the whole status."""
-        stats = {n: self.backend(n).stats_ref() for n in self._backends} if detail else {}
-        stores = {n: s.stats.remote() for n, s in self.cold_stores.items()}
+        lost = {n: row for n in self._backends if (row := self._failover.status_row(n)) is not None}
+        stats = {n: self.backend(n).stats_ref() for n in self._backends if n not in lost} if detail else {}
+        gone = {n for n in self.cold_stores if store_node_dead(n)}
+        stores = {n: s.stats.remote() for n, s in self.cold_stores.items() if n not in gone}
         view = self.planner_client.load()
+        rows = {**{name: status_row(ref, backend=name) for name, ref in stats.items()}, **lost}
         return {
             "namespace": self.namespace,
-            "backends": [_row(ref, backend=name) for name, ref in stats.items()] if detail else view["backends"],
+            "backends": [rows[n] for n in self._backends] if detail else view["backends"],
             "load": view,
-            "cold_stores": {name: _row(ref) for name, ref in stores.items()},
+            "cold_stores": {name: {"error": "node dead: store gone"} if name in gone else status_row(stores[name])
+                            for name in self.cold_stores},
             "sessions": self.planner_client.directory(),
         }
 
@@ -420,17 +440,21 @@ class SessionManager:
         """Stop kvres's actors (and the local Ray cluster if ``connect`` started it).
 
         First the backends (no block is written after that), then, unless ``keep_blocks``, every
-        block in the namespace's cold stores is dropped, their folders removed and the namespace's
+        block in the namespace's cold stores is dropped, their folders removed (with those left on
+        their machines by stores whose node died) and the namespace's
         block secret forgotten, and the sessions' journal and directory cleared: nothing of its
         sessions stays. With ``keep_blocks=True`` the blocks, the journal, the directory and the
         secret stay, for a later ``connect`` of the namespace on the same standing cluster, whose
         backends rebuild each session on its first call; blocks kept by an embedded cluster cannot be authenticated once it has
         ended, and are refused (and deleted) when read."""
         for handle in self._backends.values():
-            ray.kill(handle)
+            if handle is not None:
+                ray.kill(handle)
         self._backends.clear()
         if not keep_blocks:
-            _destroy_stores(list(self.cold_stores.values()))
+            live = {n: s for n, s in self.cold_stores.items() if not store_node_dead(n)}
+            sweep_previous_runs(self.namespace, live)  # the folders of stores that died with their node
+            destroy_stores(list(live.values()))
             forget_secret(coldstore_secret_name(self.namespace))
             RayJournal(self.namespace).clear()  # and the sessions' records: nothing of them is left
             RayDirectory(self.namespace).clear()
@@ -438,13 +462,6 @@ class SessionManager:
             ray.kill(handle)
         if self._started_ray:
             ray.shutdown()
-
-
-def _row(ref: Any, **names: str) -> dict[str, Any]:
-    try:
-        return dict(answer(ref))
-    except RayActorError as exc:
-        return {**names, "error": f"{type(exc).__name__}: actor down (restarting)"}
 
 
 def connect(
@@ -474,11 +491,20 @@ def connect(
             log.warning("kvres started an embedded Ray cluster for this driver: its sessions end when the driver "
                         "exits (run `kvres start` and connect(address=...) for a standing cluster)")
     try:
+        # one configuration per cluster: the one published by `kvres start` or the first driver;
+        # a driver's own (config=, or KVRES_CONFIG) must agree with it
+        published = None if started else published_config(namespace)
+        if config is None and read_settings().config:
+            config = KvresConfig.from_env()
         if config is None:
-            # KVRES_CONFIG when set; else what `kvres start` created the namespace with; else defaults
-            explicit = bool(os.environ.get("KVRES_CONFIG"))
-            config = (None if explicit or started else published_config(namespace)) or KvresConfig.from_env()
-        return SessionManager(namespace, config, started)
+            config = published or KvresConfig.from_env()
+        elif published is not None:
+            check_agreement(config, published, namespace)
+            config = published.model_copy(update={"default_policy": config.default_policy})
+        manager = SessionManager(namespace, config, started)
+        if published is None and not started:
+            publish_config(namespace, config)
+        return manager
     except BaseException:
         if started:
             ray.shutdown()  # the embedded cluster this call started ends with it

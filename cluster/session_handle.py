@@ -3,7 +3,7 @@
 Primitives:
 - ``Session(manager, session_id, backend)``: ``append(tokens or text)``, ``generate`` and
   ``stream`` (stop at the model's end-of-generation tokens, stop ids and strings, ``max_tokens``;
-  llama.cpp's sampler chain), ``chat(messages)`` and ``append_messages`` (the model's chat
+  llama.cpp's sampler chain), ``chat(messages)``, ``chat_stream`` and ``append_messages`` (the model's chat
   template; only what the session does not hold is appended), ``tokens()``, ``text()``,
   ``truncate(n)``, ``rollback(k)``, ``fork(new_id)``, ``export(path)``, ``suspend``, ``resume``,
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``; a context manager that closes it.
@@ -72,24 +72,37 @@ class Session:
 
     def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
                  stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-                 **sampling: Any) -> Generation:
+                 prompt: Sequence[int] | None = None, **sampling: Any) -> Generation:
         """Generate until the model's end-of-generation token, a stop id or string, or
-        ``max_tokens``; committed together (like an append). ``sampling``: the other fields of
-        ``SamplingParams`` (top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+        ``max_tokens``; committed together (like an append). ``prompt``: token ids appended first,
+        in the same call and commit (``prompt_tokens`` counts them). ``sampling``: the other fields
+        of ``SamplingParams`` (top_k, top_p, min_p, repeat_penalty, frequency_penalty,
         presence_penalty, penalty_last_n, grammar, json_schema, logprobs). Returns a
         ``Generation``: the token ids, with ``finish_reason``, ``text`` and ``logprobs``."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.generate(self.session_id, request, uuid.uuid4().hex)
+        return self._backend.generate(self.session_id, request, uuid.uuid4().hex, _prompt(prompt))
 
     def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
                stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-               **sampling: Any) -> TokenStream:
+               prompt: Sequence[int] | None = None, **sampling: Any) -> TokenStream:
         """Tokens as they are produced (a Ray streaming generator underneath), under the same
-        rules as ``generate``. Leaving the stream early (``break``, ``close()``) commits only the
-        tokens it handed out; ``finish_reason`` and ``generation`` say how it ended. If the backend
-        dies midway the stream goes on from the same request once it is back."""
+        rules as ``generate`` (``prompt``: token ids appended first, in the same call: the first
+        token comes right after they are in). Leaving the stream early (``break``, ``close()``)
+        commits only the tokens it handed out (left before the prompt was in: nothing, the prompt
+        neither); ``finish_reason`` and ``generation`` say how it ended. If the backend dies
+        midway the stream goes on from the same request once it is back."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.stream(self.session_id, request, uuid.uuid4().hex)
+        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, _prompt(prompt))
+
+    def chat_stream(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
+                    seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+                    ignore_eos: bool = False, **sampling: Any) -> TokenStream:
+        """``chat`` as a stream, in one call: what the session lacks of the conversation is
+        appended and the reply's tokens come as they are produced (the first right after the new
+        turn is in); ``generation.prompt_tokens`` counts what was appended."""
+        request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
+        checked = [m.model_dump() for m in messages_of(messages)]
+        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
@@ -190,6 +203,15 @@ def _request(max_tokens: int, temperature: float, seed: int | None, stop: str | 
         params = params.model_copy(update={"seed": _seed_for(params.temperature, None)})
     return GenerationRequest(max_tokens=max_tokens, sampling=params, stop=stop,  # type: ignore[arg-type]
                              stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)  # type: ignore[arg-type]
+
+
+def _prompt(prompt: Sequence[int] | None) -> list[int] | None:
+    """A generate's prompt as token ids, checked before any Ray call (text goes through ``append``)."""
+    if prompt is None:
+        return None
+    if isinstance(prompt, str):
+        raise ArgumentError(f"prompt takes token ids; append text with append(), got text {prompt[:40]!r}")
+    return token_ids(prompt, what="prompt token ids")
 
 
 def _seed_for(temperature: float, seed: int | None) -> int | None:

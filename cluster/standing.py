@@ -14,7 +14,11 @@ Primitives:
   kills every Ray cluster of the machine).
 - ``check_reachable(address)``: a Ray GCS may answer at HOST:PORT, else ``ClusterUnreachableError``
   within seconds (``ray.init`` takes about a minute to give up).
-- ``ray_binary()``: the ``ray`` command of this environment.
+- ``ray_binary()``: the ``ray`` command of this environment; ``gcs_env(gcs_redis, gcs_storage_path)``:
+  the environment of a head with GCS fault tolerance (``start_standing``'s options of that name);
+  ``head_environment(extra)``: a started head's environment, this Python's folder first on PATH
+  (a Ray job's ``python`` is then the one kvres is installed in). The head's other ports are
+  chosen free (``head_ports.choose_head_ports``) and printed.
 - ``config_from_option(value) -> KvresConfig``: ``--config``, a JSON object inline or a file.
 - ``StandingCluster``, ``StopReport``; errors ``ClusterUnreachableError``, ``HeadStartError``,
   ``HeadNotLocalError``, ``ConfigOptionError`` (all ``KvresError``).
@@ -40,7 +44,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,7 @@ from kvres.policy import KvresError
 
 from .config import BackendConfig, KvresConfig, json_object
 from .gcs_config import forget_config, publish_config, published_config
+from .head_ports import HeadPorts, choose_head_ports
 from .ray_auth import exposed_token_file, follow_local_token, token_auth
 from .reachability import DEFAULT_PORT, ClusterUnreachableError, check_reachable, port_open, split_address
 
@@ -76,6 +81,7 @@ class StandingCluster:
     backends: list[str]
     dashboard_url: str | None
     token_auth: bool  # drivers need RAY_AUTH_MODE=token and the cluster's token
+    ports: str | None = None  # the ports a head started here holds (HeadPorts.summary)
 
     def instructions(self) -> str:
         head = "Ray head started" if self.started_head else "Ray head already running"
@@ -86,12 +92,21 @@ class StandingCluster:
         ]
         if self.dashboard_url:
             lines.append(f"dashboard: http://{self.dashboard_url.removeprefix('http://')}")
+        if self.ports:
+            lines.append(self.ports)
         auth = "RAY_AUTH_MODE=token " if self.token_auth else ""
+        if self.dashboard_url:
+            lines += [
+                "Ray jobs (from the repository's root; a job's `python` is the one kvres runs in):",
+                f"  {auth}{_ray_command()} job submit --address http://{self.dashboard_url.removeprefix('http://')} "
+                "--working-dir . -- python examples/ray_job.py",
+            ]
         lines += [
             "drivers attach with (sessions outlive every driver; the actors end with this Ray cluster):",
             f"  {auth}RAY_ADDRESS={self.address} python your_driver.py   # connect(namespace={self.namespace!r})",
             f"  connect(address={self.address!r}, namespace={self.namespace!r})",
-            "  with the same configuration as this command (KVRES_CONFIG, or config=...)",
+            "  drivers read this configuration from the cluster (connect() without config=); a driver's own",
+            "  config= must agree with it (backends of the same names with the same fields)",
         ]
         if self.token_auth:
             lines.append("  token authentication is on: drivers elsewhere need the token (`ray get-auth-token` here)")
@@ -105,7 +120,7 @@ class StandingCluster:
     def as_dict(self) -> dict[str, Any]:
         return {"address": self.address, "namespace": self.namespace, "started_head": self.started_head,
                 "created_actors": self.created_actors, "backends": self.backends,
-                "dashboard_url": self.dashboard_url, "token_auth": self.token_auth}
+                "dashboard_url": self.dashboard_url, "token_auth": self.token_auth, "ports": self.ports}
 
 
 @dataclass(frozen=True)
@@ -115,11 +130,13 @@ class StopReport:
     stopped_actors: bool  # False: no kvres actors ran in the namespace
     kept_blocks: bool
     stopped_pids: list[int] = field(default_factory=list)  # the Ray head's processes, with --ray
+    actors: list[str] = field(default_factory=list)  # the kvres actors stopped
 
     def summary(self) -> str:
         if self.stopped_actors:
             blocks = "cold blocks kept" if self.kept_blocks else "cold blocks removed"
-            text = f"kvres stop: kvres actors in namespace {self.namespace!r} at {self.address} stopped, {blocks}"
+            text = (f"kvres stop: {len(self.actors)} kvres actors in namespace {self.namespace!r} at {self.address} "
+                    f"stopped ({', '.join(self.actors)}), {blocks}")
         else:
             text = f"kvres stop: no kvres actors in namespace {self.namespace!r} at {self.address}"
         if self.stopped_pids:
@@ -169,6 +186,12 @@ def _driver(address: str, namespace: str) -> Iterator[Any]:
 # ---- start ------------------------------------------------------------------------------------
 
 
+def _ray_command() -> str:
+    """``ray`` where it is the one on PATH, else its full path (a venv not activated)."""
+    found = ray_binary()
+    return "ray" if shutil.which("ray") == found else found
+
+
 def ray_binary() -> str:
     """The ``ray`` of this Python's environment (the venv kvres runs in), else the one on PATH."""
     beside = Path(sys.executable).parent / "ray"
@@ -180,18 +203,43 @@ def ray_binary() -> str:
     return found
 
 
+def gcs_env(gcs_redis: str | None = None, gcs_storage_path: str | None = None) -> dict[str, str]:
+    """The environment of a Ray head whose GCS keeps its tables outside its process (GCS fault
+    tolerance): an external Redis at ``gcs_redis`` (HOST:PORT), or Ray's embedded RocksDB in
+    ``gcs_storage_path``; empty without either."""
+    if gcs_redis and gcs_storage_path:
+        raise ConfigOptionError("give --gcs-redis or --gcs-storage, not both")
+    if gcs_redis:
+        split_address(gcs_redis)  # HOST:PORT, else a ClusterUnreachableError naming it
+        return {"RAY_REDIS_ADDRESS": gcs_redis}
+    if gcs_storage_path:
+        Path(gcs_storage_path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": str(Path(gcs_storage_path).resolve())}
+    return {}
+
+
+def head_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``ray start --head`` runs in: this one, with the folder of the Python kvres
+    runs in first on PATH, so that a Ray job's ``python`` (run by the head) finds kvres."""
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    return {**os.environ, "PATH": here if not path else f"{here}{os.pathsep}{path}", **(extra or {})}
+
+
 def _start_head(
-    port: int, node_ip_address: str | None, num_cpus: int | None, dashboard_port: int | None,
-    temp_dir: str | None, ray_args: Sequence[str], timeout_s: float = 300.0,
+    port: int, node_ip_address: str | None, num_cpus: int | None, ports: HeadPorts,
+    temp_dir: str | None, ray_args: Sequence[str], timeout_s: float = 300.0, env: dict[str, str] | None = None,
 ) -> None:
     command = [ray_binary(), "start", "--head", f"--port={port}", "--include-dashboard=true",
                "--disable-usage-stats"]
-    optional = {"--node-ip-address": node_ip_address, "--num-cpus": num_cpus,
-                "--dashboard-port": dashboard_port, "--temp-dir": temp_dir}
+    optional = {"--node-ip-address": node_ip_address, "--num-cpus": num_cpus, "--temp-dir": temp_dir}
     command += [f"{flag}={value}" for flag, value in optional.items() if value is not None]
+    given = {arg.split("=", 1)[0] for arg in ray_args}
+    command += [flag for flag in ports.flags() if flag.split("=", 1)[0] not in given]
     command += list(ray_args)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              env=head_environment(env))
     except subprocess.TimeoutExpired as exc:
         raise HeadStartError(f"`ray start --head --port={port}` did not finish within {timeout_s:.0f} s") from exc
     if done.returncode != 0:
@@ -215,35 +263,54 @@ def start_standing(
     dashboard_port: int | None = None,
     temp_dir: str | None = None,
     ray_args: Sequence[str] = (),
+    gcs_redis: str | None = None,
+    gcs_storage_path: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> StandingCluster:
     """A Ray head on this machine's ``port`` (started unless one answers there), or the cluster at
     ``address`` (never started here), with kvres's actors created in ``namespace``; this process
     disconnects and everything keeps running. If the actors cannot start, a head started by this
-    call is stopped again and the error raised."""
+    call is stopped again and the error raised. ``gcs_redis`` / ``gcs_storage_path``: the head
+    started here keeps its GCS tables in that Redis / RocksDB folder (``gcs_env``), so a head
+    restarted with the same one finds every session (docs/operators.md, Failures). The head's other
+    ports are chosen free (``head_ports``: another Ray on the machine holds the defaults);
+    ``progress`` is told each phase as it starts."""
     import ray
 
     from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
+    from kvres.actors.settings import read_settings
 
     from .session import connect
 
-    config = config or KvresConfig.from_env()
+    say = progress or (lambda _: None)
+    if config is None and read_settings().config:
+        config = KvresConfig.from_env()  # KVRES_CONFIG counts as given; else the published one is used
     started = False
+    ports: HeadPorts | None = None
     if address is not None:
         target = address
     else:
-        target = f"{_local_host(node_ip_address)}:{port}"
-        if port_open(_local_host(node_ip_address), port) is not None:
-            _start_head(port, node_ip_address, num_cpus, dashboard_port, temp_dir, ray_args)
+        host = _local_host(node_ip_address)
+        target = f"{host}:{port}"
+        if port_open(host, port) is not None:
+            ports = choose_head_ports(host, dashboard_port, taken=[port])
+            say(f"kvres start: starting a Ray head at {target} ({ports.summary()})")
+            _start_head(port, node_ip_address, num_cpus, ports, temp_dir, ray_args,
+                        env=gcs_env(gcs_redis, gcs_storage_path))
             started = True
     try:
         with _driver(target, namespace) as context:
             gcs_address = str(ray.get_runtime_context().gcs_address)
             existed = PLANNER_NAME in _kvres_actors(namespace)
+            shown = config or published_config(namespace) or KvresConfig.from_env()
+            say(f"kvres start: {'attaching to' if existed else 'creating'} kvres actors in namespace {namespace!r} "
+                f"(backends {', '.join(b.name for b in shown.backends)}: loading their models)")
             manager = connect(address=gcs_address, namespace=namespace, config=config)
-            publish_config(namespace, config)
+            publish_config(namespace, manager.config)
             return StandingCluster(gcs_address, namespace, started, not existed,
                                    _running_backends(namespace) or manager.backends(),
-                                   getattr(context, "dashboard_url", None) or None, token_auth())
+                                   getattr(context, "dashboard_url", None) or None, token_auth(),
+                                   None if ports is None else ports.summary())
     except BaseException:
         if started:  # leave nothing running that this call started
             with contextlib.suppress(KvresError):
@@ -277,7 +344,7 @@ def stop_standing(
     import ray
 
     from .cluster_view import ClusterView, NoClusterError
-    from .session import connect
+    from .session import SessionManager
 
     if keep_blocks and stop_ray:
         raise KvresError(
@@ -294,17 +361,40 @@ def stop_standing(
             if not stop_ray:
                 raise
             found = False
+        stopped = _kvres_actors(namespace)
         if found:
             # the actors exist, so connect() only finds them (get_if_exists) and hands over
-            # SessionManager.shutdown; backend names are all it needs of a configuration
-            config = published_config(namespace) or KvresConfig(
-                backends=[BackendConfig(name=name) for name in _running_backends(namespace)] or [BackendConfig()]
-            )
-            connect(address=gcs_address, namespace=namespace, config=config).shutdown(keep_blocks=keep_blocks)
+            # SessionManager.shutdown; backend names are all it needs of a configuration, and every
+            # running backend is named (one a driver added that the published configuration lacks)
+            published = published_config(namespace)
+            known = list(published.backends) if published else []
+            known += [BackendConfig(name=n) for n in _running_backends(namespace)
+                      if n not in {b.name for b in known}]
+            config = (published.model_copy(update={"backends": known}) if published
+                      else KvresConfig(backends=known or [BackendConfig()]))
+            # not connect(): a backend a driver added beside the published configuration disagrees with it
+            SessionManager(namespace, config, started_ray=False).shutdown(keep_blocks=keep_blocks)
             forget_config(namespace)
             _wait_gone(namespace)
+            _kill_left(namespace)
     pids = stop_head(gcs_address) if stop_ray else []
-    return StopReport(gcs_address, namespace, found, keep_blocks, pids)
+    return StopReport(gcs_address, namespace, found, keep_blocks, pids, stopped)
+
+
+def _kill_left(namespace: str) -> None:
+    """Whatever kvres actor the shutdown left (none, normally) is killed by name; one that stays
+    is an error naming it, never a reported success."""
+    import ray
+
+    left = _kvres_actors(namespace)
+    for name in left:
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    if left:
+        _wait_gone(namespace)
+    still = _kvres_actors(namespace)
+    if still:
+        raise KvresError(f"kvres stop: actors of namespace {namespace!r} still run after being killed: {still}")
 
 
 def _wait_gone(namespace: str, timeout_s: float = 30.0) -> None:

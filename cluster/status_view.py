@@ -9,7 +9,8 @@ Primitives:
 - ``residency_bar(ranges, token_count, width)``: the token log drawn as one line, ``#`` where the
   KV is resident, ``+`` where part of it is, ``.`` where none is.
 - ``render_status(report, reprs=None)``: ``SessionManager.status()`` (or ``ClusterView.status()``)
-  as tables: backends, sessions, cold stores, and the actors' reprs when given.
+  as tables: backends (live state: resident, peak, calls held), sessions, cold stores, and the
+  actors' reprs (static facts: Ray records a repr once) when given.
 - ``render_inspect(stats)``: one session's ``Session.stats()``: state, policy, resident ranges over
   the token log, cold blocks per tier, counters.
 
@@ -99,9 +100,11 @@ def render_status(report: Mapping[str, Any], reprs: Mapping[str, str] | None = N
         resident = int(b.get("resident_tokens", 0))
         share = f"{100 * resident / budget:.0f}%" if budget else "-"
         rows.append([b.get("backend"), b.get("engine"), str(b.get("model", "")).rsplit("/", 1)[-1],
-                     live, len(sessions) - live, f"{resident}/{budget}", share, _short(b.get("node_id"))])
+                     live, len(sessions) - live, f"{resident}/{budget}", share, b.get("peak_resident_tokens", "-"),
+                     b.get("calls_in_flight", "-"), _short(b.get("node_id"))])
     parts += ["BACKENDS", format_table(
-        ["backend", "engine", "model", "live", "suspended", "resident/budget", "used", "node"], rows), ""]
+        ["backend", "engine", "model", "live", "suspended", "resident/budget", "used", "peak", "calls", "node"],
+        rows), ""]
 
     rows = []
     for b in backends:
@@ -120,7 +123,7 @@ def render_status(report: Mapping[str, Any], reprs: Mapping[str, str] | None = N
     parts += ["COLD STORES", format_table(
         ["store", "ram", "blocks", "ram budget", "disk", "blocks", "disk budget"], rows) if rows else "(none)"]
     if reprs:
-        parts += ["", "ACTORS (their repr now)", format_table(["actor", "repr"], sorted(reprs.items()))]
+        parts += ["", "ACTORS (their repr: static facts)", format_table(["actor", "repr"], sorted(reprs.items()))]
     return "\n".join(parts)
 
 

@@ -1,8 +1,9 @@
-"""A Ray job: attach to the running cluster (``ray job submit -- python examples/ray_job.py``),
-find or create the kvres actors in namespace ``kvres``, run one session, leave the actors running.
+"""A Ray job: attach to the running cluster, find or create the kvres actors in namespace
+``kvres`` (with the configuration the cluster published), run one session, leave the actors running.
 
-Submit: ``ray job submit --address http://127.0.0.1:8265 -- python examples/ray_job.py``
-(``KVRES_MODEL`` chooses the model; default: the project's own model).
+Submit from the repository's root with the line ``kvres start`` prints:
+``ray job submit --address http://127.0.0.1:8265 --working-dir . -- python examples/ray_job.py``
+(on a cluster kvres has not started yet, ``KVRES_MODEL`` chooses the model; default: the project's own).
 """
 
 from __future__ import annotations

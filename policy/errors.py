@@ -9,6 +9,11 @@ Primitives:
   ``BlockMismatchError``: a KV block made by another model / KV type / geometry,
   ``ActorLostError``: a kvres actor died or could not be reached in time (``BackendLostError``,
   ``PlannerLostError``, ``ColdStoreLostError`` say which); the message says what to do.
+  ``NodeLostError`` (a ``BackendLostError``): the node a backend was pinned to died, so it cannot
+  come back; ``ColdStoreGoneError`` (a ``ColdStoreLostError``): a store whose node died, its
+  blocks gone for good (recomputed from the token log).
+- ``ClusterRestartedError`` (an ``UnknownSessionError``): the session belonged to an earlier run of
+  the cluster, whose head restarted without GCS fault tolerance.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ class KvresError(Exception):
 
 
 class UnknownSessionError(KvresError, KeyError):
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"unknown session id {session_id!r}")
+    def __init__(self, session_id: str, why: str = "") -> None:
+        super().__init__(f"unknown session id {session_id!r}" + (f": {why}" if why else ""))
         self.session_id = session_id
+        self.why = why
 
-    def __reduce__(self) -> tuple[type[UnknownSessionError], tuple[str]]:
-        return type(self), (self.session_id,)  # rebuilt from the id, not the message (no doubled text)
+    def __reduce__(self) -> tuple[type[UnknownSessionError], tuple[str, str]]:
+        return type(self), (self.session_id, self.why)  # rebuilt from its parts (no doubled text)
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -73,3 +79,18 @@ class PlannerLostError(ActorLostError):
 
 class ColdStoreLostError(ActorLostError):
     """A cold store died; blocks on its disk tier survive, the others are recomputed from the log."""
+
+
+class NodeLostError(BackendLostError):
+    """The node a backend was pinned to (``BackendConfig.node_id``) died: the backend is not
+    re-created elsewhere; its sessions move to a live backend of the same model."""
+
+
+class ColdStoreGoneError(ColdStoreLostError):
+    """A cold store whose node died: its blocks are gone for good; their tokens are recomputed
+    from the session's token log."""
+
+
+class ClusterRestartedError(UnknownSessionError):
+    """A session of an earlier run of the cluster: its head restarted without GCS fault
+    tolerance, and the sessions, journal and blocks of that run are gone."""

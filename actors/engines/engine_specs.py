@@ -65,8 +65,11 @@ class EngineSpec:
 # -- llama.cpp ------------------------------------------------------------------------------------
 
 def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
+    from kvres.actors.pins import check_llama_cpp_python
+
     from .llama import LlamaExecutor
 
+    check_llama_cpp_python()
     return LlamaExecutor(
         str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
         type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,

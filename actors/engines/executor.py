@@ -168,6 +168,12 @@ class Executor(EngineSessions):
     @abstractmethod
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None: ...
 
+    def share_prefix(self, source_id: str, session_id: str, n: int) -> None:
+        """The empty session ``session_id`` takes the source's first ``n`` tokens with their KV,
+        without decoding them (the engine shares the cells where it can). This default refuses
+        (``CapabilityError``): the caller prefills them instead."""
+        raise CapabilityError(f"the {self.engine} executor cannot share a prefix between sessions")
+
     @abstractmethod
     def admit_range(self, session_id: str, rng: Range) -> None:
         """Recompute an evicted range from the token log and make it resident again."""

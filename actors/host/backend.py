@@ -5,8 +5,10 @@ Primitives:
   on_change=None, journal=None, file_secret=None, model_id="")``: a plain, thread-safe class (works without Ray), the facade over
   the host's parts. ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``,
   ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
-  ``token_count``, ``load``; for chat and agents: ``chat``, ``append_messages``, ``tokens``,
-  ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``.
+  ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
+  ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``.
+  ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
+  commit; the first token comes in the step after the prompt's last chunk).
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -258,18 +260,51 @@ class BackendHost:
         self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest = 256,
         request_id: str | None = None,
     ) -> Generation:
-        """``append_messages`` then ``generate``: the assistant's reply (``Generation.text``), ending
-        at the model's end-of-generation token by default; ``prompt_tokens`` says what was appended."""
-        prompt = self.append_messages(session_id, messages, None if request_id is None else f"{request_id}:prompt")
-        reply = self.generate(session_id, request, request_id=request_id)
-        reply.prompt_tokens = prompt
+        """``append_messages`` then ``generate``, as one call: the assistant's reply
+        (``Generation.text``), ending at the model's end-of-generation token by default;
+        ``prompt_tokens`` says what was appended."""
+        reply = self.generate(session_id, request, request_id=request_id,
+                              prompt=self._chat_prompt(session_id, messages, request_id))
+        if reply.prompt_tokens is None:
+            reply.prompt_tokens = 0
+        self._close_reply(session_id, messages, reply, request_id)
+        return reply
+
+    def chat_stream(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest = 256,
+        request_id: str | None = None,
+    ) -> TokenStream:
+        """``chat`` as a stream: the reply's first token comes right after the new turn's prompt is
+        in. A reply that ends at the model's end-of-generation token is closed as the template
+        closes it once the stream ends (``close_reply``)."""
+        return self.stream(session_id, request, request_id=request_id,
+                           prompt=self._chat_prompt(session_id, messages, request_id))
+
+    def _chat_prompt(self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None) -> list[int]:
+        """What the session lacks of the rendered conversation (the log cut back to where they agree)."""
+        with self._ctx.lock:
+            done = self._ctx.get(session_id, live=False).committed
+            if request_id is not None and done is not None and done.request_id == request_id:
+                return []  # a retry of a turn that committed: its answer is replayed
+        keep, new = self._chat.plan(session_id, messages)
+        if keep < self.token_count(session_id):
+            self.truncate(session_id, keep)
+        return new
+
+    def close_reply(self, session_id: str, messages: Sequence[Mapping[str, Any]], reply: Generation,
+                    request_id: str | None = None) -> None:
+        """After a chat turn that ended at end-of-generation: append what the chat template puts
+        after a reply, so the log reads as the conversation rendered with it."""
+        self._close_reply(session_id, messages, reply, request_id)
+
+    def _close_reply(self, session_id: str, messages: Sequence[Mapping[str, Any]], reply: Generation,
+                     request_id: str | None) -> None:
         if reply.finish_reason == "eos" and reply.text is not None:
             # the reply closed as the template closes it, so the log is the rendered conversation
             closed = [*messages, {"role": "assistant", "content": reply.text}]
             keep, tail = self._chat.plan(session_id, closed, add_generation_prompt=False)
             if keep == self.token_count(session_id) and tail:
                 self.append(session_id, tail, None if request_id is None else f"{request_id}:close")
-        return reply
 
     # -- tokens in and out (jobs of the step loop) ------------------------------------------------
     def _submit(self, job: Job) -> Job:
@@ -294,6 +329,16 @@ class BackendHost:
             raise TokenIdError("append needs at least one token id, got an empty sequence")
         return self._submit(Job(session_id, "append", feed=toks, appended=len(toks), request_id=request_id)).wait()
 
+    def _prompt_first(self, session_id: str, prompt: Sequence[int] | None, request_id: str | None) -> tuple[list[int], int]:
+        """A generate's prompt, checked: (what its own job feeds, how many tokens it appends). The
+        job feeds it where the engine's KV is kvres's; an engine that samples itself takes whole
+        calls, so there it is appended first."""
+        toks = [] if prompt is None else token_ids(prompt, self.executor.n_vocab)
+        if toks and self._ctx.kv is None:
+            self.append(session_id, toks, None if request_id is None else f"{request_id}:prompt")
+            return [], len(toks)
+        return toks, len(toks)
+
     def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
         """Tokenize ``text`` (with BOS when the session is still empty) and append it; returns the
         token ids. A call repeated with the same ``request_id`` after it committed returns the ids
@@ -312,33 +357,36 @@ class BackendHost:
 
     def stream(
         self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
-        request_id: str | None = None,
+        request_id: str | None = None, prompt: Sequence[int] | None = None,
     ) -> TokenStream:
         """Tokens as they are produced; committed when the stream ends (or, when it is left, up to
-        what ``cancel`` says was delivered)."""
-        return TokenStream(self._generate_job(session_id, request, temperature, seed, True, request_id))
+        what ``cancel`` says was delivered). ``prompt``: tokens appended first, in the same call."""
+        return TokenStream(self._generate_job(session_id, request, temperature, seed, True, request_id, prompt))
 
     def generate(
         self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
-        request_id: str | None = None,
+        request_id: str | None = None, prompt: Sequence[int] | None = None,
     ) -> Generation:
         """Generate until an end-of-generation token, a stop id or string, or ``max_tokens``
         (``request``: a ``GenerationRequest``, or just ``max_tokens``); like an append, all of the
-        tokens are committed or none."""
-        job = self._generate_job(session_id, request, temperature, seed, False, request_id)
+        tokens are committed or none. ``prompt``: tokens appended first, in the same call and
+        commit (``prompt_tokens`` of the answer counts them)."""
+        job = self._generate_job(session_id, request, temperature, seed, False, request_id, prompt)
         job.wait()
         assert isinstance(job.answer, Generation)
         return job.answer
 
     def _generate_job(
         self, session_id: str, request: int | GenerationRequest, temperature: float, seed: int | None,
-        streaming: bool, request_id: str | None,
+        streaming: bool, request_id: str | None, prompt: Sequence[int] | None = None,
     ) -> Job:
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(max_tokens=request, sampling=SamplingParams(temperature=temperature, seed=seed))
         sampler = self.executor.sampler(request.sampling) if self._ctx.kv is not None else None  # genai samples itself
         stop = StopRule.of(request, self.executor.end_of_generation())
-        return self._submit(Job(session_id, "generate", remaining=request.max_tokens, sampler=sampler,
+        feed, appended = self._prompt_first(session_id, prompt, request_id)
+        return self._submit(Job(session_id, "generate", feed=feed, appended=appended, remaining=request.max_tokens,
+                                sampler=sampler,
                                 streaming=streaming, request_id=request_id, request=request, stop=stop,
                                 logprobs=[] if request.sampling.logprobs else None))
 

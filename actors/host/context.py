@@ -89,6 +89,8 @@ class HostContext:
     def refresh_resident(self, session_id: str) -> int:
         s = self.sessions[session_id]
         s.resident = sum(len(r) for r in self.executor.resident_ranges(session_id)) if s.live else 0
+        s.peak = max(s.peak, s.resident)  # a resume, a hand-over or a fork brings KV in without a step
+        self.peak_resident_tokens = max(self.peak_resident_tokens, self.held())
         return s.resident
 
     def publish(self) -> None:

@@ -4,7 +4,8 @@ Primitives:
 - ``Editing(ctx, durability, pressure, parking)``:
   ``cancel(session_id, request_id=None, keep=None) -> Generation | None``: a generate the caller
   left ends now; only its first ``keep`` tokens (all it produced when None) stay in the log and
-  the KV, and the call is committed with them (None: no such call runs).
+  the KV, and the call is committed with them (None: no such call runs). A generate given its
+  prompt and left before the prompt was all in commits nothing, not even the prompt.
   ``truncate(session_id, length)``: the log becomes its first ``length`` tokens and the KV follows
   (resident cells cut; spilled blocks past it released; a suspended session is resumed first),
   exactly as if the rest had never been appended: at a length where a call of the session ended
@@ -60,6 +61,14 @@ class Editing:
             if s is None or not jobs or not ctx.loop.withdraw(jobs[0]):
                 return None  # it ended (and was committed) already, or never ran here
             job = jobs[0]
+            if job.feed:  # left before its prompt was in: the call commits nothing, prompt included
+                self.durability.roll_back(session_id)
+                job.finish_reason, job.stopped_by, job.remaining = "cancelled", None, 0
+                answer = generation_of(ctx, job)
+                job.answer = answer
+                job.finish()
+                ctx.loop.poke()
+                return answer
             kept = len(job.produced) if keep is None else max(0, min(int(keep), len(job.produced)))
             if s.live and job.start_length >= 0:
                 self._cut(session_id, s, job.start_length + kept)

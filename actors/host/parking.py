@@ -2,7 +2,8 @@
 
 Primitives:
 - ``Parking(ctx, durability, pressure, recall_costs=None)``: ``suspend(session_id)`` (every
-  resident range exported as one block, all of them in one ``put_many``; the engine's copy freed),
+  resident range exported as one block, all of them in one ``put_many``; the engine's copy freed;
+  counted once, in the counters its record carries),
   ``detach(session_id)`` (suspended and forgotten here: it moves to another backend),
   ``resume(session_id, record=None, busy=None)`` (a slot made, the parked blocks worth reading
   imported with one ``pop_many`` per store, the rest recomputed from the token log; returns the
@@ -59,6 +60,7 @@ class Parking:
             if ctx.store is None:
                 raise KvresError(f"backend {ctx.name!r} has no cold store: cannot suspend {session_id!r}")
             resident = ctx.executor.resident_ranges(session_id)  # none where the engine manages KV
+            ctx.count(session_id, "suspends")  # before the record: a resume carries its counters on
             refs: list[ColdRef] = []
             if resident and ctx.executor.capabilities().kv_export:
                 executor = ctx.kv_executor("suspend")

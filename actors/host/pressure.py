@@ -125,7 +125,7 @@ class Pressure:
         its budget (twice the budget: the cache, and so each decode step, stays bounded)."""
         if done:
             return True
-        if job.kind == "append":
+        if job.feed:
             return len(job.feed) > self.ctx.free_tokens({})
         budget = s.residency.budget_tokens or 0
         return s.resident > budget + max(s.residency.block_size, budget)
@@ -199,16 +199,8 @@ class Pressure:
         busy = ctx.busy() if busy is None else busy
         live = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer]
         if newcomer is not None and len(live) >= ctx.config.n_seq_max:
-            # every sequence slot is taken: the least recently used idle session has to go
-            idle = [sid for sid in live if sid not in busy and sid not in incoming]
-            if not idle:
-                raise BackendFullError(
-                    f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
-                    f"serving running calls: none for session {newcomer!r} now (a call of it waits for one)"
-                )
-            victim = min(idle, key=lambda sid: ctx.sessions[sid].last_used)
+            victim = self._slot_victim(live, newcomer, busy, incoming)
             self._suspend(victim)
-            ctx.count(victim, "suspends")
             live.remove(victim)
             if not self.needs_plan(incoming, newcomer_tokens):
                 return True
@@ -226,7 +218,6 @@ class Pressure:
         for action in plan.actions:
             if action.kind == "suspend":
                 self._suspend(action.session_id)
-                ctx.count(action.session_id, "suspends")
             else:
                 self.evict(action.session_id, action.ranges, action.rebase)
         if plan.over_budget and self.needs_plan(incoming, newcomer_tokens):
@@ -237,6 +228,24 @@ class Pressure:
                 f"within kv_budget_tokens={ctx.config.kv_budget_tokens}: " + "; ".join(plan.diagnostics[-2:])
             )
         return True
+
+    def _slot_victim(self, live: list[str], newcomer: str, busy: set[str], incoming: Mapping[str, int]) -> str:
+        """The idle session to suspend for a newcomer's slot: the one needed last. A session whose
+        append just ended waits for its reply (the same turn's generate is on its way): it goes
+        only when no other idle session can, and not while a running call will soon free a slot
+        (then the newcomer waits, rather than resuming that session again right after)."""
+        ctx = self.ctx
+        idle = [sid for sid in live if sid not in busy and sid not in incoming]
+        now = time.monotonic()
+        settled = [sid for sid in idle if ctx.sessions[sid].mid_turn_until <= now]
+        running = any(sid != newcomer and sid in ctx.sessions and ctx.sessions[sid].live for sid in busy)
+        if not settled and (not idle or running):
+            raise BackendFullError(
+                f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
+                f"serving running calls or turns under way: none for session {newcomer!r} now "
+                "(a call of it waits for one)"
+            )
+        return min(settled or idle, key=lambda sid: ctx.sessions[sid].last_used)
 
     # -- carrying a plan out ----------------------------------------------------------------
     def evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:

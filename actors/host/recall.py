@@ -55,7 +55,7 @@ class Recall:
             return  # nothing to recall, or nothing could tell which recalled blocks matter
         executor = ctx.kv_executor("recall")
         t0 = time.perf_counter()
-        turn = next((job.feed for job in ctx.loop.pending(session_id) if job.kind == "append"), None)
+        turn = next((job.feed for job in ctx.loop.pending(session_id) if job.feed), None)
         if s.ranking.by_attention_window and turn:
             recalled = self._by_scoring_pass(session_id, s, executor, store, turn, incoming + sum((step or {}).values()))
             if recalled is not None:

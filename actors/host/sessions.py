@@ -71,6 +71,7 @@ class HostSession:
     retrieved: list[Range] = field(default_factory=list)  # recalled this turn and kept: kept first
     recall_ready: RecallReady | None = None  # its cold blocks, read while the backend was idle
     layouts: dict[int, tuple[Range, ...]] = field(default_factory=dict)  # log length -> resident, at commits
+    mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
         """What was resident when the log was ``log_length`` long (a rollback there restores it)."""

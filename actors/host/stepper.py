@@ -3,8 +3,11 @@
 Primitives:
 - ``KVStepper(ctx, durability, pressure, recall, parking)``: ``step(jobs)``, the step loop's step
   function (under the host lock): a suspended session's job brings it back first where a slot
-  can be had; a generating job adds one sampled token, an appending job a chunk (a turn's first
-  step recalls its cold blocks first); room is made for each (``Pressure.make_room``, counting
+  can be had; an empty session's first tokens that a live session holds are shared from it, not
+  prefilled (``_share_prefix``); a job with tokens to feed (an append, or a generate given its
+  prompt) adds a chunk (a turn's first step recalls its cold blocks first), a generating job one sampled token, handed
+  out as soon as it is sampled (so a turn's first token comes in the step after its prompt's last
+  chunk, before that step's decode); room is made for each (``Pressure.make_room``, counting
   what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
   session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
   the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
@@ -17,7 +20,10 @@ Budget: the step never lets the live sessions hold more than ``kv_budget_tokens`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+
+import numpy as np
 
 from kvres.policy import CapabilityError, KvresError, UnknownSessionError
 from kvres.policy.residency import Residency
@@ -38,12 +44,19 @@ from .sessions import HostSession
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 PRIME_TOKENS = 1024  # the most of a session's log a sampler's penalties are primed with
 SCORE_ROWS = 512  # query rows one attention capture holds on every engine (llama.cpp: one micro-batch)
+SHARE_MIN_TOKENS = 32  # the shortest prefix an empty session takes from a live one instead of prefilling
+MID_TURN_GRACE_S = 0.5  # after an append, how long its session is kept over others for the reply
 
 
 def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
     """The call is done: commit the session (with the call's id and answer), then answer."""
     job.result = len(ctx.executor.token_log(job.session_id))
+    s = ctx.sessions.get(job.session_id)
+    if s is not None:  # a turn's reply follows its append: keep the slot for it a moment
+        s.mid_turn_until = time.monotonic() + MID_TURN_GRACE_S if job.kind == "append" else 0.0
     answer: object = (job.result - job.appended, job.result) if job.kind == "append" else generation_of(ctx, job)
+    if isinstance(answer, Generation) and job.appended:
+        answer.prompt_tokens = job.appended  # a generate given its prompt
     try:
         durability.commit(job.session_id, job.request_id, answer)
     except Exception as exc:
@@ -56,7 +69,8 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
 def generation_of(ctx: HostContext, job: Job) -> Generation:
     """A generate job's answer: its tokens, why it ended, its text where the model has one."""
     try:
-        text: str | None = reply_text(job.produced, job.stopped_by, ctx.executor.detokenize)
+        before = ctx.executor.token_log(job.session_id)[job.start_length - 1] if job.start_length > 0 else None
+        text: str | None = reply_text(job.produced, job.stopped_by, ctx.executor.detokenize, before)
     except CapabilityError:
         text = None  # a model without a detokenizer (token ids only)
     return Generation(job.produced, job.finish_reason, job.stopped_by, text,
@@ -107,9 +121,10 @@ class KVStepper:
             if self._nothing_to_generate(job, s):
                 progressed = True
                 continue
-            if job.kind == "append" and not job.started:
+            if job.feed and not job.started:
                 held = None  # a recall may change what the session holds
                 job.started = True
+                self._share_prefix(job, s, busy, incoming)
                 try:
                     self.recall.recall(job.session_id, len(job.feed), incoming)
                 except Exception as exc:
@@ -122,7 +137,7 @@ class KVStepper:
             try:
                 if held is None or not self.pressure.fits(s, n, held + sum(incoming.values())):
                     # room for the whole chunk ahead (a generate plans ahead like an append would)
-                    ahead = n if job.kind == "append" else s.residency.ahead(job.remaining)
+                    ahead = n if job.feed else s.residency.ahead(job.remaining)
                     changed = self.pressure.make_room({**incoming, job.session_id: n},
                                                       ahead={job.session_id: ahead}, busy=busy)
                     held = None if changed else self.ctx.held()
@@ -135,7 +150,11 @@ class KVStepper:
                 self.durability.fail(job, exc)
                 progressed = True
                 continue
-            toks = [self._sample(job, s)] if job.kind == "generate" else job.feed[:n]
+            if job.feed:
+                toks = job.feed[:n]
+            else:
+                toks = [self._sample(job, s)]
+                self._emit(job, toks[0])  # out before the decode: it is chosen, and the log takes it
             batch.append((job, toks))
             incoming[job.session_id] = n
             capacity -= n
@@ -144,10 +163,39 @@ class KVStepper:
         self._run(batch, incoming)
         return True
 
+    def _share_prefix(self, job: Job, s: HostSession, busy: set[str], incoming: dict[str, int]) -> None:
+        """An empty session's first tokens that a live session already holds (a shared system
+        prompt) are taken from it (``Executor.share_prefix``), not prefilled; the last one is
+        always decoded (its logits start the turn). Where the engine cannot, or no room can be
+        made, they are prefilled as usual."""
+        ctx, sid = self.ctx, job.session_id
+        if len(job.feed) <= SHARE_MIN_TOKENS or s.residency.budget is not None or s.scored_now \
+                or self.executor.token_log(sid):
+            return
+        feed = np.asarray(job.feed[:-1])
+        best, source = 0, ""
+        for other, o in ctx.sessions.items():
+            log = self.executor.token_log(other) if other != sid and o.live and o.exact else []
+            m = min(len(log), feed.size)
+            if m >= max(best + 1, SHARE_MIN_TOKENS):
+                differ = np.flatnonzero(np.asarray(log[:m]) != feed[:m])
+                n = int(differ[0]) if differ.size else m
+                best, source = (n, other) if n > best else (best, source)
+        if best < SHARE_MIN_TOKENS:
+            return
+        try:
+            self.pressure.make_room({**incoming, sid: best}, busy=busy | {source})
+            self.executor.share_prefix(source, sid, best)
+        except KvresError:
+            return  # prefilled instead
+        del job.feed[:best]
+        ctx.refresh_resident(sid)
+        s.peak = max(s.peak, s.resident)
+
     @staticmethod
     def _nothing_to_generate(job: Job, s: HostSession) -> bool:
         """A generate with nothing left to generate, or before any prompt, is finished here."""
-        if job.kind != "generate" or (job.remaining and s.last_logits is not None):
+        if job.kind != "generate" or job.feed or (job.remaining and s.last_logits is not None):
             return False
         job.finish(None if job.remaining == 0 else KvresError(
             f"session {job.session_id!r} has no tokens yet: append a prompt first"))
@@ -196,7 +244,7 @@ class KVStepper:
     def _want(self, job: Job, s: HostSession, incoming: dict[str, int]) -> int:
         """The job's share of this step before the step's capacity: one token for a generate, a
         chunk for an append (a session cut to budget after each chunk gets at most the free room)."""
-        if job.kind == "generate":
+        if not job.feed:
             return 1
         want = s.residency.chunk(len(job.feed))
         if s.scored_now:
@@ -209,12 +257,12 @@ class KVStepper:
         still to come); an accumulating ranking (H2O) takes the rows so far when the next step's
         would not fit one capture with them."""
         if s.scored_now and self.pressure.compress_now(s, job, done):
-            lookahead = job.feed[-s.residency.observation_window:] if job.kind == "append" and not done else None
+            lookahead = job.feed[-s.residency.observation_window:] if job.feed and not done else None
             self.pressure.compress(job.session_id, lookahead)
             return
         if done or s.ranking is None or not s.ranking.accumulates:
             return
-        coming = 1 if job.kind == "generate" else min(len(job.feed), self.step_tokens)
+        coming = min(len(job.feed), self.step_tokens) if job.feed else 1
         if s.ranking.pending_rows(len(self.executor.token_log(job.session_id))) + coming > SCORE_ROWS:
             self.pressure.observe(job.session_id)
 
@@ -238,12 +286,11 @@ class KVStepper:
             s.last_logits = lg
             s.resident += len(toks)
             s.peak = max(s.peak, s.resident)
-            if job.kind == "generate":
-                self._emit(job, toks[0])
-                done = job.remaining == 0
-            else:
+            if job.feed:
                 del job.feed[: len(toks)]
-                done = not job.feed
+                done = not job.feed and (job.kind == "append" or job.remaining == 0)
+            else:
+                done = job.remaining == 0
             try:
                 self._score(job, s, done)
             except Exception as exc:

@@ -13,7 +13,14 @@ Primitives:
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them;
   ``send_now()`` sends what is queued at once (a session handed to another backend).
-- ``cold_store_name(node_id)``: the actor name of a node's cold store.
+- ``cold_store_name(node_id)``: the actor name of a node's cold store; ``alive_nodes()``: the ids
+  of the Ray nodes alive now (asked of the GCS at most every ``NODES_TTL_S``); ``node_dead(node_id,
+  fresh=False, unknown=True)``: no alive node has that id (or prefix); ``store_node_dead(store)``: the node a
+  store is named after is dead.
+
+A store whose node died is gone for good (``ColdStoreGoneError``): ``take`` and ``tiers_of`` answer
+None for its refs (their tokens are recomputed from the log) and ``release`` skips them, so a session
+whose blocks were parked or spilled there goes on.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
-from kvres.policy.errors import ColdStoreLostError
+from kvres.policy.errors import ColdStoreGoneError, ColdStoreLostError
 from kvres.policy.recall import RecallCosts
 
 logger = logging.getLogger("kvres.coldstore")
@@ -36,10 +43,51 @@ STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store t
 STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 WRITE_DEFER_S = 0.2  # how long a write-behind send may wait for its backend to be between calls
 IDLE_GRACE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
+STORE_PREFIX = "kvres-coldstore-"
+NODES_TTL_S = 0.5
+_nodes_seen: tuple[float, frozenset[str], frozenset[str]] = (0.0, frozenset(), frozenset())
+_gone_stores: set[str] = set()  # stores whose node died: never asked again
 
 
 def cold_store_name(node_id: str) -> str:
-    return f"kvres-coldstore-{node_id[:16]}"
+    return f"{STORE_PREFIX}{node_id[:16]}"
+
+
+def _nodes(fresh: bool = False) -> tuple[frozenset[str], frozenset[str]]:
+    """(alive, dead) node ids, as the GCS says (cached ``NODES_TTL_S`` unless ``fresh``)."""
+    global _nodes_seen
+    import ray
+
+    now = time.monotonic()
+    if fresh or now - _nodes_seen[0] > NODES_TTL_S:
+        table = ray.nodes()  # type: ignore[no-untyped-call]
+        alive = frozenset(str(n["NodeID"]) for n in table if n.get("Alive"))
+        dead = frozenset(str(n["NodeID"]) for n in table if not n.get("Alive"))
+        _nodes_seen = (now, alive, dead)
+    return _nodes_seen[1], _nodes_seen[2]
+
+
+def alive_nodes() -> frozenset[str]:
+    return _nodes()[0]
+
+
+def node_dead(node_id: str, fresh: bool = False, unknown: bool = True) -> bool:
+    """``node_id`` (or a prefix of it, as store names hold) names no alive node and a dead one;
+    with ``unknown`` also none at all (a node kvres pinned something to, or named a store after,
+    existed: gone from Ray's node table, it is dead too)."""
+    alive, dead = _nodes(fresh)
+    if any(n.startswith(node_id) for n in alive):
+        return False
+    return unknown or any(n.startswith(node_id) for n in dead)
+
+
+def store_node_dead(store: str) -> bool:
+    if store in _gone_stores:
+        return True
+    if store.startswith(STORE_PREFIX) and node_dead(store[len(STORE_PREFIX):]):
+        _gone_stores.add(store)
+        return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -73,7 +121,11 @@ class StorePort(ColdStore):
         cheaper to recompute under ``costs``)."""
         out: list[KVBlock | None] = [None] * len(refs)
         for store, idx in _by_store(refs).items():
-            popped = self.at(store).pop_many([refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
+            try:
+                popped = self.at(store).pop_many([refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
+            except ColdStoreGoneError as exc:
+                logger.warning("%d block(s) parked in %s are gone (%s): recomputed from the log", len(idx), store, exc)
+                continue
             for i, block in zip(idx, popped, strict=True):
                 out[i] = block
         return out
@@ -81,13 +133,20 @@ class StorePort(ColdStore):
     def tiers_of(self, refs: Sequence[ColdRef]) -> list[Tier | None]:
         out: list[Tier | None] = [None] * len(refs)
         for store, idx in _by_store(refs).items():
-            for i, tier in zip(idx, self.at(store).tiers([refs[i].key for i in idx]), strict=True):
+            try:
+                tiers = self.at(store).tiers([refs[i].key for i in idx])
+            except ColdStoreGoneError:
+                continue  # gone with its node
+            for i, tier in zip(idx, tiers, strict=True):
                 out[i] = tier
         return out
 
     def release(self, refs: Sequence[ColdRef]) -> None:
         for store, idx in _by_store(refs).items():
-            self.at(store).delete_many([refs[i].key for i in idx])
+            try:
+                self.at(store).delete_many([refs[i].key for i in idx])
+            except ColdStoreGoneError:
+                continue  # gone with its node: nothing left to free
 
 
 def _by_store(refs: Sequence[ColdRef]) -> dict[str, list[int]]:
@@ -109,8 +168,9 @@ class RayStorePort(StorePort):
     that made them. The sender waits for the store to finish each batch (a failure is logged as
     it happens) and sends what queued meanwhile as one. Every other call waits for its answer."""
 
-    def __init__(self, name: str, namespace: str, stage_bytes: int = STAGE_BYTES) -> None:
+    def __init__(self, name: str, namespace: str, stage_bytes: int = STAGE_BYTES, foreign: bool = False) -> None:
         self.name = name
+        self._foreign = foreign  # another node's store: its node's death is checked before each call
         self._namespace = namespace
         self._handle: Any = None
         self._stage: OrderedDict[BlockKey, KVBlock] = OrderedDict()
@@ -126,7 +186,7 @@ class RayStorePort(StorePort):
         self._sending = False  # a batch is out of the outbox, not yet submitted
 
     def at(self, store: str) -> ColdStore:
-        return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0)
+        return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0, foreign=True)
 
     def _actor(self) -> Any:
         import ray
@@ -146,18 +206,22 @@ class RayStorePort(StorePort):
                     self._sent.wait()
             finally:
                 self._flushing -= 1
+        if self._foreign:
+            self._check_node()
         try:
             return ray.get(getattr(self._actor(), method).remote(*args))
-        except ray.exceptions.RayActorError as exc:
-            first = f"{type(exc).__name__}"
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError, ValueError) as exc:
+            first = f"{type(exc).__name__}"  # ValueError: no actor by that name (now)
         # the store died (Ray restarts it: its disk tier survives, RAM blocks are gone): wait for
-        # it, looked up by name again, and repeat the call once
+        # it, looked up by name again, and repeat the call once; a store whose node died is gone
         self._handle = None
         deadline = time.monotonic() + STORE_RESTART_WAIT_S
         while True:
+            self._check_node()
             try:
                 return ray.get(getattr(self._actor(), method).remote(*args), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ValueError) as exc:
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError,
+                    ray.exceptions.GetTimeoutError, ValueError) as exc:
                 self._handle = None
                 if time.monotonic() >= deadline:
                     raise ColdStoreLostError(
@@ -165,6 +229,11 @@ class RayStorePort(StorePort):
                         f"{STORE_RESTART_WAIT_S:.0f} s ({type(exc).__name__}); the call {method!r} was not done"
                     ) from None
             time.sleep(0.2)
+
+    def _check_node(self) -> None:
+        if store_node_dead(self.name):
+            raise ColdStoreGoneError(f"cold store {self.name!r} is gone with its node (dead): its blocks are "
+                                     "lost and recomputed from the token log")
 
     def _send(self, method: str, *args: Any) -> None:
         """Submit without waiting (from the sender thread); a failure is logged when noticed."""

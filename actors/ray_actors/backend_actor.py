@@ -10,6 +10,14 @@ Primitives:
   ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray streaming
   generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
   ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
+  It measures what a caller sees: every call's latency, a stream's time to first token and the
+  gaps between its tokens, the calls it holds (``kvres.actors.metrics``: kvres_call_seconds,
+  kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
+  the explicit suspends and resumes it is asked for (``explicit_suspends`` / ``explicit_resumes``:
+  the host counts the forced ones); it says how the model load and a long append's prefill are
+  going (``progress``); it refuses a llama engine on an untested llama-cpp-python
+  (``kvres.actors.pins``). Its repr holds only what never changes (engine, model, slots, budget):
+  Ray records it once; live state is in ``stats()``, ``kvres status`` and ``kvres top``.
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
   (appends and generations of up to ``CALL_THREADS`` sessions at once, batched together by the
   host's step loop) and "control" (stats, suspend, resume, close, ...), so a control call never
@@ -19,8 +27,10 @@ Primitives:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +46,17 @@ from kvres.actors.host.journal import RayJournal
 from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
 from kvres.actors.model_files import model_id
+from kvres.actors.pins import check_llama_cpp_python
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
 from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
 from kvres.coldstore import new_secret
 
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
+from .progress import loading, watch
 
 CALL_THREADS = 256
+PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
 LEASE_CHECK_S = 0.25  # how often a stream asks whether its driver is still there
 
 
@@ -77,41 +90,65 @@ class BackendServer:
         self.node_id = ray.get_runtime_context().get_node_id()
         model = config.model_path or default_model_path()
         spec = engine_spec(config.engine)
+        if config.engine == "llama":
+            check_llama_cpp_python()
         placement = placement_for(config, assigned_gpu_ids())
         config, self.tier_decision = resolve_kv_tier(config, model, placement=placement)
         store_name = cold_store_name(self.node_id)
         store = RayStorePort(store_name, namespace)
         self._reports = LoadReporter(config, str(model), self.node_id, namespace)
-        executor = make_executor(config, model, placement)
+        size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
+        with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}"):
+            executor = make_executor(config, model, placement)
         self.recall_costs = None if spec.recall_probe is None else BackgroundRecallCosts(
             model, spec.recall_probe(executor, placement),
             disk_folder=lambda: store_disk_folder(store_name, namespace))
+        self.metrics = RayMetrics()
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self.host = BackendHost(
             config,
             executor,
             store=store,
-            metrics=RayMetrics(),
+            metrics=self.metrics,
             recall_costs=self.recall_costs,
             on_change=lambda: self._reports.changed(self.host),
             journal=RayJournal(namespace),
             file_secret=cluster_secret(coldstore_secret_name(namespace), new_secret),
             model_id=model_id(model),
         )
+        self._repr = (f"BackendServer({config.name}: {config.engine} {Path(model).name}, {config.n_seq_max} slots, "
+                      f"{config.kv_budget_tokens}-token budget)")
+        self.metrics.set_queue_depth(config.name, 0)
+        self.metrics.declare_backend(config.name)
         self._reports.changed(self.host)
         if self.recall_costs is not None:  # off the call path: a resume never waits for a probe
             self.recall_costs.start()
         freeze_startup_heap()
 
     def __repr__(self) -> str:
-        """Live state for Ray's dashboard (its Repr column): the host's counters, never the engine."""
-        host = self.__dict__.get("host")
-        if host is None:
-            return "BackendServer(starting)"
-        s = host.stats()
-        live = sum(1 for v in s["sessions"].values() if v["state"] == "live")
-        return (f"BackendServer({s['backend']}: {s['engine']} {s['model'].rsplit('/', 1)[-1]}, "
-                f"{live} live / {len(s['sessions']) - live} suspended sessions, "
-                f"{s['resident_tokens']}/{s['kv_budget_tokens']} tokens resident)")
+        """Static facts for Ray's dashboard (its Repr column, recorded once): engine, model, slots."""
+        return str(self.__dict__.get("_repr", "BackendServer(starting)"))
+
+    @contextmanager
+    def _call(self, method: str) -> Iterator[float]:
+        """Count the call in the queue depth while it runs and time it (kvres_call_seconds)."""
+        name = self.host.name
+        with self._in_flight_lock:
+            self._in_flight += 1
+            self.metrics.set_queue_depth(name, self._in_flight)
+        t0 = time.perf_counter()
+        try:
+            yield t0
+        finally:
+            self.metrics.observe_call(name, method, time.perf_counter() - t0)
+            with self._in_flight_lock:
+                self._in_flight -= 1
+                self.metrics.set_queue_depth(name, self._in_flight)
+
+    def _answered(self, method: str, t0: float) -> None:
+        """A whole answer reached the caller: its first token came with it."""
+        self.metrics.observe_first_token(self.host.name, method, time.perf_counter() - t0)
 
     @ray.method(concurrency_group="control")
     def ping(self) -> str:
@@ -129,7 +166,8 @@ class BackendServer:
         # where T* chose to spill, a session with no eviction policy keeps a resident window and
         # parks the rest in the cold store (its stats show the policy it runs with)
         policy = session_policy_for_tier(self.tier_decision, policy, self.host.config.kv_budget_tokens)
-        self.host.open_session(session_id, policy)
+        with self._call("open_session"):
+            self.host.open_session(session_id, policy)
 
     def _policy_here(self, record: SuspendRecord) -> SuspendRecord:
         """A session that left nothing for kvres to evict (kind "none", spill allowed) runs here as
@@ -144,48 +182,82 @@ class BackendServer:
 
     @ray.method(concurrency_group="calls")
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
-        return self.host.append(session_id, tokens, request_id)
+        with self._call("append"):
+            if len(tokens) < PROGRESS_TOKENS:
+                return self.host.append(session_id, tokens, request_id)
+            before = self.host.token_count(session_id)
+            watcher = watch(lambda: self.host.token_count(session_id) - before, len(tokens),
+                            f"backend {self.host.name!r}: session {session_id!r} prefill")
+            try:
+                length = self.host.append(session_id, tokens, request_id)
+            except BaseException:
+                watcher.stop()
+                raise
+            watcher.stop(len(tokens))
+            return length
 
     @ray.method(concurrency_group="calls")
     def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
-        return self.host.append_text(session_id, text, request_id)
+        with self._call("append_text"):
+            return self.host.append_text(session_id, text, request_id)
 
     @ray.method(concurrency_group="calls")
-    def generate(self, session_id: str, request: GenerationRequest, request_id: str | None = None) -> Generation:
-        return self.host.generate(session_id, request, request_id=request_id)
+    def generate(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
+                 prompt: list[int] | None = None) -> Generation:
+        with self._call("generate") as t0:
+            answer = self.host.generate(session_id, request, request_id=request_id, prompt=prompt)
+            self._answered("generate", t0)
+            return answer
 
     @ray.method(num_returns="streaming", concurrency_group="calls")
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
-               lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
+               lease: list[ray.ObjectRef[bytes]] | None = None, prompt: list[int] | None = None,
+               messages: list[dict[str, Any]] | None = None) -> Iterator[int | Generation]:
         """One object per token, then the ``Generation`` (why it ended). A stream its consumer
         leaves keeps only the tokens it yielded: the generator closed, or the driver that called
         gone (``lease``: an object the driver owns; Ray reports its owner's death to whoever
-        holds it, checked every ``LEASE_CHECK_S`` while tokens flow)."""
-        stream = self.host.stream(session_id, request, request_id=request_id)
-        yielded = 0
-        checked = time.monotonic()
-        try:
-            for token in stream:
-                yield token
-                yielded += 1
-                if lease and time.monotonic() - checked > LEASE_CHECK_S:
-                    checked = time.monotonic()
-                    if not driver_alive(lease[0]):
-                        break
-        finally:
-            if stream.generation is None and not stream.job.done:
-                self.host.cancel(session_id, stream.job.request_id, yielded)
-        if stream.generation is not None:
-            yield stream.generation
+        holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens) or
+        ``messages`` (a chat turn): appended first, in the same call."""
+        with self._call("stream") as t0:
+            if messages is not None:
+                stream = self.host.chat_stream(session_id, messages, request, request_id)
+            else:
+                stream = self.host.stream(session_id, request, request_id=request_id, prompt=prompt)
+            yielded = 0
+            checked = time.monotonic()
+            name, last = self.host.name, t0
+            try:
+                for token in stream:
+                    now = time.perf_counter()
+                    if yielded:
+                        self.metrics.observe_token_gap(name, now - last)
+                    else:
+                        self.metrics.observe_first_token(name, "stream", now - t0)
+                    last = now
+                    yield token
+                    yielded += 1
+                    if lease and time.monotonic() - checked > LEASE_CHECK_S:
+                        checked = time.monotonic()
+                        if not driver_alive(lease[0]):
+                            break
+            finally:
+                if stream.generation is None and not stream.job.done:
+                    self.host.cancel(session_id, stream.job.request_id, yielded)
+            if stream.generation is not None:
+                yield stream.generation
 
     @ray.method(concurrency_group="calls")
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str | None = None) -> Generation:
-        return self.host.chat(session_id, messages, request, request_id)
+        with self._call("chat") as t0:
+            answer = self.host.chat(session_id, messages, request, request_id)
+            self._answered("chat", t0)
+            return answer
 
     @ray.method(concurrency_group="calls")
     def append_messages(self, session_id: str, messages: list[dict[str, Any]], request_id: str | None = None) -> int:
-        return self.host.append_messages(session_id, messages, request_id)
+        with self._call("append_messages"):
+            return self.host.append_messages(session_id, messages, request_id)
 
     @ray.method(concurrency_group="control")
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
@@ -213,21 +285,43 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def suspend(self, session_id: str) -> None:
-        self.host.suspend(session_id)
+        with self._call("suspend"), self._explicit(session_id, "explicit_suspends", was_live=True):
+            self.host.suspend(session_id)
 
     @ray.method(concurrency_group="control")
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
         if record is not None:  # handed over by another backend: runs with the policy this one gives it
             record = self._policy_here(record)
-        return self.host.resume(session_id, record)
+        with self._call("resume"), self._explicit(session_id, "explicit_resumes", was_live=False):
+            return self.host.resume(session_id, record)
+
+    @contextmanager
+    def _explicit(self, session_id: str, counter: str, was_live: bool) -> Iterator[None]:
+        """Count an explicit suspend (resume) that changes something, under the host's lock so no
+        call slips between. A suspend is counted before it parks the session (the counters travel
+        in its record), once the refusals it would raise are ruled out; a resume once it is in."""
+        ctx = self.host._ctx  # the host counts the forced ones itself; these arrive only here
+        with ctx.lock:
+            s = ctx.sessions.get(session_id)
+            if was_live:
+                if s is not None and s.live and ctx.store is not None and not ctx.loop.pending(session_id):
+                    ctx.count(session_id, counter)
+                yield
+                return
+            changes = s is None or not s.live
+            yield
+            if changes and session_id in ctx.sessions:
+                ctx.count(session_id, counter)
 
     @ray.method(concurrency_group="control")
     def detach(self, session_id: str) -> SuspendRecord:
-        return self.host.detach(session_id)
+        with self._call("detach"):
+            return self.host.detach(session_id)
 
     @ray.method(concurrency_group="control")
     def close(self, session_id: str) -> None:
-        self.host.close(session_id)
+        with self._call("close"):
+            self.host.close(session_id)
 
     @ray.method(concurrency_group="control")
     def session_stats(self, session_id: str) -> dict[str, Any]:
@@ -238,7 +332,8 @@ class BackendServer:
         tier = self.tier_decision.as_dict() if self.tier_decision is not None else None
         recall = None if self.recall_costs is None else self.recall_costs.status
         return {**self.host.stats(), "node_id": self.node_id, "kv_types": (self.host.config.type_k,
-                self.host.config.type_v), "tier_decision": tier, "recall_costs": recall}
+                self.host.config.type_v), "tier_decision": tier, "recall_costs": recall,
+                "calls_in_flight": self._in_flight}
 
     @ray.method(concurrency_group="control")
     def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:

@@ -12,7 +12,10 @@ Primitives:
   (``platformdirs.user_cache_dir``) on the node the store runs on; used when ``disk_path`` is None
   and ``cache_folder`` is given.
 - ``MeteredColdStoreServer``: the same, publishing ``kvres_cold_bytes`` / ``kvres_cold_blocks`` per
-  tier after every change, with the heap it started with frozen (``heap.freeze_startup_heap``);
+  tier after every change, with the heap it started with frozen (``heap.freeze_startup_heap``),
+  its disk folder claimed for its process (``store_folders.claim``; ``destroy`` releases it) and
+  ``sweep_previous(prefix)``
+  (the same namespace's folders an earlier run or a dead node left here, removed);
   ``MeteredColdStoreActor`` is what the cluster starts on every node.
 - ``ColdStoreActor``: ``ray.remote(ColdStoreServer)``; create it with
   ``ColdStoreActor.options(name=..., namespace=..., scheduling_strategy=...).remote(...)``.
@@ -58,6 +61,7 @@ from kvres.coldstore import (
 from kvres.policy.recall import RecallCosts
 
 from .heap import freeze_startup_heap
+from .store_folders import claim, release, sweep_siblings
 
 
 def default_store_dir(cache_folder: str) -> Path:
@@ -226,8 +230,25 @@ class MeteredColdStoreServer(ColdStoreServer):
         super().__init__(*args, **kwargs)
         self._metrics = RayMetrics()
         self._node = ray.get_runtime_context().get_node_id()
+        folder = self.disk_folder()
+        if folder is not None:
+            claim(folder, self._node)  # an earlier run's folder is found by its owner's death
         self._changed()
         freeze_startup_heap()
+
+    def destroy(self) -> int:
+        folder = self.disk_folder()
+        dropped = super().destroy()
+        if folder is not None:
+            release(folder)
+        return dropped
+
+    def sweep_previous(self, prefix: str) -> list[dict[str, Any]]:
+        """Remove the folders of this namespace's stores (``prefix``) whose owning process is
+        gone (an earlier run of the cluster, a node that died) beside this store's; what was
+        removed (``store_folders.sweep_siblings``)."""
+        folder = self.disk_folder()
+        return [] if folder is None else sweep_siblings(folder, prefix)
 
     def _changed(self) -> None:
         stats = self._store.stats()

@@ -10,7 +10,13 @@ Primitives:
     report and pending placements, and cluster totals).
   - placement: ``place(session_id, model=None, placement=None, need=EngineNeed.ANY,
     demand_tokens=0, seeds=()) -> backend``: chooses from the load view
-    (``kvres.policy.placement``) and registers the session there.
+    (``kvres.policy.placement``) and registers the session there; ``rehome(session_id, lost,
+    model, need, demand_tokens) -> backend``: the same for a session whose backend ``lost``
+    died with its node (``lost`` is dropped from the view).
+  - dead nodes: a backend whose last report (or seed) names a node Ray reports dead is dropped
+    from the view (``lost()`` lists them with their node) and its reports and seeds are ignored
+    until one comes from a live node (an unpinned backend Ray re-created elsewhere), so placement
+    never picks it.
   - directory: ``register(session_id, backend)``, ``forget(session_id)``, ``where(session_id)``,
     ``directory()``.
   - ``plan(backend, BackendPlanInput) -> BackendPlan``: ``plan_backend`` for a caller without
@@ -32,6 +38,7 @@ from typing import Any, TypeVar, cast
 import ray
 
 from kvres.actors.host.journal import Directory, MemoryDirectory, RayDirectory
+from kvres.actors.host.store_ports import node_dead
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.errors import SessionExistsError
 from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
@@ -62,6 +69,7 @@ class PlannerServer:
         self._durable: Directory = RayDirectory(namespace) if namespace is not None else MemoryDirectory()
         self._directory: dict[str, str] = self._durable.items()
         self._view = LoadView()
+        self._lost: dict[str, str] = {}  # backend -> the dead node it was on
         self._calls: Counter[str] = Counter()
         self._seconds: defaultdict[str, float] = defaultdict(float)
 
@@ -73,17 +81,46 @@ class PlannerServer:
                 f"{self._calls['place']} placed, {self._calls['plan']} plans)")
 
     # -- load ------------------------------------------------------------------------------
+    def _on_dead_node(self, report: LoadReport) -> bool:
+        return bool(report.node) and node_dead(report.node, unknown=False)  # a node Ray reports dead
+
+    def _drop_dead(self) -> None:
+        """Drop the backends whose node died from the view (asks the GCS at most every 0.5 s)."""
+        for load in self._view.loads():
+            if self._on_dead_node(load.report):
+                self._view.forget_backend(load.name)
+                self._lost[load.name] = load.report.node
+
+    def _live(self, reports: Sequence[LoadReport]) -> list[LoadReport]:
+        live = []
+        for r in reports:
+            if self._on_dead_node(r):
+                self._lost[r.backend] = r.node
+            else:
+                self._lost.pop(r.backend, None)
+                live.append(r)
+        return live
+
     @_counted
     def report_load(self, report: LoadReport) -> None:
-        self._view.report(report)
+        if self._live([report]):
+            self._view.report(report)
 
     @_counted
     def seed(self, reports: Sequence[LoadReport]) -> None:
-        self._view.seed(reports)
+        self._view.seed(self._live(reports))
 
     @_counted
     def load(self) -> dict[str, Any]:
-        return {"backends": [b.as_dict() for b in self._view.loads()], "totals": self._view.totals()}
+        self._drop_dead()
+        return {"backends": [b.as_dict() for b in self._view.loads()], "totals": self._view.totals(),
+                "lost": dict(self._lost)}
+
+    @_counted
+    def lost(self) -> dict[str, str]:
+        """Backends dropped because their node died: backend -> node id."""
+        self._drop_dead()
+        return dict(self._lost)
 
     # -- placement -------------------------------------------------------------------------
     @_counted
@@ -101,9 +138,29 @@ class PlannerServer:
         if session_id in self._directory:
             raise SessionExistsError(session_id)
         if seeds:
-            self._view.seed(seeds)
+            self._view.seed(self._live(seeds))
+        self._drop_dead()
         backend = self._view.place(session_id, time.time(), model, PlacementPolicy.of(placement),
                                    need, demand_tokens)
+        self._durable.put(session_id, backend)
+        self._directory[session_id] = backend
+        return backend
+
+    @_counted
+    def rehome(self, session_id: str, lost: str, model: str | None, need: EngineNeed = EngineNeed.ANY,
+               demand_tokens: int = 0, seeds: Sequence[LoadReport] = ()) -> str:
+        """A live backend of ``model`` for a session whose backend ``lost`` died with its node
+        (``lost`` leaves the view), registered there. A repeat finds it registered and answers
+        the same backend."""
+        current = self._directory.get(session_id)
+        if current is not None and current != lost:
+            return current
+        self._view.seed(self._live(seeds))
+        self._drop_dead()
+        if lost not in self._lost:
+            self._view.forget_backend(lost)
+            self._lost[lost] = ""
+        backend = self._view.place(session_id, time.time(), model, PlacementPolicy(), need, demand_tokens)
         self._durable.put(session_id, backend)
         self._directory[session_id] = backend
         return backend

@@ -68,8 +68,9 @@ def model_key(model_path: str | os.PathLike[str], engine: ProbeEngine) -> str:
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    override = env.get(ENV_CACHE_DIR)
+    from ..settings import read_settings
+
+    override = read_settings(env).cache_dir
     if override:
         return Path(override)
     import platformdirs

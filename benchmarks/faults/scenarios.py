@@ -5,7 +5,8 @@ Primitives:
 - ``Row``: one scenario's outcome: the error the driver saw ("none" or the kvres error's type),
   tokens lost (committed tokens missing afterwards), tokens recomputed from the log (and how many
   of them inexactly), seconds from the fault to the answer of the next call and the same call's
-  seconds without the fault, whether the greedy tokens after the fault are those of the reference.
+  seconds without the fault, whether the greedy tokens after the fault are those of the reference;
+  how many sessions the fault hit, lost, and continued identically.
 - ``SCENARIOS``: name -> function ``(cluster, sizes) -> Row``; ``QUICK``: the ones ``--quick`` runs.
 
 Tokens lost are counted against what the driver was told was committed: every call that
@@ -56,10 +57,15 @@ class Row:
     baseline_s: float = 0.0
     same_tokens: bool = True
     note: str = ""
+    sessions: int = 1  # sessions the fault hit
+    sessions_lost: int = 0  # of them, those that did not answer again
+    identical: int | None = None  # of them, those whose continuation is the fault-free one (None: all or none)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["recover_over_baseline"] = self.recover_s / self.baseline_s if self.baseline_s > 0 else None
+        if self.identical is None:
+            out["identical"] = self.sessions if self.same_tokens else 0
         return out
 
 

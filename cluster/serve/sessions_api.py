@@ -115,12 +115,12 @@ async def session_action(request: Request, session_id: str, action: str) -> Resp
         recomputed = await service.run(_held, service, session_id, lambda s: s.resume())
         return JSONResponse({"id": session_id, "object": "session", "recomputed_tokens": recomputed})
     if action == "fork":
-        body = parse(ForkBody, raw, empty_ok=True)
-        branch = await service.run(_held, service, session_id, lambda s: s.fork(body.new_id))
+        fork = parse(ForkBody, raw, empty_ok=True)
+        branch = await service.run(_held, service, session_id, lambda s: s.fork(fork.new_id))
         return JSONResponse(_summary(branch.session_id, branch.backend, forked_from=session_id))
     if action == "rollback":
-        body = parse(RollbackBody, raw, empty_ok=True)
-        length = await service.run(_held, service, session_id, lambda s: s.rollback(body.count))
+        rollback = parse(RollbackBody, raw, empty_ok=True)
+        length = await service.run(_held, service, session_id, lambda s: s.rollback(rollback.count))
         return JSONResponse({"id": session_id, "object": "session", "token_count": length})
     if action == "export":
         data = await service.run(_held, service, session_id,

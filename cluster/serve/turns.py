@@ -174,13 +174,25 @@ class StreamingTurn:
         weakref.finalize(self, _end_unended, self._ended, stack, service.pool)
 
     def start(self) -> None:
-        """The prompt appended, then the first token: the log's length is read after the reply, off
-        the path to the first token."""
-        self.appended = _append(self.session, self.prompt)
-        self._in_context = _in_context(self.session, self.anchor, self.decode)
-        self.text = TextDeltas(self._in_context, self.plan.stop)
-        plan = self.plan
-        self._stream = self.session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
+        """The prompt appended and the first token pulled, in one call to the backend where the
+        model has a control token to decode the reply after (else the prompt's last token is read
+        between the two); the log's length is read after the reply, off the path to the first
+        token."""
+        plan, session, prompt = self.plan, self.session, self.prompt
+        if self.anchor is None or isinstance(prompt.raw, str):  # text is tokenized by the append
+            self.appended = _append(session, prompt)
+            self._in_context = _in_context(session, None, self.decode)
+            self._stream = session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
+        else:
+            self._in_context = _in_context(session, self.anchor, self.decode)
+            if prompt.messages is not None:
+                self._stream = session.chat_stream(prompt.messages, plan.max_tokens, plan.temperature, plan.seed,
+                                                   **plan.kwargs)
+            else:
+                assert prompt.raw is not None
+                self._stream = session.stream(plan.max_tokens, plan.temperature, plan.seed, prompt=prompt.raw,
+                                              **plan.kwargs)
+        self.text = TextDeltas(self._in_context, plan.stop)
         self._first = self._pull()
 
     def _pull(self) -> str | None:
@@ -199,6 +211,8 @@ class StreamingTurn:
     def _finish(self) -> None:
         assert self._in_context is not None
         reply = self.generation
+        if reply.prompt_tokens is not None:
+            self.appended = reply.prompt_tokens
         length = len(self.session.tokens())
         self.prompt_tokens = length - len(reply)
         self.cached_tokens = self.prompt_tokens - self.appended

@@ -10,8 +10,7 @@ from tests.conftest import shared_model_path
 
 
 def test_faults_quick_writes_the_table_json_and_png(tmp_path, capsys) -> None:
-    from benchmarks.faults.__main__ import main
-    from benchmarks.faults.scenarios import QUICK
+    from benchmarks.faults.__main__ import QUICK, main
 
     result = main(["--quick", "--model", str(shared_model_path()), "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "faults.json").read_text())
@@ -27,4 +26,8 @@ def test_faults_quick_writes_the_table_json_and_png(tmp_path, capsys) -> None:
     assert saved["tokens_lost"] == 0
     assert (tmp_path / "faults.png").stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "| scenario | error seen | tokens lost |" in printed
+    assert "| scenario | error seen | sessions lost | continuations identical | tokens lost |" in printed
+    rows = {r["name"]: r for r in saved["rows"]}
+    assert rows["bad-arguments"]["error"] == "none" and "backend crashes: 0" in rows["bad-arguments"]["note"]
+    assert rows["abandoned-stream"]["note"].startswith("committed 5 of ")
+    assert saved["sessions_lost"] == 0 and all(r["identical"] == r["sessions"] for r in saved["rows"])

@@ -60,8 +60,10 @@ def test_table(gemma3: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tiers = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0")
     rows = {cells[0]: cells for cells in (line.split() for line in out.splitlines()) if cells and cells[0] in tiers}
     assert set(rows) == set(tiers)
-    assert rows["f16/f16"][1] == "256" and rows["f16/f16"][-4] == "261,248"  # bytes/token growth, fits (T0)
-    assert "T*         f16/f16 for 8,192 tokens in 64.0 MiB" in out
+    assert rows["f16/f16"][1] == "256" and rows["f16/f16"][-5] == "261,248"  # bytes/token growth, fits (T0)
+    assert rows["f16/f16"][-1] == "16,384"  # usable: capped at the trained context
+    assert "KV tier    f16/f16 for 8,192 tokens in 64.0 MiB: the whole KV cache" in out
+    assert "warning    the model was trained on 16,384 positions" in out
     assert "bw_eff 5.00 GB/s (pcie" in out
 
 

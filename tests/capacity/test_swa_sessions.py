@@ -7,9 +7,15 @@ keep only the window of every sequence plus a micro-batch (``swa_full=False``):
 - a memory budget buys the context ``kvres capacity`` predicts for that cache (within 10%), at least
   3x what the same memory buys its dense twin (the same layers and KV widths, no window), and the
   context is real (a session holds more tokens than the dense twin's whole context);
-- (open) the continuation of a session after suspend / resume and a migration is not yet reliably
-  identical to an uninterrupted twin's on these caches (one run in three differed): that test is
-  out of the suite until it is; see the closing note of this change.
+- a session suspended, resumed and migrated continues as an uninterrupted twin making the same calls
+  (a generating call plans its evictions ahead for its ``max_tokens``, so the twin's calls must be the
+  same ones). Token for token, except where llama.cpp itself is not: its attention sums the
+  windowed cache's cells in the order they sit in, and that order depends on what else the context
+  held, so two uninterrupted runs of the same tokens can pick different tokens at a near tie
+  (measured: cohere2, both candidates at log-probability -4.487, 2e-4 apart). Where the moved
+  session differs from its twin, the test asks that an uninterrupted sibling in another context
+  differs from the twin too, that the difference is such a near tie, and that every log-probability
+  before it is the twin's to within what the sibling shows.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ ARCHS = {
 DENSE_TWIN = ArchModel("llama", 6, DENSE)
 TOKENS = [3 + (7 * i + 3) % 320 for i in range(20000)]  # ids inside the tiny vocabulary
 STREAMING = SessionPolicy.streaming(300, recent_tokens=160, block_size=16)
+NEAR_TIE = 1e-2  # log-probabilities this close are a tie that the order of a float sum can break
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +103,50 @@ def test_a_memory_budget_buys_the_context_kvres_capacity_predicts(manager: Any, 
     session.close()
 
 
+
+
+def _turns(session: Any, moves: list[Any]) -> tuple[list[int], list[float]]:
+    """Three calls of 20 greedy tokens, each move (or nothing) before the next call."""
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    for move in [None, *moves]:
+        if move is not None:
+            move(session)
+        reply = session.generate(20, ignore_eos=True, logprobs=True)
+        tokens += list(reply)
+        logprobs += list(reply.logprobs)
+    return tokens, logprobs
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("policy", [None, STREAMING], ids=["none", "streaming"])
+def test_suspend_resume_and_migrate_continue_as_an_uninterrupted_twin(
+        manager: Any, arch: str, policy: SessionPolicy | None) -> None:
+    prompt = TOKENS[:700]
+    sibling = manager.open_session(policy=policy, backend=f"{arch}-b")  # alone in another context
+    sibling.append(prompt)
+    sib_tokens, sib_logprobs = _turns(sibling, [None, None])
+    sibling.close()
+    twin = manager.open_session(policy=policy, backend=f"{arch}-a")
+    moved = manager.open_session(policy=policy, backend=f"{arch}-a")
+    for s in (twin, moved):
+        s.append(prompt)
+    want, want_logprobs = _turns(twin, [None, None])
+    got, got_logprobs = _turns(moved, [lambda s: (s.suspend(), s.resume()), lambda s: s.migrate(f"{arch}-b")])
+    assert moved.backend == f"{arch}-b"
+    twin.close()
+    moved.close()
+    engine_noise = max(abs(x - y) for x, y in zip(sib_logprobs, want_logprobs, strict=True))
+    differs = _first_difference(got, want)
+    if differs is None:
+        return
+    # llama.cpp's own order of summation, not a lost or misplaced cell: the engine diverges too,
+    # at a near tie, and the moved session's log-probabilities follow the twin's until there
+    assert _first_difference(sib_tokens, want) is not None, (arch, differs, got, want)
+    assert abs(got_logprobs[differs] - want_logprobs[differs]) < NEAR_TIE, (arch, differs)
+    before = max((abs(x - y) for x, y in zip(got_logprobs[:differs], want_logprobs[:differs], strict=True)), default=0)
+    assert before <= max(engine_noise, NEAR_TIE), (arch, before, engine_noise)

@@ -29,6 +29,7 @@ def manager(metrics_port: int, tmp_path_factory: pytest.TempPathFactory):
     from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
 
     os.environ["RAY_metrics_report_interval_ms"] = "500"  # noqa: SIM112 (Ray reads this exact name)
+    os.environ["KVRES_METRICS_PER_SESSION"] = "1"  # test_sessions / test_cli read per-session series
     model = shared_model_path()
     config = KvresConfig(
         backends=[

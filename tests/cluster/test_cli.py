@@ -1,6 +1,6 @@
-"""What operators see of a running cluster: ``kvres status`` / ``kvres inspect`` (run in-process
-against the package's cluster), the kvres actors' live reprs, and the Grafana dashboard's metrics on
-the cluster's metrics endpoint."""
+"""What operators see of a running cluster: ``kvres status`` / ``kvres inspect`` / ``kvres top`` (run
+in-process against the package's cluster), the kvres actors' reprs, and the Grafana dashboard's
+metrics on the cluster's metrics endpoint."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def test_status_json_matches_the_session_manager_and_the_table_names_everything(
     table = _run(capsys, "status", "--namespace", manager.namespace)
     for heading in ("BACKENDS", "SESSIONS", "COLD STORES", "ACTORS"):
         assert heading in table
-    assert re.search(r"^kvres-backend-b0\s+BackendServer\(b0: llama stories260K.gguf, 1 live", table, re.M)
+    assert re.search(r"^kvres-backend-b0\s+BackendServer\(b0: llama stories260K.gguf, 6 slots, 2000-token budget\)$",
+                     table, re.M)
+    assert re.search(r"^b0\s+llama\s+stories260K.gguf\s+1\s+", table, re.M)  # live state: the BACKENDS table
     for backend in manager.backends():
         assert re.search(rf"^{re.escape(backend)}\s", table, re.M), backend
     row = next(line for line in table.splitlines() if line.startswith(session.session_id))
@@ -98,36 +100,36 @@ def test_inspect_draws_the_resident_ranges_over_the_token_log(manager, capsys) -
     assert "no-such-session" in capsys.readouterr().err
 
 
-def _backend_counts(text: str) -> tuple[int, int, int]:
-    m = re.search(r"(\d+) live / (\d+) suspended sessions, (\d+)/2000 tokens resident\)$", text)
-    assert m, text
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+def _backend_row(text: str, backend: str) -> list[str]:
+    return next(line.split() for line in text.splitlines() if line.split()[:1] == [backend])
 
 
-def test_every_kvres_actor_shows_its_live_state_in_its_repr(manager) -> None:
+def test_the_backend_repr_is_static_and_live_state_is_in_status_and_top(manager, capsys) -> None:
+    """Ray records an actor's repr once: the backend's says what never changes; status and top
+    say what is live (sessions, resident and peak tokens, calls held)."""
     view = ClusterView(manager.namespace)
     before = view.reprs()
     assert set(before) == set(view.actors) and all(before.values())
-    assert before["kvres-backend-b0"].startswith("BackendServer(b0: llama stories260K.gguf, ")
-    live, suspended, resident = _backend_counts(before["kvres-backend-b0"])
+    assert before["kvres-backend-b0"] == "BackendServer(b0: llama stories260K.gguf, 6 slots, 2000-token budget)"
     stores = [n for n in before if n.startswith("kvres-coldstore-")]
     assert stores and all(before[n].startswith("MeteredColdStoreServer(ram ") for n in stores)
     assert before["kvres-planner"].startswith("PlannerServer(")
+    row = _backend_row(_run(capsys, "top", "--once", "--namespace", manager.namespace), "b0")
+    live, suspended, resident = int(row[2]), int(row[3]), int(row[4].split("/")[0])
     session = manager.open_session(backend="b0")
     session.append(PROMPT[:50])
-    opened = view.reprs()
-    assert _backend_counts(opened["kvres-backend-b0"]) == (live + 1, suspended, resident + 50)
-    assert opened["kvres-planner"] != before["kvres-planner"]
+    assert view.reprs()["kvres-backend-b0"] == before["kvres-backend-b0"]
+    top = _run(capsys, "top", "--once", "--namespace", manager.namespace)
+    row = _backend_row(top, "b0")
+    assert (int(row[2]), int(row[3]), int(row[4].split("/")[0])) == (live + 1, suspended, resident + 50)
+    assert int(row[6]) >= resident + 50 and row[7] == "0"  # peak, calls held (none at rest)
+    assert re.search(rf"^{session.session_id}\s+b0\s+live\s+50$", top, re.M)
     session.suspend()
-    deadline = time.time() + 10
-    while True:  # the parked KV reaches the cold store (written behind the suspend)
-        after = view.reprs()
-        if any(after[n] != before[n] for n in stores) or time.time() > deadline:
-            break
-        time.sleep(0.2)
-    assert _backend_counts(after["kvres-backend-b0"]) == (live, suspended + 1, resident)
-    assert any(after[n] != before[n] for n in stores)
+    row = _backend_row(_run(capsys, "status", "--namespace", manager.namespace), "b0")
+    assert (int(row[3]), int(row[4])) == (live, suspended + 1)
     session.close()
+    assert main(["top", "--once", "--interval", "0", "--namespace", manager.namespace]) == 1
+    assert "--interval must be > 0" in capsys.readouterr().err
 
 
 def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
@@ -136,9 +138,13 @@ def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
     assert all(panel.get("targets") for panel in dashboard["panels"])
     assert dashboard_metrics() == {
         "ray_kvres_backend_resident_tokens", "ray_kvres_resident_tokens", "ray_kvres_cold_bytes",
-        "ray_kvres_cold_blocks", "ray_kvres_evictions_total", "ray_kvres_spills_total",
-        "ray_kvres_admissions_total", "ray_kvres_suspends_total", "ray_kvres_plan_latency_ms_bucket",
-        "ray_kvres_tokens_total", "ray_kvres_store_blocks_lost",
+        "ray_kvres_cold_blocks", "ray_kvres_evictions_total", "ray_kvres_spills_total", "ray_kvres_recalls_total",
+        "ray_kvres_admissions_total", "ray_kvres_suspends_total", "ray_kvres_explicit_suspends_total",
+        "ray_kvres_resumes_total", "ray_kvres_explicit_resumes_total", "ray_kvres_recomputed_tokens_total",
+        "ray_kvres_recalled_tokens_total", "ray_kvres_dropped_blocks_total", "ray_kvres_plan_latency_ms_bucket",
+        "ray_kvres_time_to_first_token_seconds_bucket", "ray_kvres_inter_token_seconds_bucket",
+        "ray_kvres_call_seconds_bucket", "ray_kvres_queue_depth", "ray_kvres_tokens_total",
+        "ray_kvres_store_blocks_lost",
     }
     assert all("$" not in q.replace("$backend", "").replace("$__rate_interval", "") for q in dashboard_queries())
 
@@ -164,6 +170,7 @@ def test_every_metric_of_the_dashboard_is_on_the_metrics_endpoint(manager, metri
     streaming.generate(32)
     streaming.suspend()
     streaming.resume()
+    assert len(list(streaming.stream(8, ignore_eos=True))) == 8  # time to first token, inter-token gaps
     idle = manager.open_session(backend="small")
     idle.append(PROMPT[:180])
     busy = manager.open_session(backend="small", policy=SessionPolicy.streaming(200, recent_tokens=32))

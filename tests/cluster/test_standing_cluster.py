@@ -125,7 +125,7 @@ def test_sessions_outlive_every_driver_and_kvres_stop_removes_everything(standin
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1]) == {  # found running, nothing started twice
         **{k: standing[k] for k in ("address", "namespace", "backends", "dashboard_url", "token_auth")},
-        "started_head": False, "created_actors": False,
+        "started_head": False, "created_actors": False, "ports": None,  # no head started: no ports chosen
     }
     env = _env(KVRES_CONFIG=standing["env"]["KVRES_CONFIG"], RAY_ADDRESS=standing["address"])
     pairs = json.dumps([[namespace, "chat-1"], [owned, "chat-2"]])

@@ -211,8 +211,9 @@ class CacheOps:
         self._leave(seq)
 
     # -- shared cells ---------------------------------------------------------------------
-    def share(self, src: int, dst: int) -> None:
-        self.ctx.seq_cp(src, dst, -1, -1)
+    def share(self, src: int, dst: int, p1: int = -1) -> None:
+        """``dst`` also holds the cells of ``src`` (those before position ``p1``; -1: all)."""
+        self.ctx.seq_cp(src, dst, -1 if p1 < 0 else 0, p1)
         group = self._groups.get(src, [src])
         group.append(dst)
         for member in group:

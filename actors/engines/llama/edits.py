@@ -1,6 +1,7 @@
-"""Session edits on the llama.cpp executor: truncation (rollback) and forks.
+"""Session edits on the llama.cpp executor: truncation (rollback), forks and shared prefixes.
 
-Primitives (called by the ``LlamaExecutor`` methods ``truncate`` / ``fork_session``, under its lock):
+Primitives (called by the ``LlamaExecutor`` methods ``truncate`` / ``fork_session`` /
+``share_prefix``, under its lock):
 - ``truncate(s, session_id, length, ops, recall, materialize) -> logits | None``: the log of session
   ``s`` keeps its first ``length`` tokens (``materialize`` restores its pending imports).
   Imports still pending past ``length`` are dropped unrestored; the session's cells at the dropped
@@ -14,6 +15,11 @@ Primitives (called by the ``LlamaExecutor`` methods ``truncate`` / ``fork_sessio
   visible to both sequences, copied for the fork only when one side moves its cells), with a copy
   of its log, positions and last logits. The shared cells count against ``n_ctx`` for each session
   that holds them (the budget counts tokens per session).
+- ``share_prefix(src, dst, n, ops, materialize, windowed, ensure_room)``: the empty session ``dst``
+  takes the first ``n`` tokens of ``src`` and shares their cells (``CacheOps.share`` up to position
+  ``n``), as a fork of that prefix: not decoded again. ``src`` must hold them where a prefill puts
+  them (``CapabilityError`` otherwise, and on a sliding-window cache); ``RangeError`` when ``dst`` is
+  not empty or ``n`` is out of ``src``'s log.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+
+from kvres.policy.errors import CapabilityError, RangeError
 
 from ..session_table import check_truncate_length, truncated_positions
 from .cache_ops import CacheOps
@@ -71,3 +79,21 @@ def fork(src: Session, seq: int, ops: CacheOps, materialize: Materialize) -> Ses
     ops.live += src.positions.resident_count
     return Session(seq, tokens=list(src.tokens), positions=src.positions.copy(),
                    logits=None if src.logits is None else src.logits.copy())
+
+
+def share_prefix(src: Session, dst: Session, n: int, ops: CacheOps, materialize: Materialize, windowed: bool,
+                 ensure_room: Callable[[int], int]) -> None:
+    if dst.tokens or not 0 < n <= len(src.tokens):
+        raise RangeError(f"cannot share {n} of {len(src.tokens)} tokens into a session holding {len(dst.tokens)} "
+                         "(it must be empty)")
+    if windowed:
+        raise CapabilityError("a sliding-window cache cannot share a prefix between sequences")
+    materialize(src)
+    if not (src.positions.resident_mask()[:n].all() and np.array_equal(src.positions.all_positions()[:n], np.arange(n))):
+        raise CapabilityError(f"the source does not hold its first {n} tokens at the positions a prefill gives them")
+    ensure_room(n)
+    ops.share(src.seq, dst.seq, n)
+    ops.live += n
+    dst.positions.append(n)
+    dst.tokens.extend(src.tokens[:n])
+    dst.logits = None

@@ -11,7 +11,7 @@ Primitives:
   ``prepare_recall``, ``exchange``, ``tokenize``, ``detokenize``, ``close_session``, ``kv_profile``,
   ``claim_decode_threads`` / ``reserve_decode_threads`` (which thread decodes with ``n_threads``,
   see ``engine``), ``end_of_generation`` (every id ``llama_vocab_is_eog`` holds for, scanned once),
-  ``chat_template``, ``truncate`` and ``fork_session`` (``edits``), ``sampler`` (llama.cpp's
+  ``chat_template``, ``truncate``, ``fork_session`` and ``share_prefix`` (``edits``), ``sampler`` (llama.cpp's
   sampler chain, ``sampler_chain.LlamaSampler``).
   Beyond it: ``generate``, ``stream``, ``cache_positions``, ``sessions``, ``free_cells``,
   ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
@@ -465,6 +465,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
                                         f"n_seq_max={self.n_seq_max} sequences of the context are in use")
             self._ensure_room(src.positions.resident_count)
             self._sessions[new_id] = edits.fork(src, self._free_seqs.pop(), self._ops, self._materialize)
+
+    def share_prefix(self, source_id: str, session_id: str, n: int) -> None:
+        with self._lock:
+            edits.share_prefix(self._get(source_id), self._get(session_id), n, self._ops, self._materialize,
+                               self._model.n_swa > 0, self._ensure_room)
 
     def flush(self, session_id: str | None = None) -> None:
         """Do deferred work now: restore the session's (or every session's) pending imports and

@@ -1,0 +1,201 @@
+"""The fleet workload: many chat sessions over few slots, kvres beside what the engine offers alone.
+
+Run: ``.venv/bin/python -m benchmarks.fleet [--large | --tiny] [--model PATH] [--sessions 16]
+[--history 512] [--turns 3] [--user-tokens 32] [--reply-tokens 16] [--users 8] [--slots 4,16]
+[--shared-prefix 256] [--threads 2] [--reprefill-sessions 4] [--repeats 1] [--two-calls]
+[--out DIR]``
+Writes ``fleet.json`` and ``fleet.png`` into DIR (default benchmarks/results).
+
+Without ``--model`` it writes its own random-weight llama of realistic shape
+(``benchmarks.realistic_model``: 12 layers, hidden 768, grouped-query attention, 32,000 tokens;
+``--tiny``: a small one, for the test). S sessions with H-token histories share one kvres backend
+(``kvres.cluster`` sessions on a local Ray cluster) that has fewer sequence slots than sessions
+(and, for the second ``--slots`` value, as many); ``--users`` driver threads each take their
+sessions' turns one after another: each turn one call that appends a ``--user-tokens`` message and
+streams a ``--reply-tokens`` reply (``--two-calls``: ``append``, then ``stream``). Then the same
+with every session starting from one shared ``--shared-prefix``-token system prompt (prefix
+sharing on), and what opening a session that starts with it costs beside prefilling as many
+unshared tokens. Baselines, measured in the same run on the
+same model and threads (``benchmarks.fleet.baselines``): llama-cpp-python one turn at a time with
+states in host RAM (``save_state`` / ``load_state``), re-prefilling the whole history each turn,
+and llama.cpp batching the same turns itself (every session resident in one context).
+With ``--repeats R`` the slot and batch baselines and kvres run R times, alternating, and each
+ratio is the median of the runs' paired ratios (this host's load drifts between runs).
+Reported: turns/s, time to first token and turn latency p50 / p99, suspends / resumes / evictions
+/ recomputed tokens per turn, peak resident tokens, bytes of parked KV per cold-store tier, and the
+ratios the acceptance of issue #32 names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import uuid
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from .baselines import batch_baseline, reprefill_baseline, slot_baseline
+from .kvres_run import backend_config, kvres_fleet, open_cost
+from .workload import TurnTiming, Workload, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"sessions": 16, "history": 512, "turns": 3, "user_tokens": 32, "reply_tokens": 16, "users": 8,
+                "slots": "4,16", "shared_prefix": 256, "reprefill_sessions": 4, "threads": 2},
+    "large": {"sessions": 64, "history": 2048, "turns": 4, "user_tokens": 64, "reply_tokens": 32, "users": 32,
+              "slots": "16,64", "shared_prefix": 512, "reprefill_sessions": 8, "threads": os.cpu_count() or 2},
+    "tiny": {"sessions": 4, "history": 48, "turns": 2, "user_tokens": 8, "reply_tokens": 4, "users": 2,
+             "slots": "2,4", "shared_prefix": 16, "reprefill_sessions": 2, "threads": 1},
+}
+
+
+def _row(name: str, timings: list[TurnTiming], wall: float, extra: dict[str, Any]) -> dict[str, Any]:
+    row = {"name": name, **summarize(timings, wall), **extra}
+    row["p99_over_p50"] = row["latency_p99_ms"] / row["latency_p50_ms"]
+    return row
+
+
+def _model(args: argparse.Namespace, tmp: Path) -> str:
+    if args.model:
+        return str(args.model)
+    from benchmarks.realistic_model import REALISTIC, ModelShape, write_realistic_model
+
+    shape = ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=512,
+                       context_length=4096) if args.tiny else REALISTIC
+    return str(write_realistic_model(tmp / "fleet.gguf", shape))
+
+
+def _median_row(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median turns/s, with every run's turns/s."""
+    row = dict(sorted(rs, key=lambda r: r["turns_per_s"])[(len(rs) - 1) // 2])
+    row["runs_turns_per_s"] = [r["turns_per_s"] for r in rs]
+    return row
+
+
+def _ratios(rows: dict[str, dict[str, Any]], slots: list[int], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each ratio as the median of the repeats' paired ratios (each kvres run over the baselines
+    measured just before it; the re-prefill baseline runs once)."""
+    few, many = min(slots), max(slots)
+    out: dict[str, Any] = {}
+
+    def paired(k: str, base: str) -> float:
+        b = runs[base] if len(runs[base]) == len(runs[k]) else runs[base][:1] * len(runs[k])
+        return statistics.median(r["turns_per_s"] / x["turns_per_s"] for r, x in zip(runs[k], b, strict=True))
+
+    for n in slots:
+        k = f"kvres_{n}_slots"
+        out[f"{k}_over_slot_baseline"] = paired(k, "slot_baseline")
+        out[f"{k}_over_reprefill"] = paired(k, "reprefill_baseline")
+        out[f"{k}_over_llama_batch"] = paired(k, "llama_batch")
+        out[f"{k}_p99_over_p50"] = rows[k]["p99_over_p50"]
+    few_row = rows[f"kvres_{few}_slots"]
+    out["acceptance"] = {
+        "few_slots_ge_1.5x_slot_baseline": out[f"kvres_{few}_slots_over_slot_baseline"] >= 1.5,
+        "few_slots_ge_5x_reprefill": out[f"kvres_{few}_slots_over_reprefill"] >= 5.0,
+        "few_slots_p99_le_3x_p50": few_row["p99_over_p50"] <= 3.0,
+        "few_slots_no_failed_turns": few_row["failed_turns"] == 0,
+        "all_slots_ge_2x_slot_baseline": out[f"kvres_{many}_slots_over_slot_baseline"] >= 2.0,
+        "all_slots_ge_0.8x_llama_batch": out[f"kvres_{many}_slots_over_llama_batch"] >= 0.8,
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--large", action="store_true", help="bigger sizes, for a machine with more cores")
+    preset.add_argument("--tiny", action="store_true", help="a tiny model and sizes (the test)")
+    parser.add_argument("--model", type=Path, default=None)
+    for name in PRESETS["default"]:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=str if name == "slots" else int, default=None)
+    parser.add_argument("--open-repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of the slot and batch baselines and kvres, alternating (medians reported)")
+    parser.add_argument("--two-calls", action="store_true",
+                        help="each kvres turn as two calls (append, then stream) instead of one stream(prompt=...)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    sizes = dict(PRESETS["large" if args.large else "tiny" if args.tiny else "default"])
+    sizes.update({k: v for k, v in vars(args).items() if k in sizes and v is not None})
+    slots = sorted(int(x) for x in str(sizes["slots"]).split(","))
+    w = Workload(**{k: sizes[k] for k in ("sessions", "history", "turns", "user_tokens", "reply_tokens", "users")})
+    shared = replace(w, shared_prefix=min(int(sizes["shared_prefix"]), w.history))
+    threads = int(sizes["threads"])
+
+    import ray
+
+    from kvres.actors.engines.llama.engine import LlamaModel
+    from kvres.cluster import KvresConfig, connect
+
+    with tempfile.TemporaryDirectory(prefix="kvres-fleet-") as tmp:
+        model = _model(args, Path(tmp))
+        vocab = LlamaModel(model).n_vocab
+        runs: dict[str, list[dict[str, Any]]] = {}
+
+        def measure(name: str, outcome: tuple[list[TurnTiming], float, dict[str, Any]]) -> None:
+            runs.setdefault(name, []).append(_row(name, *outcome))
+
+        backends = {n: f"fleet-{n}" for n in slots}
+        config = KvresConfig(backends=[backend_config(w, n, model, threads, name) for n, name in backends.items()])
+        manager = connect(namespace=f"kvres-fleet-{uuid.uuid4().hex[:6]}", config=config,
+                          include_dashboard=False, num_cpus=max(2, threads))
+        try:
+            measure("reprefill_baseline", reprefill_baseline(
+                model, w, threads, min(w.sessions, int(sizes["reprefill_sessions"]))))
+            for _ in range(args.repeats):  # alternating, so the host's drift hits every system alike
+                measure("slot_baseline", slot_baseline(model, w, threads))
+                measure("llama_batch", batch_baseline(model, w, threads))
+                for n, name in backends.items():
+                    measure(f"kvres_{n}_slots", kvres_fleet(manager, w, name, vocab, args.two_calls))
+            few = backends[min(slots)]
+            measure("kvres_shared_prefix", kvres_fleet(manager, shared, few, vocab, args.two_calls))
+            opening = open_cost(manager, shared, few, vocab, args.open_repeats)
+        finally:
+            manager.shutdown()
+            ray.shutdown()
+    rows = {name: _median_row(rs) for name, rs in runs.items()}
+    result = {"model": str(args.model) if args.model else "random weights (benchmarks.realistic_model)",
+              "preset": "large" if args.large else "tiny" if args.tiny else "default", "threads": threads,
+              "workload": asdict(w), "turn_calls": 2 if args.two_calls else 1, "shared_prefix": shared.shared_prefix, "slots": slots,
+              "repeats": args.repeats, "rows": rows, "ratios": _ratios(rows, slots, runs),
+              "shared_prefix_open": opening}
+    for r in rows.values():
+        print(f"{r['name']:>22}: {r['turns_per_s']:6.2f} turns/s, ttft p50 {r['ttft_p50_ms']:7.1f} ms, "
+              f"latency p50 {r['latency_p50_ms']:7.1f} / p99 {r['latency_p99_ms']:7.1f} ms")
+    print(json.dumps(result["ratios"], indent=1))
+    print("shared prefix open:", opening)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fleet.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, args.out / "fleet.png")
+    return result
+
+
+def _plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.bar(names, [rows[n]["turns_per_s"] for n in names], color="tab:blue")
+    ax1.set_ylabel("turns/s")
+    ax1.tick_params(axis="x", rotation=30)
+    x = range(len(names))
+    ax2.bar([i - 0.2 for i in x], [rows[n]["latency_p50_ms"] for n in names], width=0.4, label="turn p50")
+    ax2.bar([i + 0.2 for i in x], [rows[n]["latency_p99_ms"] for n in names], width=0.4, label="turn p99")
+    ax2.plot(list(x), [rows[n]["ttft_p50_ms"] for n in names], "k^", label="TTFT p50")
+    ax2.set_xticks(list(x), names, rotation=30)
+    ax2.set_ylabel("ms")
+    ax2.set_yscale("log")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

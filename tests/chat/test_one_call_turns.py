@@ -1,0 +1,64 @@
+"""A turn in one call: ``generate`` / ``stream`` given their ``prompt``, and ``chat_stream``, through
+``kvres.cluster`` sessions on llama.cpp and OpenVINO, each the same as the two calls it replaces."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = list(range(3, 203))
+TURN = list(range(40, 90))
+
+
+@pytest.mark.parametrize("backend", ["b0", "ov"])
+@pytest.mark.parametrize("streaming_policy", [False, True])
+def test_a_prompt_given_to_generate_equals_append_then_generate(manager, backend: str, streaming_policy: bool) -> None:
+    from kvres.cluster import SessionPolicy
+
+    policy = SessionPolicy.streaming(160, recent_tokens=32) if streaming_policy else None
+    with manager.open_session(policy=policy, backend=backend) as two, \
+            manager.open_session(policy=policy, backend=backend) as one:
+        two.append(PROMPT)
+        two.append(TURN)
+        expected = two.generate(20, ignore_eos=True)
+        got = one.generate(20, ignore_eos=True, prompt=PROMPT + TURN)
+        assert list(got) == list(expected)
+        assert got.prompt_tokens == len(PROMPT) + len(TURN) and expected.prompt_tokens is None
+        assert one.tokens() == two.tokens()
+        # the next turn, streamed, with its prompt in the same call
+        two.append(TURN)
+        expected = two.generate(12, ignore_eos=True)
+        stream = one.stream(12, ignore_eos=True, prompt=TURN)
+        assert list(stream) == list(expected)
+        assert stream.generation is not None and stream.generation.prompt_tokens == len(TURN)
+        assert one.tokens() == two.tokens()
+
+
+def test_a_stream_left_after_three_tokens_keeps_its_prompt_and_three(manager) -> None:
+    with manager.open_session(backend="b0") as s:
+        s.append(PROMPT)
+        stream = s.stream(200, ignore_eos=True, prompt=TURN)
+        first = [next(stream) for _ in range(3)]
+        stream.close()
+        assert s.tokens() == PROMPT + TURN + first
+
+
+def test_chat_stream_equals_chat(manager) -> None:
+    messages = [{"role": "user", "content": "Tell me about the cat."}]
+    with manager.open_session(backend="chat") as by_chat, manager.open_session(backend="chat") as by_stream:
+        reply = by_chat.chat(messages, max_tokens=24)
+        stream = by_stream.chat_stream(messages, max_tokens=24)
+        tokens = list(stream)
+        assert tokens == list(reply)
+        assert stream.generation is not None and stream.generation.prompt_tokens == reply.prompt_tokens > 0
+        assert stream.generation.text == reply.text
+
+
+def test_a_reply_text_keeps_its_first_tokens_leading_space(manager) -> None:
+    """llama.cpp drops the leading space of the first token it decodes; a reply is decoded after
+    the log's token before it, so the log reads as the prompt's text plus the reply's."""
+    with manager.open_session(backend="b0") as s:
+        for _ in range(3):
+            reply = s.generate(8, ignore_eos=True, prompt=PROMPT[:7])
+            log = s.tokens()
+            before = s.detokenize(log[: len(log) - len(reply)])
+            assert s.detokenize(log) == before + reply.text
