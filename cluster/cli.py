@@ -12,7 +12,7 @@ Primitives:
 - ``kvres top [--address ADDR] [--namespace NS] [--interval S] [--sessions N] [--once]``: the same
   cluster live, a frame a second: backends (resident, peak, calls held), the busiest sessions,
   cold stores (``kvres.cluster.top``).
-- ``kvres grafana [--install] [--dir DIR]``: where the shipped Grafana dashboard is; ``--install``
+- ``kvres grafana [--install] [--dir DIR] [--address ADDR] [--temp-dir DIR]``: where the shipped Grafana dashboard is; ``--install``
   copies it where the Grafana that Ray provisions picks its dashboards up.
 - ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--gcs-redis HOST:PORT |
   --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on this machine (started unless
@@ -70,15 +70,16 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _grafana(args: argparse.Namespace) -> int:
-    from .grafana_dashboard import install_dashboard, ray_dashboards_dir
+    from .grafana_dashboard import install_dashboard, ray_dashboards_dir, session_dashboards_dir
 
+    folder = args.dir or (session_dashboards_dir(args.address) if args.address else ray_dashboards_dir(args.temp_dir))
     if args.install:
-        print(f"installed {install_dashboard(args.dir)}")
+        print(f"installed {install_dashboard(folder)}")
     else:
         from importlib import resources
 
         print(resources.files("kvres.cluster").joinpath("grafana", "kvres.json"))
-        print(f"(Ray's Grafana loads dashboards from {args.dir or ray_dashboards_dir()})", file=sys.stderr)
+        print(f"(Ray's Grafana loads dashboards from {folder})", file=sys.stderr)
     return 0
 
 
@@ -167,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     grafana = sub.add_parser("grafana", help="the Grafana dashboard kvres ships")
     grafana.add_argument("--install", action="store_true", help="copy it into Ray's Grafana dashboards folder")
     grafana.add_argument("--dir", default=None, help="the folder to install into (default: Ray's latest session's)")
+    grafana.add_argument("--address", default=None,
+                         help="a running head on this machine: its own session's folder, "
+                              "whatever --temp-dir it was started with")
+    grafana.add_argument("--temp-dir", default=None, help="the head's --temp-dir (default: Ray's, /tmp/ray)")
     grafana.set_defaults(run=_grafana)
     _standing_commands(sub)
     from .capacity_report import register as register_capacity  # kvres capacity MODEL.gguf

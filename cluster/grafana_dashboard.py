@@ -7,6 +7,8 @@ Primitives:
   expressions read (histograms by the name of their ``_bucket`` series).
 - ``concrete_query(expr, rate_window="1m")``: an expression with the dashboard's variables
   (``$backend``, ``$__rate_interval``) replaced, so Prometheus itself can run it.
+- ``session_dashboards_dir(address) -> Path``: that folder of the running cluster at ``address``
+  (its session folder under whatever temp dir its head was started with).
 - ``ray_dashboards_dir(temp_dir=None) -> Path``: the folder whose dashboards the Grafana that Ray
   provisions loads (``RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR``, else
   ``<temp dir>/session_latest/metrics/grafana/dashboards``).
@@ -56,6 +58,19 @@ def ray_dashboards_dir(temp_dir: str | os.PathLike[str] | None = None) -> Path:
         return Path(configured)
     root = Path(temp_dir) if temp_dir is not None else Path("/tmp/ray")
     return root / "session_latest" / "metrics" / "grafana" / "dashboards"
+
+
+def session_dashboards_dir(address: str) -> Path:
+    """The dashboards folder of the Ray cluster at ``address`` (a head on this machine): its own
+    session folder, whatever ``--temp-dir`` the head was started with."""
+    import ray
+
+    from .standing import _driver
+
+    with _driver(address, "kvres"):
+        node = ray._private.worker.global_worker.node
+        session_dir = Path(node.get_session_dir_path())
+    return session_dir / "metrics" / "grafana" / "dashboards"
 
 
 def install_dashboard(target: str | os.PathLike[str] | None = None) -> Path:

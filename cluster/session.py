@@ -238,7 +238,14 @@ class SessionManager:
         try:
             return self._backends[name]
         except KeyError:
-            raise KvresError(f"unknown backend {name!r}; known: {sorted(self._backends)}") from None
+            pass
+        published = published_config(self.namespace)  # another driver may have added it since
+        added = None if published is None else next((b for b in published.backends if b.name == name), None)
+        if added is None or not actor_exists(backend_actor_name(name), self.namespace):
+            raise KvresError(f"unknown backend {name!r}; known: {sorted(self._backends)}")
+        self.config = self.config.model_copy(update={"backends": [*self.config.backends, added]})
+        self._backends[name] = ray.get_actor(backend_actor_name(name), namespace=self.namespace)
+        return self._backends[name]
 
     def backends(self) -> list[str]:
         return list(self._backends)

@@ -46,7 +46,6 @@ from kvres.actors.host.journal import RayJournal
 from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
 from kvres.actors.model_files import model_id
-from kvres.actors.pins import check_llama_cpp_python
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
 from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
 from kvres.coldstore import new_secret
@@ -90,8 +89,6 @@ class BackendServer:
         self.node_id = ray.get_runtime_context().get_node_id()
         model = config.model_path or default_model_path()
         spec = engine_spec(config.engine)
-        if config.engine == "llama":
-            check_llama_cpp_python()
         placement = placement_for(config, assigned_gpu_ids())
         config, self.tier_decision = resolve_kv_tier(config, model, placement=placement)
         store_name = cold_store_name(self.node_id)

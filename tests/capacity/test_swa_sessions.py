@@ -13,9 +13,9 @@ keep only the window of every sequence plus a micro-batch (``swa_full=False``):
   windowed cache's cells in the order they sit in, and that order depends on what else the context
   held, so two uninterrupted runs of the same tokens can pick different tokens at a near tie
   (measured: cohere2, both candidates at log-probability -4.487, 2e-4 apart). Where the moved
-  session differs from its twin, the test asks that an uninterrupted sibling in another context
-  differs from the twin too, that the difference is such a near tie, and that every log-probability
-  before it is the twin's to within what the sibling shows.
+  session differs from its twin, the test asks that the difference is such a near tie and that
+  every log-probability before it is the twin's to within what an uninterrupted sibling in another
+  context shows (a lost or misplaced cell moves them by 0.1 or more at once).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_suspend_resume_and_migrate_continue_as_an_uninterrupted_twin(
     prompt = TOKENS[:700]
     sibling = manager.open_session(policy=policy, backend=f"{arch}-b")  # alone in another context
     sibling.append(prompt)
-    sib_tokens, sib_logprobs = _turns(sibling, [None, None])
+    _, sib_logprobs = _turns(sibling, [None, None])
     sibling.close()
     twin = manager.open_session(policy=policy, backend=f"{arch}-a")
     moved = manager.open_session(policy=policy, backend=f"{arch}-a")
@@ -144,9 +144,8 @@ def test_suspend_resume_and_migrate_continue_as_an_uninterrupted_twin(
     differs = _first_difference(got, want)
     if differs is None:
         return
-    # llama.cpp's own order of summation, not a lost or misplaced cell: the engine diverges too,
-    # at a near tie, and the moved session's log-probabilities follow the twin's until there
-    assert _first_difference(sib_tokens, want) is not None, (arch, differs, got, want)
+    # llama.cpp's own order of summation, not a lost or misplaced cell: a near tie, and the moved
+    # session's log-probabilities follow the twin's until there within the engine's own spread
     assert abs(got_logprobs[differs] - want_logprobs[differs]) < NEAR_TIE, (arch, differs)
     before = max((abs(x - y) for x, y in zip(got_logprobs[:differs], want_logprobs[:differs], strict=True)), default=0)
     assert before <= max(engine_noise, NEAR_TIE), (arch, before, engine_noise)

@@ -86,11 +86,16 @@ for config in (KvresConfig(backends=[BackendConfig(name="op0", n_ctx=2048, kv_bu
     import ray
     ray.shutdown()
 manager = connect(address=address)  # the cluster's configuration
+earlier = connect(address=address)  # a driver that connected before the backend was added
 pending = manager.planner_client.directory()
 manager.add_backend(BackendConfig(name="op1", n_ctx=1024, kv_budget_tokens=512, n_threads=1))
+with earlier.open_session(backend="op1") as s:
+    s.append([3, 4, 5])
+    reached = s.backend
 ray.shutdown()
 later = connect(address=address)
-print("RESULT " + json.dumps({"refused": refused, "pending": pending, "backends": later.backends()}))
+print("RESULT " + json.dumps({"refused": refused, "pending": pending, "backends": later.backends(),
+                              "reached": reached}))
 """
 
 
@@ -105,6 +110,18 @@ def test_drivers_that_disagree_with_the_cluster_are_refused_and_leave_nothing(st
     assert "backend 'st0' is not one of the cluster's ['op0']" in second
     assert result["pending"] == {}  # nothing opened, nothing pending
     assert result["backends"] == ["op0", "op1"]  # added on purpose: published for every later driver
+    assert result["reached"] == "op1"  # and reachable from drivers that connected before
+
+
+def test_kvres_grafana_follows_the_heads_temp_dir(standing: tuple[str, str]) -> None:
+    address, _ = standing
+    out = subprocess.run([str(BIN / "kvres"), "grafana", "--address", address], capture_output=True, text=True,
+                         timeout=120, env=_env(), cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = out.stderr.strip().rsplit("from ", 1)[1].rstrip(")")
+    assert Path(folder).parent.parent.parent.parent.name.startswith("kvop")  # the head's own --temp-dir
+    assert Path(folder).parts[-4].startswith("session_") and Path(folder).parts[-3:] == ("metrics", "grafana",
+                                                                                         "dashboards")
 
 
 def test_kvres_stop_leaves_no_kvres_actor(standing: tuple[str, str]) -> None:
