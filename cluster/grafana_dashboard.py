@@ -69,6 +69,8 @@ def session_dashboards_dir(address: str) -> Path:
 
     with _driver(address, "kvres"):
         node = ray._private.worker.global_worker.node
+        if node is None:
+            raise KvresError(f"the Ray cluster at {address} gave this driver no node to read its session folder from")
         session_dir = Path(node.get_session_dir_path())
     return session_dir / "metrics" / "grafana" / "dashboards"
 
