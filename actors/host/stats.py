@@ -39,10 +39,7 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
         entry = cold.setdefault(tier, {"blocks": 0, "bytes": 0})
         entry["blocks"] += 1
         entry["bytes"] += ref.nbytes
-    # the peak is raised after every step; what came in between steps (a resume, a fork, a
-    # restore, a rebuild) is resident without a step: what is resident now is a peak too
     resident_now = sum(len(r) for r in resident)
-    s.peak = max(s.peak, resident_now)
     return {
         "session_id": session_id,
         "backend": ctx.name,
@@ -64,7 +61,6 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
     """``profile``: the engine's KV bytes per token (docs/policies.md, T0), where it has one."""
     config = ctx.config
     live = {sid: s.resident for sid, s in ctx.sessions.items() if s.live}
-    ctx.peak_resident_tokens = max(ctx.peak_resident_tokens, sum(live.values()))  # as in session_stats
     resident_bytes = None if profile is None else sum(profile.kv_bytes_for_context(t) for t in live.values())
     budget_bytes = config.kv_memory_bytes or (None if profile is None else profile.for_sessions(
         config.n_seq_max).kv_bytes_for_context(config.kv_budget_tokens))
