@@ -55,7 +55,11 @@ class Session:
 
     @property
     def _backend(self) -> BackendClient:
-        return self._manager.backend(self.backend)
+        """The client of the backend serving the session now (where it moved, when its backend
+        was lost with its node: ``backend`` follows it)."""
+        client = self._manager.backend(self.backend).routed(self.session_id)
+        self.backend = client.name
+        return client
 
     def append(self, tokens_or_text: str | Sequence[int]) -> list[int]:
         """Append token ids, or text (tokenized by the backend's model); returns the token ids.

@@ -27,6 +27,7 @@ failure on the way loses tokens; missing KV is recomputed from the log.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -263,8 +264,10 @@ class BackendHost:
         """``append_messages`` then ``generate``, as one call: the assistant's reply
         (``Generation.text``), ending at the model's end-of-generation token by default;
         ``prompt_tokens`` says what was appended."""
-        reply = self.generate(session_id, request, request_id=request_id,
-                              prompt=self._chat_prompt(session_id, messages, request_id))
+        job = self._chat_job(session_id, messages, request, request_id, streaming=False)
+        job.wait()
+        reply = job.answer
+        assert isinstance(reply, Generation)
         if reply.prompt_tokens is None:
             reply.prompt_tokens = 0
         self._close_reply(session_id, messages, reply, request_id)
@@ -277,8 +280,16 @@ class BackendHost:
         """``chat`` as a stream: the reply's first token comes right after the new turn's prompt is
         in. A reply that ends at the model's end-of-generation token is closed as the template
         closes it once the stream ends (``close_reply``)."""
-        return self.stream(session_id, request, request_id=request_id,
-                           prompt=self._chat_prompt(session_id, messages, request_id))
+        return TokenStream(self._chat_job(session_id, messages, request, request_id, streaming=True))
+
+    def _chat_job(self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest,
+                  request_id: str | None, streaming: bool) -> Job:
+        """A turn's job, planned and submitted under one hold of the lock: a turn waits once for
+        the step under way, not once for each thing it reads. (An engine that samples itself gets
+        the prompt by an append first, which waits for the loop: there the lock is not held.)"""
+        with self._ctx.lock if self._ctx.kv is not None else contextlib.nullcontext():
+            prompt = self._chat_prompt(session_id, messages, request_id)
+            return self._generate_job(session_id, request, 0.0, None, streaming, request_id, prompt)
 
     def _chat_prompt(self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None) -> list[int]:
         """What the session lacks of the rendered conversation (the log cut back to where they agree)."""

@@ -84,7 +84,7 @@ class Recall:
         r = s.residency
         resident = executor.resident_ranges(session_id)
         log_len = len(executor.token_log(session_id))
-        refs, blocks = self._candidates(s, sum(len(x) for x in resident) + len(turn))
+        refs, blocks = self._candidates(session_id, s, sum(len(x) for x in resident) + len(turn))
         try:
             capture = executor.recall_attention(session_id, blocks, turn, r.observation_window, r.rebase)
         except (KvresError, ColdStoreError, ValueError) as exc:
@@ -135,7 +135,7 @@ class Recall:
         return recalled
 
     # -- the cold blocks a scoring pass reads -------------------------------------------------
-    def _candidates(self, s: HostSession, held: int) -> tuple[list[ColdRef], list[KVBlock]]:
+    def _candidates(self, session_id: str, s: HostSession, held: int) -> tuple[list[ColdRef], list[KVBlock]]:
         """The cold blocks a scoring pass over ``held`` more tokens has room for (the newest
         first), read from their stores (read, not taken: only the blocks brought back leave), in
         log order; blocks a store no longer has are dropped from the session. What the idle
@@ -145,7 +145,7 @@ class Recall:
                 and ready.tokens <= self.ctx.config.n_ctx - held:
             return ready.refs, ready.blocks
         candidates = self._picks(s, held)
-        return self._keep_read(s, candidates, self.read_cold(candidates))
+        return self._keep_read(session_id, s, candidates, self.read_cold(candidates))
 
     def _picks(self, s: HostSession, held: int) -> list[ColdRef]:
         fits = self.ctx.config.n_ctx - held
@@ -161,20 +161,13 @@ class Recall:
         """The blocks behind ``refs`` (None where gone), one ``get_many`` per store."""
         store = self.ctx.store
         assert store is not None
-        by_store: dict[str, list[int]] = {}
-        for i, ref in enumerate(refs):
-            by_store.setdefault(ref.store, []).append(i)
-        read: list[KVBlock | None] = [None] * len(refs)
-        for name, idx in by_store.items():
-            got = store.at(name).get_many([refs[i].key for i in idx])
-            for i, block in zip(idx, got, strict=True):
-                read[i] = block
-        return read
+        return store.read(refs)
 
     def _keep_read(
-        self, s: HostSession, candidates: list[ColdRef], read: list[KVBlock | None],
+        self, session_id: str, s: HostSession, candidates: list[ColdRef], read: list[KVBlock | None],
     ) -> tuple[list[ColdRef], list[KVBlock]]:
-        """The blocks read, in log order; those a store no longer has leave the session."""
+        """The blocks read, in log order; those a store no longer has (dropped, or gone with its
+        node) leave the session and are counted (``dropped_blocks``)."""
         store = self.ctx.store
         assert store is not None
         gone = [ref for ref, block in zip(candidates, read, strict=True) if block is None]
@@ -182,6 +175,7 @@ class Recall:
             lost = {id(ref) for ref in gone}
             s.cold = [ref for ref in s.cold if id(ref) not in lost]
             store.release(gone)
+            self.ctx.count(session_id, "dropped_blocks", len(gone))
         kept = sorted(((candidates[i], block) for i, block in enumerate(read) if block is not None),
                       key=lambda pair: pair[0].key.token_range.start)
         return [ref for ref, _ in kept], [block for _, block in kept]
@@ -243,7 +237,7 @@ class Recall:
         try:
             if read is None:
                 raise KvresError("cold blocks not read")
-            refs, blocks = self._keep_read(s, candidates, read)
+            refs, blocks = self._keep_read(session_id, s, candidates, read)
             ctx.kv_executor("recall").prepare_recall(session_id, blocks, s.residency.rebase)
             s.recall_ready = RecallReady(list(s.cold), s.last_used, refs, blocks,
                                          sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))

@@ -11,7 +11,9 @@ Primitives:
   what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
   session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
   the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
-  call that fails is rolled back; a call that is done is committed, then answered.
+  call no room can be made for waits while any other call runs (its session frees room when it
+  ends); when none runs, the waiting call that handed out the fewest tokens fails. A call that
+  fails is rolled back; a call that is done is committed, then answered.
   ``open_on_engine`` and ``check_policy``: what opening a session takes on this engine (a session
   degraded to what the engine can run is reported once).
 
@@ -105,6 +107,7 @@ class KVStepper:
         incoming: dict[str, int] = {}
         capacity = self.step_tokens
         held: int | None = None  # what live sessions hold, as of a room check that changed nothing
+        refused: list[tuple[Job, BackendFullError]] = []
         for job in jobs:
             s = self.ctx.sessions.get(job.session_id)
             if s is None:
@@ -142,10 +145,8 @@ class KVStepper:
                                                       ahead={job.session_id: ahead}, busy=busy)
                     held = None if changed else self.ctx.held()
             except BackendFullError as exc:
-                if not batch:
-                    self.durability.fail(job, exc)
-                    progressed = True
-                continue  # otherwise it waits for the jobs ahead of it
+                refused.append((job, exc))
+                continue  # it waits while any other job runs: that one's session frees room when it ends
             except Exception as exc:
                 self.durability.fail(job, exc)
                 progressed = True
@@ -159,6 +160,12 @@ class KVStepper:
             incoming[job.session_id] = n
             capacity -= n
         if not batch:
+            if refused:
+                # nothing runs, so nothing will free room: the refused job that handed out the
+                # fewest tokens fails (its session becomes idle, so the others can have its room)
+                job, refusal = min(refused, key=lambda pair: len(pair[0].produced))
+                self.durability.fail(job, refusal)
+                progressed = True
             return progressed
         self._run(batch, incoming)
         return True

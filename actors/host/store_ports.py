@@ -6,7 +6,7 @@ Primitives:
   ``at(store)``: the same interface over another store by name, so a block parked on one node can
   be fetched from another after a migration. By ``ColdRef``, one batched call per store each:
   ``park(blocks) -> refs`` (into the home store), ``take(refs, costs)`` (read and remove),
-  ``tiers_of(refs)``, ``release(refs)``.
+  ``read(refs)`` (read, left there), ``tiers_of(refs)``, ``release(refs)``.
 - ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port over ``ColdStoreActor``s
   looked up by name; every call, batched ones included, is one Ray call; writes are write-behind
   through a small local stage, so a resume right after a suspend reads nothing over Ray.
@@ -18,7 +18,7 @@ Primitives:
   fresh=False, unknown=True)``: no alive node has that id (or prefix); ``store_node_dead(store)``: the node a
   store is named after is dead.
 
-A store whose node died is gone for good (``ColdStoreGoneError``): ``take`` and ``tiers_of`` answer
+A store whose node died is gone for good (``ColdStoreGoneError``): ``take``, ``read`` and ``tiers_of`` answer
 None for its refs (their tokens are recomputed from the log) and ``release`` skips them, so a session
 whose blocks were parked or spilled there goes on.
 """
@@ -127,6 +127,19 @@ class StorePort(ColdStore):
                 logger.warning("%d block(s) parked in %s are gone (%s): recomputed from the log", len(idx), store, exc)
                 continue
             for i, block in zip(idx, popped, strict=True):
+                out[i] = block
+        return out
+
+    def read(self, refs: Sequence[ColdRef]) -> list[KVBlock | None]:
+        """The blocks behind ``refs``, left in their stores (None where gone or unreadable)."""
+        out: list[KVBlock | None] = [None] * len(refs)
+        for store, idx in _by_store(refs).items():
+            try:
+                got = self.at(store).get_many([refs[i].key for i in idx])
+            except ColdStoreGoneError as exc:
+                logger.warning("%d block(s) spilled to %s are gone (%s): recomputed from the log", len(idx), store, exc)
+                continue
+            for i, block in zip(idx, got, strict=True):
                 out[i] = block
         return out
 

@@ -3,21 +3,28 @@
 Primitives:
 - ``TwoNodes(model)``: a ``ray.cluster_utils.Cluster`` of a head and one worker node on this
   machine, with kvres on it: backend "h0" pinned to the head, "w0" to the worker
-  (``BackendConfig.node_id``); ``manager``, ``kill_worker() -> float`` (the node removed, no grace;
-  returns the monotonic time), ``shutdown()``.
+  (``BackendConfig.node_id``); ``manager``, ``kill_worker() -> float`` (the node removed, no grace,
+  its actors' processes killed with it; returns the monotonic time), ``shutdown()``.
 - ``node_death(model, prompt=200, tokens=20) -> dict``: the scenario. Sessions on "w0": one live,
   one suspended (its KV parked in the worker's cold store), one left for a ``migrate`` after the
   death, one streamed after it; one on "h0" whose spilled blocks sit in the worker's store (it ran
-  on "w0", then migrated). Each has an uninterrupted twin on "h0". After the worker dies, each is
+  on "w0", then migrated). Each has an uninterrupted twin on "h0" (the spilled one's twin ran on
+  "w0" and migrated too: spilled blocks die with their store, so it is the run that lost the same
+  blocks, and it is called after the death too). After the worker dies, each is
   called again (the streamed one through ``stream``); the answer says how many sessions were
-  lost, how many continued with their twin's greedy tokens, the seconds from the death to the
+  lost, how many continued with their twin's greedy tokens, the spilled blocks it found gone, the seconds from the death to the
   last session's answer, where three new sessions were placed, the errors met (type names),
-  and the status rows of the lost backend and of the load view; with a cluster of its own, the
+  the status rows of the lost backend and of the load view, and the backend the planner's
+  directory names for each victim (``directory``, by role) and its ``Session.backend``
+  (``handles``); with a cluster of its own, the
   store folders of the namespace left on disk after ``shutdown()`` (``folders_left``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +56,17 @@ class TwoNodes:
         self.manager = connect(namespace=f"kvres-nd-{uuid.uuid4().hex[:6]}", config=config)
 
     def kill_worker(self) -> float:
+        """The node goes as a machine does: its Ray processes and every worker process they
+        started (its actors) die at once; ``remove_node`` alone leaves the actors' processes to
+        notice their raylet's death, and they answer direct calls meanwhile."""
+        from ray._private import ray_constants
+
+        raylet = self.worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+        doomed = _descendants(raylet)
         self.cluster.remove_node(self.worker, allow_graceful=False)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return time.monotonic()
 
     def shutdown(self) -> None:
@@ -60,6 +77,21 @@ class TwoNodes:
         finally:
             ray.shutdown()
             self.cluster.shutdown()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (from /proc: each process's parent is field 4 of its stat)."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, p in parent.items() if p in frontier]
+        found += children
+        frontier = children
+    return found
 
 
 def _error(exc: BaseException) -> str:
@@ -82,7 +114,7 @@ def node_death(model: str, prompt: int = 200, tokens: int = 20, nodes: TwoNodes 
         pairs = {}
         for role, policy in roles.items():
             victim = m.open_session(policy=policy, backend="w0")
-            twin = m.open_session(policy=policy, backend="h0")
+            twin = m.open_session(policy=policy, backend="w0" if role == "spilled" else "h0")
             for s in (victim, twin):
                 s.append(words)
                 s.generate(4)
@@ -92,17 +124,17 @@ def node_death(model: str, prompt: int = 200, tokens: int = 20, nodes: TwoNodes 
         worker_store = next(h for n, h in m.cold_stores.items() if nodes.worker.node_id.startswith(n.rsplit("-", 1)[1]))
         wait_parked(worker_store, victim.session_id)
         # the spilled one and its twin both ran on the worker, then moved to the head (their
-        # spilled blocks stay in the worker's store); the twin's calls are made before the death
+        # spilled blocks stay in the worker's store, and die with it: no run can recall them
+        # after the death, so the twin is called after it too)
         spilled, twin = pairs["spilled"]
         for s in (spilled, twin):
             s.migrate("h0")
         spilled_refs = sum(v["blocks"] for v in spilled.stats()["cold"].values())
-        twin.append([5, 6, 7])
-        early = list(twin.generate(tokens, ignore_eos=True))
 
         died = nodes.kill_worker() if kill else time.monotonic()
         identical = 0
         lost = 0
+        spilled_dropped = 0
         differ: list[str] = []
         for role, (victim, twin) in pairs.items():
             try:
@@ -116,7 +148,9 @@ def node_death(model: str, prompt: int = 200, tokens: int = 20, nodes: TwoNodes 
                         victim.stats()
                     got = list(victim.generate(tokens, ignore_eos=True))
                 if role == "spilled":
-                    want = early
+                    twin.append([5, 6, 7])
+                    want = list(twin.generate(tokens, ignore_eos=True))
+                    spilled_dropped = victim.stats()["counters"].get("dropped_blocks", 0)
                 elif role == "streamed":
                     want = list(twin.stream(tokens, ignore_eos=True))
                 else:
@@ -156,10 +190,13 @@ def node_death(model: str, prompt: int = 200, tokens: int = 20, nodes: TwoNodes 
             "scenario": "node death", "sessions": len(pairs), "sessions_lost": lost, "identical": identical,
             "recover_s": recover_s, "placed": placed, "open_on_lost": pinned_error, "closed": closed,
             "errors": errors, "differ": differ, "spilled_blocks_before": spilled_refs,
+            "spilled_blocks_dropped": spilled_dropped,
             "lost_row": next((r for r in status["backends"] if r.get("backend") == "w0"), None),
             "view_backends": [r["backend"] for r in status["load"]["backends"]],
             "view_lost": status["load"].get("lost", {}),
             "session_backends": sorted(set(status["sessions"].values())),
+            "directory": {role: status["sessions"].get(victim.session_id) for role, (victim, _) in pairs.items()},
+            "handles": {role: victim.backend for role, (victim, _) in pairs.items()},
         }
     finally:
         if own:

@@ -101,6 +101,31 @@ def test_a_gbnf_grammar_is_followed(llama: LlamaExecutor, prompt: list[int]) -> 
     assert llama.detokenize(tokens).strip() in ("yes.", "no.")
 
 
+def test_greedy_under_a_grammar_chooses_what_the_whole_chain_chooses(llama: LlamaExecutor) -> None:
+    """The argmax is taken when the grammar allows it, else the grammar runs over every token:
+    either way the same token as the chain over the whole vocabulary (ties included)."""
+    grammar = 'root ::= [a-z ]+'
+    fast = llama.sampler(SamplingParams(grammar=grammar))
+    whole = llama.sampler(SamplingParams(grammar=grammar))
+    whole._argmax_first = False  # type: ignore[attr-defined]  # the reference: the chain alone
+    rng = np.random.default_rng(3)
+    took_argmax = 0
+    try:
+        for step in range(200):
+            logits = rng.standard_normal(llama.n_vocab).astype(np.float32)
+            if step % 5 == 0:
+                logits[rng.integers(llama.n_vocab, size=3)] = logits.max()  # ties
+            token = fast.sample(logits)
+            assert token == whole.sample(logits), step
+            took_argmax += token == int(np.argmax(logits))
+            fast.accept(token)
+            whole.accept(token)
+    finally:
+        fast.close()
+        whole.close()
+    assert 0 < took_argmax < 200  # both ways were taken
+
+
 def test_bad_grammars_and_tokens_are_refused_without_a_crash(llama: LlamaExecutor) -> None:
     with pytest.raises(ValueError, match=r"not valid GBNF: .*expecting '\)'"):
         llama.sampler(SamplingParams(grammar="root ::= foo bar("))

@@ -27,10 +27,11 @@ def test_no_session_is_lost_and_each_continues_like_its_twin(after_death) -> Non
     assert after_death["differ"] == []
     assert after_death["identical"] == after_death["sessions"] == 5
     assert after_death["spilled_blocks_before"] > 0  # the spilled session had blocks in the dead store
+    assert after_death["spilled_blocks_dropped"] == after_death["spilled_blocks_before"]  # found gone, counted
     assert after_death["closed"] == 2 * after_death["sessions"]
-    # (open) the planner's directory can still name the dead backend for the live and suspended
-    # sessions after their calls moved them (status() shows them there); their calls go to h0
-    assert "h0" in after_death["session_backends"]
+    assert after_death["recover_s"] < 30
+    assert set(after_death["directory"].values()) == {"h0"}  # the directory names where each moved
+    assert set(after_death["handles"].values()) == {"h0"}  # and so does each Session object
     assert after_death["folders_left"] == []  # the dead node's store folder too, once shut down
 
 
