@@ -30,15 +30,16 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
 from kvres.policy.errors import ColdStoreGoneError, ColdStoreLostError
 from kvres.policy.recall import RecallCosts
 
 logger = logging.getLogger("kvres.coldstore")
+_T = TypeVar("_T")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
 STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 WRITE_DEFER_S = 0.2  # how long a write-behind send may wait for its backend to be between calls
@@ -119,39 +120,33 @@ class StorePort(ColdStore):
     def take(self, refs: Sequence[ColdRef], costs: RecallCosts | None = None) -> list[KVBlock | None]:
         """The blocks behind ``refs``, removed from their stores (None where gone, unreadable or
         cheaper to recompute under ``costs``)."""
-        out: list[KVBlock | None] = [None] * len(refs)
-        for store, idx in _by_store(refs).items():
-            try:
-                popped = self.at(store).pop_many([refs[i].key for i in idx], [refs[i].nbytes for i in idx], costs)
-            except ColdStoreGoneError as exc:
-                logger.warning("%d block(s) parked in %s are gone (%s): recomputed from the log", len(idx), store, exc)
-                continue
-            for i, block in zip(idx, popped, strict=True):
-                out[i] = block
-        return out
+        return self._per_store(refs, lambda store, keys, idx: store.pop_many(keys, [refs[i].nbytes for i in idx], costs),
+                               "parked")
 
     def read(self, refs: Sequence[ColdRef]) -> list[KVBlock | None]:
         """The blocks behind ``refs``, left in their stores (None where gone or unreadable)."""
-        out: list[KVBlock | None] = [None] * len(refs)
-        for store, idx in _by_store(refs).items():
-            try:
-                got = self.at(store).get_many([refs[i].key for i in idx])
-            except ColdStoreGoneError as exc:
-                logger.warning("%d block(s) spilled to %s are gone (%s): recomputed from the log", len(idx), store, exc)
-                continue
-            for i, block in zip(idx, got, strict=True):
-                out[i] = block
-        return out
+        return self._per_store(refs, lambda store, keys, idx: store.get_many(keys), "spilled")
 
     def tiers_of(self, refs: Sequence[ColdRef]) -> list[Tier | None]:
-        out: list[Tier | None] = [None] * len(refs)
+        return self._per_store(refs, lambda store, keys, idx: store.tiers(keys), "")
+
+    def _per_store(
+        self, refs: Sequence[ColdRef], ask: Callable[[ColdStore, list[BlockKey], list[int]], Sequence[_T]],
+        lost: str,
+    ) -> list[_T | None]:
+        """``ask`` of each store for its refs' keys, the answers in ``refs``' order; a store gone
+        with its node answers None for all of them (``lost``: what they were, for the warning)."""
+        out: list[_T | None] = [None] * len(refs)
         for store, idx in _by_store(refs).items():
             try:
-                tiers = self.at(store).tiers([refs[i].key for i in idx])
-            except ColdStoreGoneError:
-                continue  # gone with its node
-            for i, tier in zip(idx, tiers, strict=True):
-                out[i] = tier
+                got = ask(self.at(store), [refs[i].key for i in idx], idx)
+            except ColdStoreGoneError as exc:
+                if lost:
+                    logger.warning("%d block(s) %s in %s are gone (%s): recomputed from the log", len(idx), lost,
+                                   store, exc)
+                continue
+            for i, answer in zip(idx, got, strict=True):
+                out[i] = answer
         return out
 
     def release(self, refs: Sequence[ColdRef]) -> None:

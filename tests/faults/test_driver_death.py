@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.conftest import REPO_ROOT, shared_model_path
 from tests.examples.test_examples import _env, ray_head  # noqa: F401  (the fixture)
@@ -31,6 +32,7 @@ else:
     s = manager.session("orphan")
     print(json.dumps({"tokens": s.tokens(), "stats": s.stats()["counters"]}), flush=True)
     s.close()
+    manager.shutdown()  # its cold store's folder goes with it
 """
 
 
@@ -52,3 +54,7 @@ def test_a_stream_whose_driver_dies_commits_only_what_it_yielded(ray_head) -> No
     # the stream stopped once the backend learnt of the death: the tokens it had yielded until
     # then are committed (the driver had received the first of them), not the 15,000 asked for
     assert len(tokens) < 20 + ASKED // 2, len(tokens)
+    import platformdirs
+
+    stores = Path(platformdirs.user_cache_dir("kvres")) / "coldstore"
+    assert not [p.name for p in stores.glob("driver-death-*") if p.is_dir()]  # the last driver shut kvres down
