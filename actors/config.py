@@ -6,13 +6,17 @@ Primitives:
   block size, resident budget, spill (keep evicted blocks in the cold store) or drop; ``strict``:
   refuse at open what the backend cannot run as asked (by default a session degrades to the weaker
   policy the engine can run, ``kvres.policy.degrade``). The helpers ``streaming``, ``scored`` and
-  ``engine`` take every field their kind uses.
+  ``engine`` take every field their kind uses. Retention, the owner's say in what is kept
+  (``with_retention``): ``priority`` (suspended and evicted for others' room later than lower
+  ones), ``pin`` (never, within the backend's ``max_pinned_tokens``), ``idle_suspend_s`` (parked
+  after that long without a call) and ``ttl_s`` (closed after that long without a call).
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
   threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
   or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
   ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.sizing.kv_budget``), and an
-  explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them.
+  explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them; ``max_pinned_tokens``, what pinned
+  sessions may hold under their pins.
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 Drivers import both from ``kvres.cluster``.
@@ -45,6 +49,11 @@ class SessionPolicy(BaseModel):
     spill: bool = True
     spill_cap_bytes: int | None = Field(None, ge=0)  # most a session keeps spilled; oldest out first
     strict: bool = False  # refuse at open what the backend cannot run as asked, instead of degrading
+    # retention, set by the session's owner (``with_retention``): kvres.actors.host.retention
+    priority: int = Field(0, ge=-100, le=100)  # higher: suspended and evicted for others later
+    pin: bool = False  # never suspended or evicted for others' room (within the backend's max_pinned_tokens)
+    idle_suspend_s: float | None = Field(None, gt=0)  # parked after this long without a call
+    ttl_s: float | None = Field(None, gt=0)  # closed (its blocks deleted) after this long without a call
 
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
@@ -60,6 +69,12 @@ class SessionPolicy(BaseModel):
                 f"({self.block_size}) = {floor}"
             )
         return self
+
+    def with_retention(self, priority: int | None = None, pin: bool | None = None,
+                       idle_suspend_s: float | None = None, ttl_s: float | None = None) -> SessionPolicy:
+        """This policy with the retention fields given (the others as they are), validated."""
+        fields = {"priority": priority, "pin": pin, "idle_suspend_s": idle_suspend_s, "ttl_s": ttl_s}
+        return SessionPolicy.model_validate({**self.model_dump(), **{k: v for k, v in fields.items() if v is not None}})
 
     @classmethod
     def streaming(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
@@ -118,6 +133,8 @@ class BackendConfig(BaseModel):
     kv_memory_bytes: int | None = Field(None, ge=1)
     kv_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     kv_memory_reserve_bytes: int = Field(DEFAULT_KV_MEMORY_RESERVE, ge=0)
+    # resident tokens pinned sessions may hold under their pin (None: half of kv_budget_tokens)
+    max_pinned_tokens: int | None = Field(None, ge=0)
 
     @property
     def memory_budgeted(self) -> bool:

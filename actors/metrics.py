@@ -20,7 +20,8 @@ Primitives:
   ranges read back), recomputed_tokens, suspends (forced: to make room), explicit_suspends,
   resumes (implicit: a call for a suspended session), explicit_resumes, degraded (a session runs a
   weaker policy than it asked, ``kvres.policy.degrade``: counted once per session), dropped_blocks
-  (blocks a session found gone: recomputed from its log), ...), kvres_plan_latency_ms (histogram,
+  (blocks a session found gone: recomputed from its log), idle_suspends (parked after its
+  ``idle_suspend_s``), ttl_closes (closed after its ``ttl_s``), ...), kvres_plan_latency_ms (histogram,
   {backend}), kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens
   decoded), kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started:
   event "drops", "spill_errors", "corrupt"; a gauge, present from the start);
@@ -67,7 +68,7 @@ _process_secret: bytes | None = None
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
             "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
-            "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks")
+            "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 # histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

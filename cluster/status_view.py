@@ -6,12 +6,14 @@ Primitives:
 - ``policy_summary(policy, effective=None, degraded=None)``: one line for a
   ``SessionPolicy.model_dump()``; with ``degraded`` (``Session.stats()["degraded"]``) the effective
   policy that runs instead, what was asked and why.
+- ``retention_summary(policy, pinned)``: the owner's retention settings in words (priority, pin
+  and whether it holds, idle and TTL limits).
 - ``residency_bar(ranges, token_count, width)``: the token log drawn as one line, ``#`` where the
   KV is resident, ``+`` where part of it is, ``.`` where none is.
 - ``render_status(report, reprs=None)``: ``SessionManager.status()`` (or ``ClusterView.status()``)
   as tables: backends (live state: resident, peak, calls held), sessions, cold stores, and the
   actors' reprs (static facts: Ray records a repr once) when given.
-- ``render_inspect(stats)``: one session's ``Session.stats()``: state, policy, resident ranges over
+- ``render_inspect(stats)``: one session's ``Session.stats()``: state, policy, retention, resident ranges over
   the token log, cold blocks per tier, counters.
 
 Everything here is a pure function from plain data to text: no Ray, no colours, no carriage
@@ -127,6 +129,18 @@ def render_status(report: Mapping[str, Any], reprs: Mapping[str, str] | None = N
     return "\n".join(parts)
 
 
+def retention_summary(policy: Mapping[str, Any], pinned: bool) -> str:
+    """The owner's retention settings in words: priority, pin (and whether it holds), limits."""
+    parts = [f"priority {policy.get('priority', 0)}"]
+    if policy.get("pin"):
+        parts.append("pinned" if pinned else "pin asked, over the backend's max_pinned_tokens")
+    if policy.get("idle_suspend_s") is not None:
+        parts.append(f"parked after {policy['idle_suspend_s']:g} s idle")
+    if policy.get("ttl_s") is not None:
+        parts.append(f"closed after {policy['ttl_s']:g} s idle")
+    return ", ".join(parts)
+
+
 def render_inspect(stats: Mapping[str, Any], width: int = BAR_WIDTH) -> str:
     count = int(stats.get("token_count", 0))
     ranges = [tuple(r) for r in stats.get("resident_ranges", [])]
@@ -136,6 +150,7 @@ def render_inspect(stats: Mapping[str, Any], width: int = BAR_WIDTH) -> str:
         f"session {stats.get('session_id')!r} on backend {stats.get('backend')!r}: {stats.get('state')}",
         "policy".ljust(label) + policy_summary(stats.get("policy", {}), stats.get("effective_policy"),
                                                stats.get("degraded")),
+        "retention".ljust(label) + retention_summary(stats.get("policy", {}), bool(stats.get("pinned"))),
         "tokens".ljust(label) + f"{count} in the log, {stats.get('resident_tokens', 0)} resident",
         "resident".ljust(label) + (" ".join(f"[{a}, {b})" for a, b in ranges) or "none"),
     ]

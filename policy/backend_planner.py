@@ -2,7 +2,8 @@
 
 Primitives:
 - ``SessionView``: what the planner needs to know of one session (resident ranges, last use,
-  whether the current call is serving it, its own budget and streaming policy, optional scores).
+  whether the current call is serving it, its own budget and streaming policy, optional scores,
+  its owner's priority and pin).
 - ``BackendPlanInput(sessions, budget_tokens, capabilities)``.
 - ``Action(kind, session_id, ranges, rebase)``: ``"evict"`` ranges of a session, or ``"suspend"``
   the whole session (export all of its KV, free it on the backend).
@@ -10,8 +11,9 @@ Primitives:
 
 Order of relief: (1) every session is brought under its own budget by ``plan_hot_set`` (with room
 for the tokens about to arrive); (2) if the backend as a whole is still over budget, idle sessions
-are suspended, least recently used first; (3) then active sessions that allow eviction are shrunk,
-least recently used first; (4) what still does not fit is reported as ``over_budget``.
+are suspended, the lowest ``priority`` first, then the least recently used; (3) then active
+sessions that allow eviction are shrunk, in the same order; a ``pinned`` session is neither
+suspended nor shrunk for others; (4) what still does not fit is reported as ``over_budget``.
 
 Cost: a streaming session without scores is planned from its ranges (``plan_streaming``), in time
 proportional to its ranges and the blocks it loses, not to its length (a session that grew by one
@@ -45,6 +47,13 @@ class SessionView:
     evictable: bool = False  # its policy allows evicting ranges
     block_size: int = 16
     scores: tuple[float, ...] | None = None  # one per block of ``blocks()``
+    priority: int = 0  # its owner's: lower ones are suspended and shrunk for others first
+    pinned: bool = False  # never suspended or shrunk for others' room
+
+    @property
+    def keep_order(self) -> tuple[int, int]:
+        """Who goes first when others need room: the lowest priority, then the least recently used."""
+        return self.priority, self.last_used
 
     @property
     def resident_tokens(self) -> int:
@@ -171,23 +180,23 @@ def plan_backend(inp: BackendPlanInput) -> BackendPlan:
     def total() -> int:
         return sum(resident[i] + incoming[i] for i in resident)
 
-    # (2) suspend idle sessions, least recently used first
-    for view in sorted(inp.sessions, key=lambda v: v.last_used):
+    # (2) suspend idle sessions, the lowest priority first, then the least recently used
+    for view in sorted(inp.sessions, key=lambda v: v.keep_order):
         if total() <= inp.budget_tokens:
             break
-        if view.active or resident[view.session_id] == 0:
+        if view.active or view.pinned or resident[view.session_id] == 0:
             continue
         actions[:] = [a for a in actions if a.session_id != view.session_id]
         actions.append(Action("suspend", view.session_id))
         diagnostics.append(f"{view.session_id}: suspended (idle, backend over budget)")
         resident[view.session_id] = 0
 
-    # (3) shrink active sessions that allow eviction, least recently used first
-    for view in sorted(inp.sessions, key=lambda v: v.last_used):
+    # (3) shrink active sessions that allow eviction, in the same order
+    for view in sorted(inp.sessions, key=lambda v: v.keep_order):
         excess = total() - inp.budget_tokens
         if excess <= 0:
             break
-        if not view.active or not view.evictable:
+        if not view.active or not view.evictable or view.pinned:
             continue
         evict(view, resident[view.session_id] - excess, "backend budget")
 

@@ -1,8 +1,11 @@
-"""Shared fixtures: the shared test model, and a guard that keeps engines to one thread each."""
+"""Shared fixtures: the shared test model, a guard that keeps engines to one thread each, and
+``wait_until`` (poll a condition with a deadline)."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,13 @@ def stories_model() -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_threads() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0, every_s: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every_s)
+    return False

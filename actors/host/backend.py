@@ -2,7 +2,8 @@
 
 Primitives:
 - ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None,
-  on_change=None, journal=None, file_secret=None, model_id="")``: a plain, thread-safe class (works without Ray), the facade over
+  on_change=None, journal=None, file_secret=None, model_id="", on_expired=None)``: a plain,
+  thread-safe class (works without Ray), the facade over
   the host's parts. ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``,
   ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
@@ -16,7 +17,9 @@ The parts (``kvres.actors.host``): ``context`` (the session table and what the p
 ``sessions`` (a session and its explicit state), ``durability`` (journal commit, rebuild, roll
 back), ``stepper`` (the step for engines whose KV kvres addresses) or ``engine_managed`` (engines
 that evict by themselves), ``pressure`` (room-making, eviction, spill caps, compression),
-``recall``, ``parking`` (suspend / resume), ``admission`` (policy checks at open), ``stats``.
+``recall``, ``parking`` (suspend / resume), ``admission`` (policy checks at open), ``retention``
+(priorities and pins in who goes first; idle sessions parked and expired ones closed, then
+``on_expired(session_id)``), ``stats``.
 
 Calls of different sessions run concurrently: ``append`` / ``generate`` / ``stream`` become jobs of
 a ``StepLoop`` (``kvres.actors.host.scheduler``) whose every step decodes the next token of every
@@ -28,6 +31,7 @@ failure on the way loses tokens; missing KV is recomputed from the log.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +57,7 @@ from .parking import Parking
 from .portable import Portable
 from .pressure import Pressure
 from .recall import Recall
+from .retention import RetentionTimer
 from .scheduler import Job, StepLoop
 from .sessions import SuspendRecord
 from .stats import backend_stats, session_stats
@@ -92,6 +97,7 @@ class BackendHost:
         journal: Journal | None = None,
         file_secret: bytes | None = None,
         model_id: str = "",
+        on_expired: Callable[[str], None] | None = None,
     ) -> None:
         ctx = self._ctx = HostContext(config, executor, store, metrics or NullMetrics(), journal, on_change)
         self.config, self.name, self.executor, self.fingerprint = config, config.name, executor, executor.fingerprint
@@ -109,6 +115,8 @@ class BackendHost:
         else:
             self._engine = ManagedStepper(ctx, executor, self._durability, self._parking)
         ctx.rebuild = self._durability.rebuild
+        self._retention = RetentionTimer(ctx, self._parking.suspend, self.close, on_expired)
+        ctx.watch_retention = self._retention.watch
         ctx.open_on_engine = self._engine.open_on_engine
         self._loop = ctx.loop = StepLoop(ctx.lock, self._step, config.name,
                                          on_busy=store.defer_writes if store is not None else None,
@@ -324,7 +332,7 @@ class BackendHost:
             s = ctx.get(job.session_id, live=False)
             if ctx.loop.pending(job.session_id):
                 raise SessionBusyError(f"session {job.session_id!r} already has a call running")
-            s.last_used = ctx.tick()
+            s.last_used, s.touched_at = ctx.tick(), time.monotonic()
             done = s.committed
             if job.request_id is not None and done is not None and done.request_id == job.request_id:
                 job.replay(done.result)  # a retry of a call that committed: its answer, not a rerun

@@ -5,7 +5,7 @@ Primitives:
   (``sessions``, ``get`` with the journal fallback, ``new_session``, ``tick``), bookkeeping
   (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the engine as
   kvres addresses it (``kv_executor(what)``; None where the engine manages its KV), and the
-  hooks the host sets once its parts exist (``rebuild``, ``open_on_engine``).
+  hooks the host sets once its parts exist (``rebuild``, ``open_on_engine``, ``watch_retention``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class HostContext:
         self.loop: StepLoop  # set by the host once its step function exists
         self.rebuild: Callable[[str], HostSession]  # a session the journal has and this process not
         self.open_on_engine: Callable[[str, HostSession, Sequence[int]], None]
+        self.watch_retention: Callable[[], None] = lambda: None  # a session with idle / TTL limits came
 
     # -- the session table ------------------------------------------------------------------
     def tick(self) -> int:
@@ -66,6 +67,8 @@ class HostContext:
             s.committed = record if committed is None else committed
             if parked:
                 s.park(record)
+        if policy.idle_suspend_s is not None or policy.ttl_s is not None:
+            self.watch_retention()
         return s
 
     def get(self, session_id: str, *, live: bool = True) -> HostSession:

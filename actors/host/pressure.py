@@ -3,7 +3,8 @@
 Primitives:
 - ``Pressure(ctx, plan, suspend)``: ``make_room(incoming, newcomer=None, newcomer_tokens=0,
   ahead=None, busy=None)`` (plan when a session or the backend would go over budget and carry the
-  plan out: idle sessions suspended through ``suspend``, ranges evicted), ``needs_plan`` and
+  plan out: idle sessions suspended through ``suspend``, ranges evicted; the owners' priorities
+  and pins, ``retention``, decide who goes first), ``needs_plan`` and
   ``fits`` (cheap checks before planning), ``evict`` (a spilling session parks the ranges first,
   in one store call), ``cap_spill`` (a session's spilled bytes kept under its cap), ``compress`` /
   ``compress_now`` (a scored session cut to its budget by its ranking; a prompt larger than the
@@ -26,6 +27,7 @@ from kvres.policy.scoring import AttentionCapture
 from ..engines.executor import Executor
 from .context import HostContext
 from .errors import BackendFullError
+from .retention import pinned_sessions
 from .scheduler import Job
 from .sessions import HostSession
 from .store_ports import ColdRef
@@ -71,7 +73,7 @@ class Pressure:
         self._suspend = suspend
 
     # -- what the planner sees --------------------------------------------------------------
-    def view(self, session_id: str, incoming: int, active: bool) -> SessionView:
+    def view(self, session_id: str, incoming: int, active: bool, pinned: bool = False) -> SessionView:
         s = self.ctx.sessions[session_id]
         r = s.residency
         view = SessionView(
@@ -84,6 +86,8 @@ class Pressure:
             stream_policy=r.stream_policy(),
             evictable=r.evicts,
             block_size=r.block_size,
+            priority=s.policy.priority,
+            pinned=pinned,
         )
         if not s.retrieved:
             return view
@@ -208,7 +212,8 @@ class Pressure:
             return False
         planned = {**incoming, **(ahead or {})}
         active = set(planned) | busy
-        views = [self.view(sid, planned.get(sid, 0), sid in active) for sid in live]
+        pinned = pinned_sessions(ctx)
+        views = [self.view(sid, planned.get(sid, 0), sid in active, sid in pinned) for sid in live]
         views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
         if newcomer is not None:
             views.append(SessionView(newcomer, (), last_used=1 << 62, active=True, incoming_tokens=newcomer_tokens))
@@ -230,12 +235,14 @@ class Pressure:
         return True
 
     def _slot_victim(self, live: list[str], newcomer: str, busy: set[str], incoming: Mapping[str, int]) -> str:
-        """The idle session to suspend for a newcomer's slot: the one needed last. A session whose
+        """The idle session to suspend for a newcomer's slot: the one needed last (the lowest
+        priority, then the least recently used; never a pinned one). A session whose
         append just ended waits for its reply (the same turn's generate is on its way): it goes
         only when no other idle session can, and not while a running call will soon free a slot
         (then the newcomer waits, rather than resuming that session again right after)."""
         ctx = self.ctx
-        idle = [sid for sid in live if sid not in busy and sid not in incoming]
+        pinned = pinned_sessions(ctx)
+        idle = [sid for sid in live if sid not in busy and sid not in incoming and sid not in pinned]
         now = time.monotonic()
         settled = [sid for sid in idle if ctx.sessions[sid].mid_turn_until <= now]
         running = any(sid != newcomer and sid in ctx.sessions and ctx.sessions[sid].live for sid in busy)
@@ -245,7 +252,7 @@ class Pressure:
                 f"serving running calls or turns under way: none for session {newcomer!r} now "
                 "(a call of it waits for one)"
             )
-        return min(settled or idle, key=lambda sid: ctx.sessions[sid].last_used)
+        return min(settled or idle, key=lambda sid: (ctx.sessions[sid].policy.priority, ctx.sessions[sid].last_used))
 
     # -- carrying a plan out ----------------------------------------------------------------
     def evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:

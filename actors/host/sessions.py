@@ -12,6 +12,7 @@ Primitives:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -72,6 +73,7 @@ class HostSession:
     recall_ready: RecallReady | None = None  # its cold blocks, read while the backend was idle
     layouts: dict[int, tuple[Range, ...]] = field(default_factory=dict)  # log length -> resident, at commits
     mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
+    touched_at: float = field(default_factory=time.monotonic)  # its last call came or ended (retention's clock)
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
         """What was resident when the log was ``log_length`` long (a rollback there restores it)."""

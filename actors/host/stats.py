@@ -17,6 +17,7 @@ from typing import Any
 from kvres.policy.capacity import LayerKVProfile
 
 from .context import HostContext
+from .retention import pinned_sessions
 
 
 def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
         "resident_tokens": resident_now,
         "peak_resident_tokens": s.peak,
         "recompute_exact": s.exact,
+        "pinned": session_id in pinned_sessions(ctx),  # its pin holds now (within max_pinned_tokens)
         "cold": cold,
         "counters": dict(s.counters),
     }

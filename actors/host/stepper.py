@@ -55,7 +55,8 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
     job.result = len(ctx.executor.token_log(job.session_id))
     s = ctx.sessions.get(job.session_id)
     if s is not None:  # a turn's reply follows its append: keep the slot for it a moment
-        s.mid_turn_until = time.monotonic() + MID_TURN_GRACE_S if job.kind == "append" else 0.0
+        s.touched_at = time.monotonic()
+        s.mid_turn_until = s.touched_at + MID_TURN_GRACE_S if job.kind == "append" else 0.0
     answer: object = (job.result - job.appended, job.result) if job.kind == "append" else generation_of(ctx, job)
     if isinstance(answer, Generation) and job.appended:
         answer.prompt_tokens = job.appended  # a generate given its prompt

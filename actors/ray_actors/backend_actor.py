@@ -84,6 +84,12 @@ def store_disk_folder(store_name: str, namespace: str) -> str | None:
     return None if folder is None else str(Path(folder).parent)
 
 
+def forget_session(namespace: str, session_id: str) -> None:
+    """The planner's directory forgets a session its backend closed by itself (its ``ttl_s``)."""
+    from .planner_actor import PLANNER_NAME
+
+    ray.get_actor(PLANNER_NAME, namespace=namespace).forget.remote(session_id)
+
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -113,6 +119,7 @@ class BackendServer:
             journal=RayJournal(namespace),
             file_secret=cluster_secret(coldstore_secret_name(namespace), new_secret),
             model_id=model_id(model),
+            on_expired=lambda sid: forget_session(namespace, sid),
         )
         self._repr = (f"BackendServer({config.name}: {config.engine} {Path(model).name}, {config.n_seq_max} slots, "
                       f"{config.kv_budget_tokens}-token budget)")

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python -m benchmarks.fleet [--large | --tiny] [--model PATH] [--sessions 16]
 [--history 512] [--turns 3] [--user-tokens 32] [--reply-tokens 16] [--users 8] [--slots 4,16]
 [--shared-prefix 256] [--threads 2] [--reprefill-sessions 4] [--repeats 1] [--two-calls]
-[--out DIR]``
+[--high 4] [--out DIR]``
 Writes ``fleet.json`` and ``fleet.png`` into DIR (default benchmarks/results).
 
 Without ``--model`` it writes its own random-weight llama of realistic shape
@@ -15,7 +15,9 @@ sessions' turns one after another: each turn one call that appends a ``--user-to
 streams a ``--reply-tokens`` reply (``--two-calls``: ``append``, then ``stream``). Then the same
 with every session starting from one shared ``--shared-prefix``-token system prompt (prefix
 sharing on), and what opening a session that starts with it costs beside prefilling as many
-unshared tokens. Baselines, measured in the same run on the
+unshared tokens; and a mixed run over the fewest slots, the first ``--high`` sessions at priority 1
+and the rest at 0 (``SessionPolicy.with_retention``), reported as two rows (high and low turns).
+Baselines, measured in the same run on the
 same model and threads (``benchmarks.fleet.baselines``): llama-cpp-python one turn at a time with
 states in host RAM (``save_state`` / ``load_state``), re-prefilling the whole history each turn,
 and llama.cpp batching the same turns itself (every session resident in one context).
@@ -101,6 +103,10 @@ def _ratios(rows: dict[str, dict[str, Any]], slots: list[int], runs: dict[str, l
         "all_slots_ge_2x_slot_baseline": out[f"kvres_{many}_slots_over_slot_baseline"] >= 2.0,
         "all_slots_ge_0.8x_llama_batch": out[f"kvres_{many}_slots_over_llama_batch"] >= 0.8,
     }
+    if "kvres_mixed_high" in rows:
+        out["mixed_high_p99_over_p50"] = rows["kvres_mixed_high"]["p99_over_p50"]
+        out["acceptance"]["mixed_high_p99_le_1.5x_p50"] = out["mixed_high_p99_over_p50"] <= 1.5
+        out["acceptance"]["mixed_low_all_complete"] = rows["kvres_mixed_low"]["failed_turns"] == 0
     return out
 
 
@@ -117,8 +123,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="runs of the slot and batch baselines and kvres, alternating (medians reported)")
     parser.add_argument("--two-calls", action="store_true",
                         help="each kvres turn as two calls (append, then stream) instead of one stream(prompt=...)")
+    parser.add_argument("--high", type=int, default=None,
+                        help="a mixed run over the fewest slots: this many sessions at priority 1, the rest at 0 "
+                             "(default 4, 1 with --tiny; 0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
+    if args.high is None:
+        args.high = 1 if args.tiny else 4
     sizes = dict(PRESETS["large" if args.large else "tiny" if args.tiny else "default"])
     sizes.update({k: v for k, v in vars(args).items() if k in sizes and v is not None})
     slots = sorted(int(x) for x in str(sizes["slots"]).split(","))
@@ -153,6 +164,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     measure(f"kvres_{n}_slots", kvres_fleet(manager, w, name, vocab, args.two_calls))
             few = backends[min(slots)]
             measure("kvres_shared_prefix", kvres_fleet(manager, shared, few, vocab, args.two_calls))
+            if args.high:  # mixed priorities over the fewest slots: high and low turns apart
+                timings, wall, extra = kvres_fleet(manager, w, few, vocab, args.two_calls, high=args.high)
+                for name, high in (("kvres_mixed_high", True), ("kvres_mixed_low", False)):
+                    part = [t for t in timings if (t.session < args.high) == high]
+                    failed = [i for i in extra["failed_sessions"] if (i < args.high) == high]
+                    measure(name, (part, wall, {**extra, "failed_turns": len(failed)}))
             opening = open_cost(manager, shared, few, vocab, args.open_repeats)
         finally:
             manager.shutdown()

@@ -5,8 +5,9 @@ Primitives:
   slots and a KV budget of ``slots`` full sessions (fewer slots than sessions: the rest park).
 - ``wait_for_probes(manager, backend)``: waits for the backend's background recall-cost probes
   (a child process decoding on the same cores) to end.
-- ``kvres_fleet(manager, w, backend, vocab) -> (timings, wall_s, extra)``: opens the workload's
-  sessions and appends their histories, waits for the probes (before the clock), then ``w.users`` driver threads each
+- ``kvres_fleet(manager, w, backend, vocab, two_calls=False, high=0) -> (timings, wall_s, extra)``:
+  opens the workload's sessions (the first ``high`` of them with priority 1, the rest 0) and
+  appends their histories, waits for the probes (before the clock), then ``w.users`` driver threads each
   take their sessions' turns one after another: one ``stream(reply_tokens, prompt=user message)``
   call per turn (``two_calls``: ``append`` the message, then ``stream`` the reply), the first
   token's arrival is the time to first token; afterwards the sessions' counters
@@ -70,11 +71,15 @@ def wait_for_probes(manager: Any, backend: str, timeout_s: float = 900.0) -> tup
         time.sleep(0.5)
 
 
-def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int,
-                two_calls: bool = False) -> tuple[list[TurnTiming], float, dict[str, Any]]:
+def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int, two_calls: bool = False,
+                high: int = 0) -> tuple[list[TurnTiming], float, dict[str, Any]]:
     import ray
 
-    sessions = [manager.open_session(backend=backend) for _ in range(w.sessions)]
+    from kvres.cluster import SessionPolicy
+
+    # the first ``high`` sessions have priority 1, the others 0 (``failures`` name the session)
+    sessions = [manager.open_session(backend=backend, policy=SessionPolicy().with_retention(priority=int(i < high)))
+                for i in range(w.sessions)]
     try:
         for i, s in enumerate(sessions):
             s.append(w.history_of(i, vocab))
@@ -121,7 +126,7 @@ def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int,
         after = _counters(sessions)
         stats = ray.get(manager.backend(backend).stats_ref())
         per_turn = {f"{k}_per_turn": (after[k] - before[k]) / max(1, len(timings)) for k in COUNTED}
-        extra = {"failed_turns": len(failures), "recall_probes": probes, "waited_for_probes_s": waited, "failures": failures[:5], **per_turn,
+        extra = {"failed_turns": len(failures), "failed_sessions": sorted({int(f.split()[1]) for f in failures}), "recall_probes": probes, "waited_for_probes_s": waited, "failures": failures[:5], **per_turn,
                  "peak_resident_tokens": stats["peak_resident_tokens"], "kv_budget_tokens": stats["kv_budget_tokens"],
                  "parked_kv_bytes": _parked_bytes(sessions)}
         return timings, wall, extra

@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks.fleet.workload import TurnTiming, Workload, summarize
 
-ROWS = ("slot_baseline", "reprefill_baseline", "llama_batch", "kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix")
+ROWS = ("slot_baseline", "reprefill_baseline", "llama_batch", "kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix",
+        "kvres_mixed_high", "kvres_mixed_low")
 
 
 def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
@@ -23,11 +24,12 @@ def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
     w = saved["workload"]
     assert set(saved["rows"]) == set(ROWS) and saved["repeats"] == 2
     assert len(saved["rows"]["kvres_2_slots"]["runs_turns_per_s"]) == 2 == len(saved["rows"]["llama_batch"]["runs_turns_per_s"])
+    mixed = {"kvres_mixed_high": w["turns"], "kvres_mixed_low": (w["sessions"] - 1) * w["turns"]}  # --high 1
     for name, row in saved["rows"].items():
-        expected = 2 * w["turns"] if name == "reprefill_baseline" else w["sessions"] * w["turns"]
+        expected = 2 * w["turns"] if name == "reprefill_baseline" else mixed.get(name, w["sessions"] * w["turns"])
         assert row["turns"] == expected, name
         assert row["turns_per_s"] > 0 and 0 < row["ttft_p50_ms"] <= row["latency_p50_ms"] <= row["latency_p99_ms"]
-    for name in ("kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix"):
+    for name in ("kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix", "kvres_mixed_high", "kvres_mixed_low"):
         row = saved["rows"][name]
         assert row["failed_turns"] == 0, row["failures"]
         for counter in ("suspends", "resumes", "evictions", "recomputed_tokens"):
@@ -41,7 +43,9 @@ def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
     paired = [k / b for k, b in zip(saved["rows"]["kvres_2_slots"]["runs_turns_per_s"],
                                     saved["rows"]["slot_baseline"]["runs_turns_per_s"], strict=True)]
     assert ratios["kvres_2_slots_over_slot_baseline"] == pytest.approx(sum(paired) / 2)  # the median of two
-    assert set(ratios["acceptance"]) >= {"few_slots_ge_1.5x_slot_baseline", "all_slots_ge_0.8x_llama_batch"}
+    assert set(ratios["acceptance"]) >= {"few_slots_ge_1.5x_slot_baseline", "all_slots_ge_0.8x_llama_batch",
+                                         "mixed_high_p99_le_1.5x_p50", "mixed_low_all_complete"}
+    assert ratios["acceptance"]["mixed_low_all_complete"]
     assert saved["shared_prefix_open"]["shared_open_s"] > 0 and saved["shared_prefix"] == 16
     assert (tmp_path / "fleet.png").stat().st_size > 0
 

@@ -144,7 +144,7 @@ def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
         "ray_kvres_recalled_tokens_total", "ray_kvres_dropped_blocks_total", "ray_kvres_plan_latency_ms_bucket",
         "ray_kvres_time_to_first_token_seconds_bucket", "ray_kvres_inter_token_seconds_bucket",
         "ray_kvres_call_seconds_bucket", "ray_kvres_queue_depth", "ray_kvres_tokens_total",
-        "ray_kvres_store_blocks_lost",
+        "ray_kvres_store_blocks_lost", "ray_kvres_idle_suspends_total", "ray_kvres_ttl_closes_total",
     }
     assert all("$" not in q.replace("$backend", "").replace("$__rate_interval", "") for q in dashboard_queries())
 

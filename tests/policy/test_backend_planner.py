@@ -145,3 +145,20 @@ def scored_by_numpy():
 
 def _protected(v: SessionView) -> int:
     return plan_streaming(v.resident_ranges, v.block_size, 0, v.stream_policy).protected_tokens
+
+
+def test_lower_priority_is_suspended_before_the_least_recently_used() -> None:
+    sessions = [view("old-but-high", 100, 1, priority=5), view("recent-but-low", 100, 2, priority=-1),
+                view("me", 100, 3, active=True, incoming_tokens=20)]
+    plan = plan_backend(BackendPlanInput(sessions, 230, CAPS))
+    assert plan.suspended == ["recent-but-low"]
+
+
+def test_a_pinned_session_is_neither_suspended_nor_shrunk_for_others() -> None:
+    pinned = view("pinned", 100, 1, pinned=True, active=True, evictable=True, stream_policy=STREAM)
+    sessions = [view("idle-pinned", 100, 0, pinned=True), pinned,
+                view("me", 100, 3, active=True, incoming_tokens=60, evictable=True, stream_policy=STREAM)]
+    plan = plan_backend(BackendPlanInput(sessions, 300, CAPS))
+    assert "idle-pinned" not in plan.suspended
+    assert {a.session_id for a in plan.actions} == {"me"}  # only the unpinned one gives room
+    assert plan.resident_after["pinned"] == 100 and plan.resident_after["idle-pinned"] == 100

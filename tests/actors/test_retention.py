@@ -1,0 +1,102 @@
+"""Retention a session's owner controls, on the real llama.cpp engine (stories260K): priority and
+pins in who gives up a slot or room, the pin cap, idle sessions parked and expired ones closed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.engines.registry import make_executor
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
+from kvres.policy import UnknownSessionError
+from kvres.testing import LocalStorePort
+from tests.conftest import shared_model_path, wait_until
+
+PROMPT = [3 + (7 * i) % 200 for i in range(40)]
+
+
+def make_host(tmp_path: Path, n_seq_max: int = 2, budget: int = 1000, max_pinned: int | None = None,
+              expired: list[str] | None = None) -> BackendHost:
+    model = shared_model_path()
+    config = BackendConfig(name="keep", model_path=model, n_ctx=1024, n_seq_max=n_seq_max, kv_budget_tokens=budget,
+                           n_threads=1, max_pinned_tokens=max_pinned)
+    store = ColdStoreServer(16 << 20, tmp_path / "cold", 64 << 20)
+    return BackendHost(config, make_executor(config, model), store=LocalStorePort("n", {"n": store}),
+                       on_expired=None if expired is None else expired.append)
+
+
+def opened(host: BackendHost, sid: str, policy: SessionPolicy | None = None) -> None:
+    host.open_session(sid, policy)
+    host.append(sid, PROMPT)
+
+
+def state(host: BackendHost, sid: str) -> str:
+    return str(host.session_stats(sid)["state"])
+
+
+def test_the_lower_priority_gives_up_its_slot_before_the_least_recently_used(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    opened(host, "important", SessionPolicy().with_retention(priority=5))  # used first: least recent
+    opened(host, "casual")
+    opened(host, "newcomer")  # two slots: one of the two goes
+    assert state(host, "casual") == "suspended" and state(host, "important") == "live"
+
+
+def test_a_pinned_session_keeps_its_slot_and_the_cap_bounds_pins(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    opened(host, "pinned", SessionPolicy().with_retention(pin=True))
+    opened(host, "other")
+    assert host.session_stats("pinned")["pinned"] and not host.session_stats("other")["pinned"]
+    opened(host, "newcomer")
+    assert state(host, "other") == "suspended" and state(host, "pinned") == "live"
+
+    capped = make_host(tmp_path / "capped", max_pinned=len(PROMPT) - 1)  # less than one session holds
+    opened(capped, "pinned", SessionPolicy().with_retention(pin=True))
+    assert not capped.session_stats("pinned")["pinned"]  # over the cap: treated as unpinned
+    opened(capped, "other")
+    opened(capped, "newcomer")
+    assert state(capped, "pinned") == "suspended"
+
+
+def test_an_idle_session_is_parked_and_continues_as_before(tmp_path: Path) -> None:
+    host = make_host(tmp_path, n_seq_max=4)
+    opened(host, "idle", SessionPolicy().with_retention(idle_suspend_s=0.3))
+    opened(host, "twin")
+    wait_until(lambda: state(host, "idle") == "suspended")
+    assert state(host, "idle") == "suspended" and state(host, "twin") == "live"
+    assert host.session_stats("idle")["counters"]["idle_suspends"] == 1
+    assert list(host.generate("idle", 12)) == list(host.generate("twin", 12))  # resumed by the call
+    assert host.session_stats("idle")["counters"]["idle_suspends"] == 1
+
+
+def test_a_session_past_its_ttl_is_closed_and_reported(tmp_path: Path) -> None:
+    expired: list[str] = []
+    host = make_host(tmp_path, n_seq_max=4, expired=expired)
+    opened(host, "brief", SessionPolicy().with_retention(ttl_s=0.3))
+    opened(host, "lasting")
+    host.suspend("brief")  # a parked session expires too, and its blocks go with it
+    wait_until(lambda: bool(expired))
+    assert expired == ["brief"]
+    with pytest.raises(UnknownSessionError):
+        host.tokens("brief")
+    assert host.sessions() == ["lasting"]
+
+
+def test_a_running_call_keeps_the_clock_from_running_out(tmp_path: Path) -> None:
+    host = make_host(tmp_path, n_seq_max=4)
+    opened(host, "busy", SessionPolicy().with_retention(ttl_s=2.0, idle_suspend_s=1.0))
+    for _ in range(6):  # calls closer together than the limits: neither parked nor closed
+        time.sleep(0.2)
+        host.append("busy", [5, 6])
+        assert state(host, "busy") == "live"
+    assert host.session_stats("busy")["counters"]["idle_suspends"] == 0
+
+
+@pytest.mark.parametrize("field, value", [("priority", 101), ("idle_suspend_s", 0), ("ttl_s", -1.0)])
+def test_bad_retention_values_are_named(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SessionPolicy().with_retention(**{field: value})
