@@ -89,19 +89,28 @@ class RetentionTimer:
                 ttl, park = s.policy.ttl_s, s.policy.idle_suspend_s
                 if ttl is not None and idle >= ttl:
                     due_close.append(sid)
-                elif park is not None and s.live and idle >= park:
-                    due_park.append(sid)
+                elif park is not None and s.live and idle >= park and ctx.store is not None:
+                    due_park.append(sid)  # (without a cold store there is nowhere to park it)
                 for limit in (ttl, park if s.live else None):
                     if limit is not None and idle < limit:
                         wait = min(wait, limit - idle)
             for sid in due_park:
                 ctx.count(sid, "idle_suspends")  # before the record: its resume carries the count on
-                self._suspend(sid)
+                try:
+                    self._suspend(sid)
+                except Exception as exc:  # tried again at the next look; the others go on
+                    log.warning("backend %r: parking idle session %r failed: %s", ctx.name, sid, exc)
+                    continue
                 log.info("backend %r: session %r parked after %.1f s without a call", ctx.name, sid,
                          now - ctx.sessions[sid].touched_at)
-            for sid in due_close:
+            for sid in list(due_close):
                 ctx.count(sid, "ttl_closes")  # the backend's series keeps it once the session is gone
-                self._close(sid)
+                try:
+                    self._close(sid)
+                except Exception as exc:
+                    log.warning("backend %r: closing expired session %r failed: %s", ctx.name, sid, exc)
+                    due_close.remove(sid)
+                    continue
                 log.info("backend %r: session %r closed: its ttl_s ran out", ctx.name, sid)
         for sid in due_close:
             if self._on_closed is not None:

@@ -100,3 +100,13 @@ def test_a_running_call_keeps_the_clock_from_running_out(tmp_path: Path) -> None
 def test_bad_retention_values_are_named(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SessionPolicy().with_retention(**{field: value})
+
+
+def test_without_a_cold_store_an_idle_session_stays_live(tmp_path: Path) -> None:
+    model = shared_model_path()
+    config = BackendConfig(name="storeless", model_path=model, n_ctx=1024, n_seq_max=2, kv_budget_tokens=1000,
+                           n_threads=1)
+    host = BackendHost(config, make_executor(config, model))  # nowhere to park it
+    opened(host, "idle", SessionPolicy().with_retention(idle_suspend_s=0.2))
+    assert not wait_until(lambda: state(host, "idle") != "live", timeout_s=1.0)
+    assert host.session_stats("idle")["counters"]["idle_suspends"] == 0
