@@ -247,10 +247,11 @@ class Pressure:
         settled = [sid for sid in idle if ctx.sessions[sid].mid_turn_until <= now]
         running = any(sid != newcomer and sid in ctx.sessions and ctx.sessions[sid].live for sid in busy)
         if not settled and (not idle or running):
+            holders = "pinned sessions, running calls or turns under way" if pinned & set(live) \
+                else "running calls or turns under way"
             raise BackendFullError(
                 f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
-                f"serving running calls or turns under way: none for session {newcomer!r} now "
-                "(a call of it waits for one)"
+                f"held by {holders}: none for session {newcomer!r} now (a call of it waits for one)"
             )
         return min(settled or idle, key=lambda sid: (ctx.sessions[sid].policy.priority, ctx.sessions[sid].last_used))
 
