@@ -81,7 +81,7 @@ class Parking:
         with ctx.lock:
             self.suspend(session_id)
             if ctx.store is not None:
-                ctx.store.send_now()  # whoever resumes it reads its blocks from the store
+                ctx.store.flush()  # whoever resumes it reads its blocks from the store: they are there
             record = self.durability.commit(session_id, backend="")  # on its way: no backend rebuilds it
             del ctx.sessions[session_id]
             ctx.metrics.set_resident(ctx.name, session_id, 0)

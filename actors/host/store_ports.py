@@ -12,7 +12,8 @@ Primitives:
   through a small local stage, so a resume right after a suspend reads nothing over Ray.
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them;
-  ``send_now()`` sends what is queued at once (a session handed to another backend).
+  ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
+  handed to another backend, which reads its blocks from the store).
 - ``cold_store_name(node_id)``: the actor name of a node's cold store; ``alive_nodes()``: the ids
   of the Ray nodes alive now (asked of the GCS at most every ``NODES_TTL_S``); ``node_dead(node_id,
   fresh=False, unknown=True)``: no alive node has that id (or prefix); ``store_node_dead(store)``: the node a
@@ -110,8 +111,12 @@ class StorePort(ColdStore):
         need not be done now may wait. Ports that write at once ignore it."""
 
     def send_now(self) -> None:
-        """Writes made so far go out without waiting for the backend to be between calls (a
-        session handed to another backend: it reads them from the store)."""
+        """Writes made so far go out without waiting for the backend to be between calls."""
+
+    def flush(self) -> None:
+        """Writes made so far are in the store when it returns (a session handed to another
+        backend: that backend reads its blocks from the store, and its calls are not ordered
+        after this port's). Ports that write at once have nothing to wait for."""
 
     def park(self, blocks: Sequence[KVBlock]) -> list[ColdRef]:
         results = self.put_many(blocks)
@@ -192,6 +197,7 @@ class RayStorePort(StorePort):
         self._flushing = 0  # calls waiting for the outbox to empty
         self._urgent = False  # send_now: what is queued goes out now
         self._sending = False  # a batch is out of the outbox, not yet submitted
+        self._settling = False  # a submitted batch the store has not finished yet
 
     def at(self, store: str) -> ColdStore:
         return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0, foreign=True)
@@ -266,6 +272,16 @@ class RayStorePort(StorePort):
                 self._urgent = True
                 self._sent.notify_all()
 
+    def flush(self) -> None:
+        with self._sent:
+            self._flushing += 1  # what is held goes out now
+            self._sent.notify_all()
+            try:
+                while self._outbox or self._sending or self._settling:
+                    self._sent.wait()
+            finally:
+                self._flushing -= 1
+
     def _held_for(self) -> float | None:
         """How much longer the oldest batch waits (None: send it now)."""
         if self._flushing or self._urgent:
@@ -289,10 +305,15 @@ class RayStorePort(StorePort):
                 ref = None
                 logger.warning("cold store %s: could not send %s: %s", self.name, method, exc)
             with self._sent:
-                self._sending = False
+                self._sending, self._settling = False, ref is not None
                 self._sent.notify_all()
             if ref is not None:
-                self._settle(ref, method)
+                try:
+                    self._settle(ref, method)
+                finally:
+                    with self._sent:
+                        self._settling = False
+                        self._sent.notify_all()
 
     def _next_batch(self) -> tuple[str, tuple[Any, ...]]:
         """The oldest batch, with the batches of the same call queued right behind it merged in

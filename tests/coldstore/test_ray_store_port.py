@@ -116,7 +116,7 @@ def test_send_now_sends_what_is_held_while_the_backend_stays_busy(store: Any, po
     port.defer_writes(True)
     blocks = _blocks("handover", range(0, 16, 4))
     port.put_many(blocks)
-    port.send_now()  # a session handed to another backend: it reads the store
+    port.send_now()  # out at once, though the backend stays busy
     assert _until(lambda: len(_held(store, "handover")) == len(blocks))
     later = _blocks("handover", range(16, 24, 4))
     port.put_many(later)
@@ -124,3 +124,18 @@ def test_send_now_sends_what_is_held_while_the_backend_stays_busy(store: Any, po
     assert len(_held(store, "handover")) == len(blocks)  # held again until the backend is idle
     port.defer_writes(False)
     assert _until(lambda: len(_held(store, "handover")) == len(blocks) + len(later))
+
+
+def test_flush_returns_once_the_store_holds_every_write(store: Any, port: RayStorePort) -> None:
+    """A session handed to another backend: that backend reads its blocks straight from the store
+    at once, in calls Ray does not order after this port's, so the handover waits until they are
+    stored. Big batches, so a store still writing when flush returned would be caught here."""
+    port.defer_writes(True)
+    for round_ in range(5):
+        blocks = [make_block(bytes(256 << 10), session_id=f"flushed-{round_}", start=s) for s in range(0, 64, 4)]
+        port.put_many(blocks)
+        port.flush()
+        assert len(_held(store, f"flushed-{round_}")) == len(blocks)  # no wait: already there
+        other = RayStorePort(STORE, NAMESPACE)  # another backend's port: nothing staged there
+        assert all(b is not None for b in other.pop_many([BlockKey.of(b) for b in blocks]))
+    port.defer_writes(False)
