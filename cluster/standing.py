@@ -11,7 +11,7 @@ Primitives:
   ``keep_blocks``), then with ``stop_ray`` the Ray head this machine runs at that address.
 - ``stop_head(gcs_address, grace_s=15.0) -> list[int]``: stop the processes of the Ray head whose
   GCS listens on that port of this machine (``head_processes(port)``), and only those (``ray stop``
-  kills every Ray cluster of the machine).
+  kills every Ray cluster of the machine); ``descendants(pids)``: those processes and all under them.
 - ``check_reachable(address)``: a Ray GCS may answer at HOST:PORT, else ``ClusterUnreachableError``
   within seconds (``ray.init`` takes about a minute to give up).
 - ``ray_binary()``: the ``ray`` command of this environment; ``gcs_env(gcs_redis, gcs_storage_path)``:
@@ -422,6 +422,17 @@ def _processes() -> dict[int, tuple[int, str, list[str]]]:
     return found
 
 
+def descendants(roots: set[int], table: dict[int, tuple[int, str, list[str]]] | None = None) -> set[int]:
+    """``roots`` and every process under them (``table``: ``_processes()``, read now when None)."""
+    table = _processes() if table is None else table
+    found = set(roots)
+    while True:
+        children = {pid for pid, (ppid, _, _) in table.items() if ppid in found} - found
+        if not children:
+            return found
+        found |= children
+
+
 def _flag(argv: Sequence[str], name: str) -> str | None:
     return next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")), None)
 
@@ -448,12 +459,7 @@ def head_processes(port: int) -> list[int]:
         names_gcs = any(a == gcs_address or a.endswith("=" + gcs_address) for a in argv)
         return names_gcs and any("site-packages/ray/" in a or a.startswith("ray.") for a in argv)
 
-    doomed = {pid for pid, (_, _, argv) in table.items() if belongs(argv)}
-    while True:
-        children = {pid for pid, (ppid, _, _) in table.items() if ppid in doomed} - doomed
-        if not children:
-            break
-        doomed |= children
+    doomed = descendants({pid for pid, (_, _, argv) in table.items() if belongs(argv)}, table)
     mine, pid = set(), os.getpid()
     while pid in table and pid not in mine:  # never this process nor what started it
         mine.add(pid)

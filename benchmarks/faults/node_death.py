@@ -61,8 +61,10 @@ class TwoNodes:
         notice their raylet's death, and they answer direct calls meanwhile."""
         from ray._private import ray_constants
 
+        from kvres.cluster.standing import descendants
+
         raylet = self.worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-        doomed = _descendants(raylet)
+        doomed = descendants({raylet}) - {raylet}
         self.cluster.remove_node(self.worker, allow_graceful=False)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
@@ -77,21 +79,6 @@ class TwoNodes:
         finally:
             ray.shutdown()
             self.cluster.shutdown()
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (from /proc: each process's parent is field 4 of its stat)."""
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parent[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, p in parent.items() if p in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def _error(exc: BaseException) -> str:
