@@ -9,14 +9,17 @@ Primitives:
   ``engine`` take every field their kind uses. Retention, the owner's say in what is kept
   (``with_retention``): ``priority`` (suspended and evicted for others' room later than lower
   ones), ``pin`` (never, within the backend's ``max_pinned_tokens``), ``idle_suspend_s`` (parked
-  after that long without a call) and ``ttl_s`` (closed after that long without a call).
+  after that long without a call) and ``ttl_s`` (closed after that long without a call); ``tenant``,
+  the label whose quota on a backend (``BackendConfig.tenant_quotas``) the session counts against.
+- ``TenantQuota``: what one tenant's sessions may hold on a backend together: ``resident_tokens``
+  and ``cold_bytes`` (None: no limit); ``kvres.actors.host.quotas`` keeps them.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
   threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
   or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
   ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.sizing.kv_budget``), and an
   explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them; ``max_pinned_tokens``, what pinned
-  sessions may hold under their pins.
+  sessions may hold under their pins; ``tenant_quotas``, per tenant label.
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 Drivers import both from ``kvres.cluster``.
@@ -24,6 +27,7 @@ Drivers import both from ``kvres.cluster``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kvres.policy.kv_types import KVType
 
 DEFAULT_KV_MEMORY_RESERVE = 256 * 1024 * 1024  # compute buffers and the rest of the process
+TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
 
 
 class SessionPolicy(BaseModel):
@@ -54,6 +59,7 @@ class SessionPolicy(BaseModel):
     pin: bool = False  # never suspended or evicted for others' room (within the backend's max_pinned_tokens)
     idle_suspend_s: float | None = Field(None, gt=0)  # parked after this long without a call
     ttl_s: float | None = Field(None, gt=0)  # closed (its blocks deleted) after this long without a call
+    tenant: str | None = Field(None, pattern=TENANT_PATTERN)  # whose quota it counts against (None: no one's)
 
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
@@ -71,9 +77,11 @@ class SessionPolicy(BaseModel):
         return self
 
     def with_retention(self, priority: int | None = None, pin: bool | None = None,
-                       idle_suspend_s: float | None = None, ttl_s: float | None = None) -> SessionPolicy:
+                       idle_suspend_s: float | None = None, ttl_s: float | None = None,
+                       tenant: str | None = None) -> SessionPolicy:
         """This policy with the retention fields given (the others as they are), validated."""
-        fields = {"priority": priority, "pin": pin, "idle_suspend_s": idle_suspend_s, "ttl_s": ttl_s}
+        fields = {"priority": priority, "pin": pin, "idle_suspend_s": idle_suspend_s, "ttl_s": ttl_s,
+                  "tenant": tenant}
         return SessionPolicy.model_validate({**self.model_dump(), **{k: v for k, v in fields.items() if v is not None}})
 
     @classmethod
@@ -111,6 +119,20 @@ class SessionPolicy(BaseModel):
                    spill_cap_bytes=spill_cap_bytes, strict=strict)
 
 
+class TenantQuota(BaseModel):
+    """What the sessions of one tenant label hold on a backend together (None: no limit).
+    ``resident_tokens``: their KV on the engine; past it, the tenant's own idle sessions are
+    suspended and its evicting ones shrunk first, and a call that still does not fit is refused
+    (``TenantQuotaError``). ``cold_bytes``: their spilled blocks and parked states in the cold
+    store; past it, the tenant's oldest cold data is dropped (its tokens stay in the logs and are
+    recomputed when needed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resident_tokens: int | None = Field(None, ge=0)
+    cold_bytes: int | None = Field(None, ge=0)
+
+
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,6 +157,8 @@ class BackendConfig(BaseModel):
     kv_memory_reserve_bytes: int = Field(DEFAULT_KV_MEMORY_RESERVE, ge=0)
     # resident tokens pinned sessions may hold under their pin (None: half of kv_budget_tokens)
     max_pinned_tokens: int | None = Field(None, ge=0)
+    # per tenant label (SessionPolicy.tenant): what its sessions may hold here together
+    tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
 
     @property
     def memory_budgeted(self) -> bool:
@@ -150,6 +174,9 @@ class BackendConfig(BaseModel):
             raise ValueError(
                 f"kv_budget_tokens={self.kv_budget_tokens} exceeds n_ctx={self.n_ctx}"
             )
+        for tenant in self.tenant_quotas:
+            if not re.fullmatch(TENANT_PATTERN, tenant):
+                raise ValueError(f"tenant_quotas key {tenant!r} is not a tenant label (1-64 of A-Z a-z 0-9 _ . : @ -)")
         if self.model_path is not None and not Path(self.model_path).is_file():
             raise ValueError(f"model_path {str(self.model_path)!r} does not exist")
         return self

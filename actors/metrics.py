@@ -15,13 +15,16 @@ Primitives:
   the first process; off by default: one series per backend, whatever the number of sessions).
 - Names (``{backend}`` series; ``{backend,session}`` where per-session series are on):
   kvres_resident_tokens{backend,session} (per-session only), kvres_backend_resident_tokens{backend},
+  kvres_tenant_resident_tokens{backend,tenant} and kvres_tenant_cold_bytes{backend,tenant} (what a
+  tenant label's sessions hold, ``kvres.actors.host.quotas``),
   kvres_cold_bytes{node,tier}, kvres_cold_blocks{node,tier}, ``kvres_<counter>_total`` for every
   name in ``COUNTERS`` (evictions, admissions (parked blocks read back on a resume), recalls (evicted
   ranges read back), recomputed_tokens, suspends (forced: to make room), explicit_suspends,
   resumes (implicit: a call for a suspended session), explicit_resumes, degraded (a session runs a
   weaker policy than it asked, ``kvres.policy.degrade``: counted once per session), dropped_blocks
   (blocks a session found gone: recomputed from its log), idle_suspends (parked after its
-  ``idle_suspend_s``), ttl_closes (closed after its ``ttl_s``), ...), kvres_plan_latency_ms (histogram,
+  ``idle_suspend_s``), ttl_closes (closed after its ``ttl_s``), quota_drops (cold blocks dropped
+  to keep its tenant within ``cold_bytes``), ...), kvres_plan_latency_ms (histogram,
   {backend}), kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens
   decoded), kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started:
   event "drops", "spill_errors", "corrupt"; a gauge, present from the start);
@@ -68,7 +71,8 @@ _process_secret: bytes | None = None
 COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped", "recalls", "recalled_tokens",
             "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
-            "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes")
+            "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes",
+            "quota_drops")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 # histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -141,6 +145,8 @@ class Metrics:
     def set_resident(self, backend: str, session: str, tokens: int) -> None: ...
 
     def set_backend_resident(self, backend: str, tokens: int) -> None: ...
+
+    def set_tenant(self, backend: str, tenant: str, resident_tokens: int, cold_bytes: int) -> None: ...
 
     def count(self, name: str, backend: str, session: str, value: int = 1) -> None: ...
 
@@ -282,6 +288,12 @@ class RayMetrics(Metrics):
         self._backend = metrics.Gauge(
             "kvres_backend_resident_tokens", "Resident KV tokens of a backend", tag_keys=("backend",)
         )
+        self._tenant_resident = metrics.Gauge(
+            "kvres_tenant_resident_tokens", "Resident KV tokens of a tenant's sessions on a backend",
+            tag_keys=("backend", "tenant"))
+        self._tenant_cold = metrics.Gauge(
+            "kvres_tenant_cold_bytes", "Bytes a tenant's sessions on a backend keep in the cold store (spilled "
+            "blocks and parked states)", tag_keys=("backend", "tenant"))
         self._cold_bytes = metrics.Gauge(
             "kvres_cold_bytes", "Bytes held by a cold-store tier", tag_keys=("node", "tier")
         )
@@ -329,6 +341,10 @@ class RayMetrics(Metrics):
 
     def set_backend_resident(self, backend: str, tokens: int) -> None:
         self._refresher.record(self._backend, tokens, {"backend": backend})
+
+    def set_tenant(self, backend: str, tenant: str, resident_tokens: int, cold_bytes: int) -> None:
+        self._refresher.record(self._tenant_resident, resident_tokens, {"backend": backend, "tenant": tenant})
+        self._refresher.record(self._tenant_cold, cold_bytes, {"backend": backend, "tenant": tenant})
 
     def declare_backend(self, backend: str) -> None:
         """Every counter's series of ``backend`` at 0 (per-session series: at each session's first

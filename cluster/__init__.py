@@ -1,11 +1,11 @@
 """kvres.cluster: what drivers touch.
 
 Primitives: ``connect``, ``SessionManager``, ``Session``; configuration ``KvresConfig``,
-``BackendConfig``, ``ColdStoreConfig``, ``SessionPolicy``. Importing this package does not start
+``BackendConfig``, ``ColdStoreConfig``, ``SessionPolicy``, ``TenantQuota``. Importing this package does not start
 Ray; ``connect`` does.
 """
 
-from .config import BackendConfig, ColdStoreConfig, KvresConfig, PlacementConfig, SessionPolicy
+from .config import BackendConfig, ColdStoreConfig, KvresConfig, PlacementConfig, SessionPolicy, TenantQuota
 
 __all__ = [
     "BackendConfig",
@@ -15,6 +15,7 @@ __all__ = [
     "Session",
     "SessionManager",
     "SessionPolicy",
+    "TenantQuota",
     "connect",
 ]
 

@@ -1,7 +1,7 @@
 """Validated configuration (pydantic): the whole cluster's.
 
 Primitives:
-- ``SessionPolicy``, ``BackendConfig``: re-exported from ``kvres.actors.config``.
+- ``SessionPolicy``, ``BackendConfig``, ``TenantQuota``: re-exported from ``kvres.actors.config``.
 - ``ColdStoreConfig``: RAM and disk byte budgets, disk folder.
 - ``PlacementConfig``: where ``open_session`` puts a session it is not told where to put:
   ``kind`` least_loaded / pack / label, ``labels`` (node labels the backend's node must carry);
@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.config import BackendConfig, SessionPolicy, TenantQuota
 from kvres.policy.errors import KvresError
 from kvres.policy.placement import PlacementPolicy
 
@@ -142,4 +142,5 @@ class KvresConfig(BaseModel):
         return cls.model_validate(raw)
 
 
-__all__ = ["BackendConfig", "ColdStoreConfig", "ConfigEnvError", "KvresConfig", "PlacementConfig", "SessionPolicy"]
+__all__ = ["BackendConfig", "ColdStoreConfig", "ConfigEnvError", "KvresConfig", "PlacementConfig", "SessionPolicy",
+           "TenantQuota"]

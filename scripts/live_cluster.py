@@ -59,12 +59,13 @@ def free_port() -> int:
 
 def start_cluster(namespace: str, metrics_port: int, **ray_init: Any) -> Any:
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # noqa: SIM112 (Ray's own name)
-    from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
+    from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, TenantQuota, connect
 
     config = KvresConfig(
         backends=[
+            # a tenant allowed 250 resident tokens and no cold storage: its parked sessions recompute
             BackendConfig(name="backend-0", model_path=MODEL, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000,
-                          n_threads=1),
+                          n_threads=1, tenant_quotas={"ops-tenant": TenantQuota(resident_tokens=250, cold_bytes=0)}),
             BackendConfig(name="small", model_path=MODEL, n_ctx=1024, n_seq_max=4, kv_budget_tokens=320,
                           n_threads=1),
         ],
@@ -122,7 +123,14 @@ def drive(manager: Any, pause: Callable[[], None] | None = None) -> dict[str, An
     extra = manager.open_session(backend="small", session_id="ops-extra")
     extra.append(PROMPT[:20])
     idle.append(PROMPT[:10])  # a call for the suspended session brings it back (an implicit resume)
-    return {"sessions": [streaming, scored, recall["session"], idle, busy, extra], "generated_tokens": generated,
+    tenant = SessionPolicy().with_retention(tenant="ops-tenant")
+    first = manager.open_session(backend="backend-0", policy=tenant, session_id="ops-tenant-1")
+    first.append(PROMPT[:120])
+    second = manager.open_session(backend="backend-0", policy=tenant, session_id="ops-tenant-2")
+    second.append(PROMPT[:150])  # over the tenant's 250: its first session is suspended, its state dropped
+    first.append(PROMPT[:10])  # and recomputed from its log when it is called again
+    return {"sessions": [streaming, scored, recall["session"], idle, busy, extra, first, second],
+            "generated_tokens": generated,
             "streamed_tokens": streamed, "calls": calls}
 
 

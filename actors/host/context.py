@@ -43,6 +43,7 @@ class HostContext:
         self.dirty: set[str] = set()  # changed outside a call of theirs: committed after the step
         self.lock = WaitCountingLock()
         self.peak_resident_tokens = 0  # the most the engine held after any step
+        self._tenants_shown: set[str] = set(config.tenant_quotas)  # tenant series published (kept at 0 when gone)
         self._clock = itertools.count(1)
         self.loop: StepLoop  # set by the host once its step function exists
         self.rebuild: Callable[[str], HostSession]  # a session the journal has and this process not
@@ -99,10 +100,18 @@ class HostContext:
     def publish(self) -> None:
         """Metrics and the load report (``on_change``) after a change of sessions or residency."""
         total = 0
+        tenants: dict[str, list[int]] = {t: [0, 0] for t in self._tenants_shown}
         for sid, s in self.sessions.items():
             total += s.resident
             self.metrics.set_resident(self.name, sid, s.resident)
+            if s.policy.tenant is not None:
+                held = tenants.setdefault(s.policy.tenant, [0, 0])
+                held[0] += s.resident
+                held[1] += s.cold_bytes
         self.metrics.set_backend_resident(self.name, total)
+        for tenant, (resident, cold) in tenants.items():
+            self.metrics.set_tenant(self.name, tenant, resident, cold)
+        self._tenants_shown.update(tenants)
         if self.on_change is not None:
             self.on_change()
 

@@ -165,7 +165,8 @@ class Editing:
                 self.parking.resume(source_id)
                 s = ctx.sessions[source_id]
             s.last_used = ctx.tick()
-            self.pressure.make_room({}, newcomer=new_id, newcomer_tokens=s.resident, busy={source_id})
+            self.pressure.make_room({}, newcomer=new_id, newcomer_tokens=s.resident, busy={source_id},
+                                    newcomer_tenant=s.policy.tenant)
             ctx.executor.fork_session(source_id, new_id)
             child = ctx.new_session(s.policy)
             child.last_logits = None if s.last_logits is None else s.last_logits.copy()

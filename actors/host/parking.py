@@ -31,6 +31,7 @@ from .durability import Durability
 from .errors import SessionBusyError
 from .journal import SessionRecord
 from .pressure import Pressure
+from .quotas import keep_cold_quota
 from .sessions import SuspendRecord
 from .store_ports import ColdRef
 
@@ -70,6 +71,7 @@ class Parking:
                 s.policy, s.last_logits, dict(s.counters), ctx.fingerprint,
             ))
             ctx.executor.close_session(session_id)
+            keep_cold_quota(ctx, s.policy.tenant)  # (may drop this very state, if the tenant keeps too much)
             s.park(self.durability.commit(session_id, later=True))
             ctx.publish()
             ctx.loop.poke()
@@ -107,7 +109,8 @@ class Parking:
         s = ctx.new_session(record.policy, record, committed=previous.committed if previous else None)
         try:
             self.pressure.make_room(incoming or {}, newcomer=session_id,
-                                    newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy)
+                                    newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy,
+                                    newcomer_tenant=record.policy.tenant)
             ctx.open_on_engine(session_id, s, record.token_log)
         except BaseException:
             if previous is not None:

@@ -2,11 +2,13 @@
 
 Primitives:
 - ``Pressure(ctx, plan, suspend)``: ``make_room(incoming, newcomer=None, newcomer_tokens=0,
-  ahead=None, busy=None)`` (plan when a session or the backend would go over budget and carry the
-  plan out: idle sessions suspended through ``suspend``, ranges evicted; the owners' priorities
-  and pins, ``retention``, decide who goes first), ``needs_plan`` and
+  ahead=None, busy=None, newcomer_tenant=None)`` (plan when a tenant, a session or the backend
+  would go over its quota or budget and carry the plan out: idle sessions suspended through
+  ``suspend``, ranges evicted; a tenant over its quota among its own sessions first, ``quotas``;
+  the owners' priorities and pins, ``retention``, decide who goes first), ``needs_plan`` and
   ``fits`` (cheap checks before planning), ``evict`` (a spilling session parks the ranges first,
-  in one store call), ``cap_spill`` (a session's spilled bytes kept under its cap), ``compress`` /
+  in one store call), ``keep_spilled`` (a session's spilled bytes kept under its cap and its
+  tenant's ``cold_bytes``), ``compress`` /
   ``compress_now`` (a scored session cut to its budget by its ranking; a prompt larger than the
   free room ranked by its own last tokens, ``lookahead``), ``observe`` (an accumulating ranking
   takes the rows of a long call before one capture could not hold them), ``view`` /
@@ -26,7 +28,8 @@ from kvres.policy.scoring import AttentionCapture
 
 from ..engines.executor import Executor
 from .context import HostContext
-from .errors import BackendFullError
+from .errors import BackendFullError, TenantQuotaError
+from .quotas import keep_cold_quota, quota_of, resident_overruns
 from .retention import pinned_sessions
 from .scheduler import Job
 from .sessions import HostSession
@@ -161,8 +164,11 @@ class Pressure:
                 self.evict(session_id, action.ranges, action.rebase)
 
     # -- budget checks and planning ---------------------------------------------------------
-    def needs_plan(self, incoming: Mapping[str, int], newcomer_tokens: int) -> bool:
+    def needs_plan(self, incoming: Mapping[str, int], newcomer_tokens: int, newcomer_tenant: str | None = None
+                   ) -> bool:
         ctx = self.ctx
+        if resident_overruns(ctx, incoming, newcomer_tokens, newcomer_tenant):
+            return True
         live = [(sid, s) for sid, s in ctx.sessions.items() if s.live]
         total = sum(s.resident for _, s in live) + sum(incoming.values()) + newcomer_tokens
         if total > ctx.config.kv_budget_tokens:
@@ -178,9 +184,12 @@ class Pressure:
     def fits(self, s: HostSession, n: int, used: int) -> bool:
         """What ``needs_plan`` would find for ``n`` more tokens of ``s`` (not yet in the step)
         when its last check in this step found nothing to plan and ``used`` tokens are held or
-        coming: only the backend's budget and the session's own can bind."""
+        coming: only the backend's budget and the session's own can bind (a session under a
+        tenant quota is always looked at by ``needs_plan``)."""
         if used + n > self.ctx.config.kv_budget_tokens:
             return False
+        if quota_of(self.ctx, s.policy.tenant) is not None:
+            return False  # its tenant's quota binds too: needs_plan looks
         budget = s.residency.budget
         if s.scored_now or budget is None:
             return True
@@ -193,23 +202,30 @@ class Pressure:
         newcomer_tokens: int = 0,
         ahead: Mapping[str, int] | None = None,
         busy: set[str] | None = None,
+        newcomer_tenant: str | None = None,
     ) -> bool:
         """Make room for ``incoming`` tokens per live session (and, for a ``newcomer`` being
-        opened or resumed, a sequence slot and ``newcomer_tokens``): plan when a session or the
-        backend would go over budget, planning room for ``ahead`` tokens where given, and carry
-        the plan out. Sessions with a running call (``busy``) are never suspended for it. True
-        when it changed anything (a session suspended or a plan carried out)."""
+        opened or resumed, a sequence slot and ``newcomer_tokens``; ``newcomer_tenant``: the
+        tenant label its policy names): plan when a tenant, a session or the backend would go
+        over its quota or budget, planning room for ``ahead`` tokens where given, and carry the
+        plan out. A tenant over its ``resident_tokens`` quota makes room among its own sessions
+        first. Sessions with a running call (``busy``) are never suspended for it. True when it
+        changed anything (a session suspended or a plan carried out)."""
         ctx = self.ctx
         busy = ctx.busy() if busy is None else busy
         live = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer]
+        changed = False
         if newcomer is not None and len(live) >= ctx.config.n_seq_max:
             victim = self._slot_victim(live, newcomer, busy, incoming)
             self._suspend(victim)
             live.remove(victim)
-            if not self.needs_plan(incoming, newcomer_tokens):
+            changed = True
+        if not self.needs_plan(incoming, newcomer_tokens, newcomer_tenant):
+            return changed
+        if self._keep_tenants(incoming, newcomer, newcomer_tokens, newcomer_tenant, ahead, busy):
+            live = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer]
+            if not self.needs_plan(incoming, newcomer_tokens, newcomer_tenant):
                 return True
-        elif not self.needs_plan(incoming, newcomer_tokens):
-            return False
         planned = {**incoming, **(ahead or {})}
         active = set(planned) | busy
         pinned = pinned_sessions(ctx)
@@ -225,12 +241,49 @@ class Pressure:
                 self._suspend(action.session_id)
             else:
                 self.evict(action.session_id, action.ranges, action.rebase)
-        if plan.over_budget and self.needs_plan(incoming, newcomer_tokens):
+        if plan.over_budget and self.needs_plan(incoming, newcomer_tokens, newcomer_tenant):
             who = newcomer if newcomer is not None else ", ".join(sorted(incoming))
             more = newcomer_tokens if newcomer is not None else sum(incoming.values())
             raise BackendFullError(
                 f"backend {ctx.name!r} cannot fit {more} more tokens for session {who!r} "
                 f"within kv_budget_tokens={ctx.config.kv_budget_tokens}: " + "; ".join(plan.diagnostics[-2:])
+            )
+        return True
+
+    def _keep_tenants(self, incoming: Mapping[str, int], newcomer: str | None, newcomer_tokens: int,
+                      newcomer_tenant: str | None, ahead: Mapping[str, int] | None, busy: set[str]) -> bool:
+        """Each tenant the tokens coming would take over its ``resident_tokens`` quota makes room
+        among its own sessions (planned as a backend whose budget is the quota: its idle sessions
+        suspended, the lowest priority first, then its evicting ones shrunk); what still does not
+        fit is refused (``TenantQuotaError``). True when it changed anything."""
+        ctx = self.ctx
+        over = resident_overruns(ctx, incoming, newcomer_tokens, newcomer_tenant)
+        if not over:
+            return False
+        planned = {**incoming, **(ahead or {})}
+        active = set(planned) | busy
+        pinned = pinned_sessions(ctx)
+        for tenant, (_, quota) in over.items():
+            mine = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer and s.policy.tenant == tenant]
+            views = [self.view(sid, planned.get(sid, 0), sid in active, sid in pinned) for sid in mine]
+            views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
+            if newcomer is not None and newcomer_tenant == tenant:
+                views.append(SessionView(newcomer, (), last_used=1 << 62, active=True, incoming_tokens=newcomer_tokens))
+            plan = self._plan(BackendPlanInput(views, quota, ctx.executor.capabilities()))
+            for action in plan.actions:
+                if action.kind == "suspend":
+                    self._suspend(action.session_id)
+                else:
+                    self.evict(action.session_id, action.ranges, action.rebase)
+        still = resident_overruns(ctx, incoming, newcomer_tokens, newcomer_tenant)
+        for tenant, (need, quota) in still.items():
+            held = sum(s.resident for s in ctx.sessions.values() if s.live and s.policy.tenant == tenant)
+            who = newcomer if newcomer is not None and newcomer_tenant == tenant else ", ".join(
+                sorted(sid for sid in incoming if ctx.sessions[sid].policy.tenant == tenant))
+            raise TenantQuotaError(
+                f"tenant {tenant!r} cannot hold {need} resident tokens on backend {ctx.name!r}: its "
+                f"resident_tokens quota is {quota}; its sessions hold {held} and session {who!r} needs "
+                f"{need - held} more, and the rest is held by its sessions that are running, pinned or do not evict"
             )
         return True
 
@@ -284,6 +337,7 @@ class Pressure:
         ctx.count(session_id, "spills", blocks)
         ctx.count(session_id, "spilled_bytes", sum(ref.nbytes for ref in refs))
         self._cap_spill(session_id)
+        keep_cold_quota(ctx, ctx.sessions[session_id].policy.tenant)
 
     def _cap_spill(self, session_id: str) -> None:
         """Keep a session's spilled bytes under its policy's ``spill_cap_bytes``: the oldest

@@ -4,8 +4,8 @@ Primitives:
 - ``SessionState``: ``LIVE`` (its KV on the engine) or ``SUSPENDED`` (parked: ``HostSession.parked``
   holds the record resume brings back).
 - ``HostSession``: the session's policy and residency object (built once at open), its ranking
-  (with any running scoring state), counters, cold blocks, last logits, resident and peak tokens,
-  its last commit; ``park(record)`` / ``record`` (the parked record).
+  (with any running scoring state), counters, cold blocks (``cold_bytes``), last logits, resident
+  and peak tokens, its last commit; ``park(record)`` / ``record`` (the parked record).
 - ``RecallReady``: a spilling session's cold blocks as read ahead for its next recall.
 - ``SuspendRecord``: what a suspend hands over (the session's journal record).
 """
@@ -84,6 +84,12 @@ class HostSession:
     @property
     def live(self) -> bool:
         return self.state is SessionState.LIVE
+
+    @property
+    def cold_bytes(self) -> int:
+        """Bytes it keeps in the cold store: its spilled blocks and, suspended, its parked state."""
+        parked = 0 if self.live or self.parked is None else sum(ref.nbytes for ref in self.parked.blocks)
+        return parked + sum(ref.nbytes for ref in self.cold)
 
     @property
     def scored_now(self) -> bool:

@@ -4,9 +4,9 @@ Primitives:
 - ``session_stats(ctx, session_id) -> dict``: state, policy (as asked), the effective policy
   and, where the backend degraded it, why (``degraded``, else None), token count, resident ranges
   and tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
-  forgotten here), counters.
+  forgotten here), its tenant (what the tenant's sessions hold here, and its quota), counters.
 - ``backend_stats(ctx, profile) -> dict``: context size, budget, resident and free tokens (and bytes where the
-  engine's KV profile gives them), peak, sessions and their states.
+  engine's KV profile gives them), peak, sessions and their states, tenants (``quotas.tenant_usage``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from kvres.policy.capacity import LayerKVProfile
 
 from .context import HostContext
+from .quotas import tenant_usage
 from .retention import pinned_sessions
 
 
@@ -54,6 +55,9 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
         "peak_resident_tokens": s.peak,
         "recompute_exact": s.exact,
         "pinned": session_id in pinned_sessions(ctx),  # its pin holds now (within max_pinned_tokens)
+        # its tenant's label, what the tenant's sessions hold here together, and its quota
+        "tenant": None if s.policy.tenant is None else {"name": s.policy.tenant,
+                                                         **tenant_usage(ctx)[s.policy.tenant]},
         "cold": cold,
         "counters": dict(s.counters),
     }
@@ -81,4 +85,5 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
         "free_kv_bytes": None if budget_bytes is None or resident_bytes is None else budget_bytes - resident_bytes,
         "sessions": {sid: {"state": s.state.value, "resident_tokens": live.get(sid, 0)}
                      for sid, s in ctx.sessions.items()},
+        "tenants": tenant_usage(ctx),
     }

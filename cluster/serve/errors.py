@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from kvres.actors.host.errors import BackendFullError, SessionBusyError
+from kvres.actors.host.errors import BackendFullError, SessionBusyError, TenantQuotaError
 from kvres.actors.host.scheduler import LoopStoppedError
 from kvres.coldstore.errors import (
     BlockCorruptError,
@@ -91,6 +91,8 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
         return ApiError(409, message, param="session_id", code="session_exists")
     if isinstance(exc, (SessionBusyError, SessionLockedError)):
         return ApiError(409, message, param="session_id", code="session_busy")
+    if isinstance(exc, TenantQuotaError):
+        return ApiError(429, message, type="rate_limit_error", code="tenant_quota")
     if isinstance(exc, (BackendFullError, PlacementError)):
         return ApiError(429, message, type="rate_limit_error", code="backend_full")
     if isinstance(exc, InvalidSessionIdError):

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import shared_model_path
 
+TENANT_RESIDENT_QUOTA = 70  # b0's quota for tenant "acme" (tests/cluster/test_retention.py)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -26,14 +28,15 @@ def metrics_port() -> int:
 def manager(metrics_port: int, tmp_path_factory: pytest.TempPathFactory):
     import ray
 
-    from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
+    from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, TenantQuota, connect
 
     os.environ["RAY_metrics_report_interval_ms"] = "500"  # noqa: SIM112 (Ray reads this exact name)
     os.environ["KVRES_METRICS_PER_SESSION"] = "1"  # test_sessions / test_cli read per-session series
     model = shared_model_path()
     config = KvresConfig(
         backends=[
-            BackendConfig(name="b0", model_path=model, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000, n_threads=1),
+            BackendConfig(name="b0", model_path=model, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000, n_threads=1,
+                          tenant_quotas={"acme": TenantQuota(resident_tokens=TENANT_RESIDENT_QUOTA)}),
             BackendConfig(name="b1", model_path=model, n_ctx=2048, n_seq_max=6, kv_budget_tokens=2000, n_threads=1),
             BackendConfig(name="small", model_path=model, n_ctx=1024, n_seq_max=4, kv_budget_tokens=320, n_threads=1),
             BackendConfig(name="ov", engine="openvino", model_path=model, n_ctx=2048, kv_budget_tokens=2000,

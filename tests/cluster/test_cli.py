@@ -145,6 +145,7 @@ def test_the_grafana_dashboard_reads_what_kvres_publishes() -> None:
         "ray_kvres_time_to_first_token_seconds_bucket", "ray_kvres_inter_token_seconds_bucket",
         "ray_kvres_call_seconds_bucket", "ray_kvres_queue_depth", "ray_kvres_tokens_total",
         "ray_kvres_store_blocks_lost", "ray_kvres_idle_suspends_total", "ray_kvres_ttl_closes_total",
+        "ray_kvres_quota_drops_total", "ray_kvres_tenant_resident_tokens", "ray_kvres_tenant_cold_bytes",
     }
     assert all("$" not in q.replace("$backend", "").replace("$__rate_interval", "") for q in dashboard_queries())
 

@@ -52,3 +52,36 @@ def test_a_session_past_its_ttl_is_closed_and_the_directory_forgets_it(manager) 
     with pytest.raises(UnknownSessionError):
         s.tokens()
     assert sid not in manager.planner_client.directory()
+
+
+def test_a_tenant_over_its_quota_gives_up_its_own_session_first(manager) -> None:
+    """b0 holds tenant "acme" to TENANT_RESIDENT_QUOTA resident tokens (tests/cluster/conftest.py):
+    its second session's tokens suspend its first, not another tenant's idle session; a call no
+    room can be made for within the quota is refused with the tenant, the quota and what it needs."""
+    from kvres.actors.host.errors import TenantQuotaError
+    from tests.cluster.conftest import TENANT_RESIDENT_QUOTA
+
+    other = manager.open_session(backend="b0")  # least recently used of all, but not acme's
+    first = manager.open_session(policy=SessionPolicy().with_retention(tenant="acme"), backend="b0")
+    second = manager.open_session(policy=SessionPolicy().with_retention(tenant="acme"), backend="b0")
+    try:
+        other.append(PROMPT)
+        first.append(PROMPT)
+        second.append(PROMPT)  # 2 x 30 fits the quota of 70, 3 x 30 would not
+        assert first.stats()["state"] == "live"
+        second.append(PROMPT[:15])
+        assert first.stats()["state"] == "suspended" and other.stats()["state"] == "live"
+        stats = second.stats()
+        tenant = stats["tenant"]
+        assert (tenant["name"], tenant["sessions"], tenant["resident_tokens"], tenant["resident_quota"]) == \
+            ("acme", 2, 45, TENANT_RESIDENT_QUOTA)
+        assert tenant["cold_bytes"] > 0 and tenant["cold_quota"] is None  # first's parked state
+        assert f"tenant 'acme' holds 45 of {TENANT_RESIDENT_QUOTA} resident tokens" in render_inspect(stats)
+        with pytest.raises(TenantQuotaError, match=rf"tenant 'acme' .* resident_tokens quota is {TENANT_RESIDENT_QUOTA}"):
+            second.append(PROMPT * 3)  # 45 + 90 > 70 with nothing of acme's left to suspend
+        assert len(second.tokens()) == 45  # the refused call committed nothing
+        b0 = next(row for row in manager.status()["backends"] if row["backend"] == "b0")
+        assert b0["tenants"]["acme"]["resident_tokens"] == 45
+    finally:
+        for session in (other, first, second):
+            session.close()
