@@ -14,6 +14,7 @@ Primitives:
 - ``TenantQuota``: what one tenant's sessions may hold on a backend together: ``resident_tokens``
   and ``cold_bytes`` (None: no limit); ``kvres.actors.host.quotas`` keeps them.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
+  the llama.cpp KV layout (``kv_layout``: one cache for all sessions, or one stream each),
   threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
   or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
@@ -148,6 +149,9 @@ class BackendConfig(BaseModel):
     num_gpus: float = Field(0.0, ge=0.0)
     node_id: str | None = None  # pin the backend to this Ray node
     openvino_mode: Literal["state", "recompute"] = "state"
+    # llama.cpp only: "split" gives each session a KV stream of n_ctx / n_seq_max cells that only its
+    # tokens attend over (faster with many resident sessions; no eviction from a session's middle)
+    kv_layout: Literal["unified", "split"] = "unified"
     # device placement: llama.cpp layers to offload (None: all when Ray gives the actor GPUs, else 0)
     n_gpu_layers: int | None = Field(None, ge=0, le=100_000)
     openvino_device: str = Field("CPU", pattern=r"^[A-Z]+(\.[0-9A-Za-z_]+)?(:[A-Z0-9.,]+)?$")
@@ -174,6 +178,8 @@ class BackendConfig(BaseModel):
             raise ValueError(
                 f"kv_budget_tokens={self.kv_budget_tokens} exceeds n_ctx={self.n_ctx}"
             )
+        if self.kv_layout == "split" and self.engine != "llama":
+            raise ValueError(f"kv_layout='split' is a llama.cpp layout; engine={self.engine!r} has none")
         for tenant in self.tenant_quotas:
             if not re.fullmatch(TENANT_PATTERN, tenant):
                 raise ValueError(f"tenant_quotas key {tenant!r} is not a tenant label (1-64 of A-Z a-z 0-9 _ . : @ -)")

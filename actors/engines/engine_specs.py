@@ -73,11 +73,13 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
     return LlamaExecutor(
         str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
         type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
-        n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu,
+        n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu, kv_layout=config.kv_layout,
     )
 
 
 def llama_cache_cells(config: BackendConfig) -> CacheCells:
+    if config.kv_layout == "split":  # one stream per session, no parking or scratch sequences
+        return CacheCells(n_seq_max=config.n_seq_max, n_ubatch=LLAMA_N_BATCH, kv_unified=False, swa_full=False)
     return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
                       kv_unified=True, swa_full=False)
 

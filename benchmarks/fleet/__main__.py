@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--high", type=int, default=None,
                         help="a mixed run over the fewest slots: this many sessions at priority 1, the rest at 0 "
                              "(default 4, 1 with --tiny; 0: none)")
+    parser.add_argument("--kv-layout", choices=("unified", "split"), default="split",
+                        help="the kvres backends' llama.cpp KV layout (BackendConfig.kv_layout; default split: "
+                             "one stream per session)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     if args.high is None:
@@ -151,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs.setdefault(name, []).append(_row(name, *outcome))
 
         backends = {n: f"fleet-{n}" for n in slots}
-        config = KvresConfig(backends=[backend_config(w, n, model, threads, name) for n, name in backends.items()])
+        config = KvresConfig(backends=[backend_config(w, n, model, threads, name, args.kv_layout)
+                                       for n, name in backends.items()])
         manager = connect(namespace=f"kvres-fleet-{uuid.uuid4().hex[:6]}", config=config,
                           include_dashboard=False, num_cpus=max(2, threads))
         try:
@@ -178,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"model": str(args.model) if args.model else "random weights (benchmarks.realistic_model)",
               "preset": "large" if args.large else "tiny" if args.tiny else "default", "threads": threads,
               "workload": asdict(w), "turn_calls": 2 if args.two_calls else 1, "shared_prefix": shared.shared_prefix, "slots": slots,
-              "repeats": args.repeats, "rows": rows, "ratios": _ratios(rows, slots, runs),
+              "kv_layout": args.kv_layout, "repeats": args.repeats, "rows": rows,
+              "ratios": _ratios(rows, slots, runs),
               "shared_prefix_open": opening}
     for r in rows.values():
         print(f"{r['name']:>22}: {r['turns_per_s']:6.2f} turns/s, ttft p50 {r['ttft_p50_ms']:7.1f} ms, "

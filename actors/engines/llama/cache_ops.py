@@ -13,6 +13,7 @@ Primitives:
   sequence at its last position + 1, decoded in the same batches (continuous batching).
   ``remove(seq, positions, shift)``: drop the cells at ``positions`` (one contiguous span of
   the sequence), then move the cells after them by ``shift`` (re-basing).
+  ``check_remove(seq, positions)``: whether ``remove`` can (always, here; not for ``stream_ops``).
   ``shift(seq, p0, delta)``: move ``[p0, inf)``. ``drop(seq)``: free a whole sequence.
   ``share(src, dst)``: ``dst`` (an empty session sequence) holds every cell of ``src`` too (a fork).
   ``export(seq, p0, p1) -> bytes``: serialise positions ``[p0, p1)`` of a sequence.
@@ -191,6 +192,9 @@ class CacheOps:
         self.live -= int(positions.size)
         if shift:
             self.shift(seq, p1, shift)
+
+    def check_remove(self, seq: int, positions: npt.NDArray[np.int64]) -> None:
+        """Raises ``CapabilityError`` where ``remove`` of these positions is impossible (never here)."""
 
     def require_shift(self, what: str) -> None:
         if not self.can_shift:

@@ -3,8 +3,9 @@
 Primitives:
 - ``LlamaExecutor(model_path, n_ctx=4096, n_seq_max=8, type_k="f16", type_v="f16",
   n_threads=None, n_batch=512, flash_attn=None, score_window=32, score_kernel=7,
-  n_gpu_layers=None, main_gpu=None, swa_full=False)`` (layers offloaded and main device; None: llama.cpp's
-  default; ``swa_full``: llama.cpp's full-size cache for windowed layers instead of the small one), an
+  n_gpu_layers=None, main_gpu=None, swa_full=False, kv_layout="unified")`` (layers offloaded and main
+  device; None: llama.cpp's default; ``swa_full``: llama.cpp's full-size cache for windowed layers
+  instead of the small one; ``kv_layout="split"``: one KV stream per session, below), an
   ``kvres.actors.engines.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
   ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
@@ -23,6 +24,9 @@ parking sequence and one shared scratch sequence, see ``cache_ops``). ``n_ctx`` 
 budget of all sessions together; ``n_seq_max`` the number of sessions. Ranges are token-log
 positions and ``kvres.policy.positions.PositionMap`` decides every cache position, so this
 executor places tokens exactly where every other executor would.
+
+``kv_layout="split"``: a KV stream of ``n_ctx / n_seq_max`` cells per session, no parking or
+scratch sequences, no eviction from the middle or position shift (``stream_ops``).
 
 Mechanism (docs/architecture.md, llama.cpp; the cell-level steps live in ``cache_ops``):
 - evict: ``seq_rm`` of the range's cache positions, then with re-basing ``seq_add`` of the tail
@@ -82,7 +86,7 @@ from kvres.coldstore.block import KVBlock, KVGeometry
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import CapabilityError, RangeError, SessionExistsError
-from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, QUANTIZED_KV_TYPES, kv_type_fits_head, kv_type_info
+from kvres.policy.kv_types import QUANTIZED_KV_TYPES, kv_type_fits_head, kv_type_info
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
@@ -96,24 +100,14 @@ from .blocks import ENGINE, BlockFormat
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
 from .errors import ContextFullError, EngineError, SessionLimitError
+from .executor_args import RESERVED_CELLS, RESERVED_SEQS, check_args
 from .recall import Recall
 from .sampler_chain import LlamaSampler
 from .session import PendingImport, Session
 from .state_blob import read_cell_positions, read_keys
+from .stream_ops import StreamOps
 
-MIN_N_CTX = 32
-MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ, including the reserved sequences
-_RESERVED_CELLS = 2  # applying pending K-shifts decodes one throwaway token
-_RESERVED_SEQS = 1  # scratch; each session also has a parking sequence (see cache_ops)
-
-def _check_n_ctx(n_ctx: Any) -> int:
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)):
-        raise ValueError(f"n_ctx must be an int, got {n_ctx!r}")
-    if n_ctx < MIN_N_CTX:
-        raise ValueError(f"n_ctx={n_ctx} is too small; it must be at least {MIN_N_CTX}")
-    if n_ctx % 2:
-        raise ValueError(f"n_ctx={n_ctx} is odd; llama.cpp needs an even context size")
-    return int(n_ctx)
+_RESERVED_CELLS, _RESERVED_SEQS = RESERVED_CELLS, RESERVED_SEQS  # (named as kvres.actors.engines.engine_specs reads them)
 
 
 class LlamaExecutor(SessionTable[Session], Executor):
@@ -134,24 +128,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
         n_gpu_layers: int | None = None,
         main_gpu: int | None = None,
         swa_full: bool = False,
+        kv_layout: str = "unified",
     ) -> None:
-        self.n_ctx = _check_n_ctx(n_ctx)
-        max_sessions = (MAX_SEQUENCES - _RESERVED_SEQS) // 2
-        if not 1 <= int(n_seq_max) <= max_sessions:
-            raise ValueError(f"n_seq_max={n_seq_max} must be in [1, {max_sessions}]")
-        for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
-            if kv_type not in CONFIGURABLE_KV_TYPES:
-                raise ValueError(f"{name}={kv_type!r} is not a supported KV type "
-                                 f"({', '.join(CONFIGURABLE_KV_TYPES)})")
-        if type_v in QUANTIZED_KV_TYPES:
-            if flash_attn is False:
-                raise ValueError(f"type_v={type_v!r} needs flash attention; flash_attn=False was given")
-            flash_attn = True
-        if n_batch < 1:
-            raise ValueError(f"n_batch={n_batch} must be >= 1")
-        if score_window < 1 or score_kernel < 1 or score_kernel % 2 == 0:
-            raise ValueError(f"score_window={score_window} must be >= 1 and score_kernel="
-                             f"{score_kernel} odd and >= 1")
+        self.n_ctx, flash_attn = check_args(n_ctx, n_seq_max, type_k, type_v, flash_attn, n_batch, score_window,
+                                            score_kernel, kv_layout)
+        self.kv_layout = kv_layout
         self.n_seq_max = int(n_seq_max)
         self.type_k, self.type_v = type_k, type_v
         self.flash_attn = True if flash_attn is None else bool(flash_attn)
@@ -165,19 +146,24 @@ class LlamaExecutor(SessionTable[Session], Executor):
         try:
             self.geometry = self._geometry()
             self._check_quantizable()
+            split = kv_layout == "split"
+            if split and self._model.n_swa > 0:
+                raise ValueError(f"kv_layout='split' is not for sliding-window models ({self.model_path.name} "
+                                 f"has n_swa={self._model.n_swa}); use kv_layout='unified'")
             self._ctx = LlamaContext(
-                self._model, n_ctx=self.n_ctx + _RESERVED_CELLS,
-                n_seq_max=2 * self.n_seq_max + _RESERVED_SEQS,
+                self._model, n_ctx=self.n_ctx if split else self.n_ctx + _RESERVED_CELLS,
+                n_seq_max=self.n_seq_max if split else 2 * self.n_seq_max + _RESERVED_SEQS,
                 type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
-                n_threads=self.n_threads, swa_full=swa_full,
+                n_threads=self.n_threads, swa_full=swa_full, kv_unified=not split,
             )
         except BaseException:
             self._model.close()
             raise
         filler = self._model.bos if self._model.bos >= 0 else 0
         # llama.cpp reports can_shift for quantized K caches, but applying the K-shift crashes
-        can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES
-        self._ops = CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
+        can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES and not split
+        self._ops = StreamOps(self._ctx, self.n_seq_max, self._ctx.n_cells // self.n_seq_max) if split \
+            else CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
         self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
@@ -189,7 +175,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         self._fmt = BlockFormat(self.model_id, type_k, type_v, self.geometry, self.flash_attn, windowed=n_swa > 0)
         self.payload_format, self.fingerprint = self._fmt.payload_format, self._fmt.fingerprint
         self._caps = Capabilities(
-            remove_middle=True,
+            remove_middle=not split,
             position_shift=self._ops.can_shift,
             attention_capture=True,
             key_access=type_k in ("f32", "f16") and n_swa == 0,
@@ -279,8 +265,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
         used = sum(s.positions.resident_count for s in self._sessions.values())
         return self.n_ctx - used
 
-    def _ensure_room(self, n: int) -> int:
-        """The free cells, when ``n`` of them are free (else ``ContextFullError``)."""
+    def _ensure_room(self, n: int, s: Session | None = None) -> int:
+        """The free cells, when ``n`` of them are free (else ``ContextFullError``); in a split
+        layout also in session ``s``'s own stream."""
+        if s is not None and isinstance(self._ops, StreamOps):
+            self._ops.reserve_for(s.seq, n)
         free = self.free_cells()
         if n > free:
             raise ContextFullError(
@@ -342,7 +331,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         with self._lock:
             s = self._get(session_id)
             toks = self._check_tokens(tokens)
-            self._ensure_room(len(toks))
+            self._ensure_room(len(toks), s)
             self._materialize(s)
             taken = self._recall.take_prefill(s, toks)
             if taken is not None:
@@ -358,6 +347,8 @@ class LlamaExecutor(SessionTable[Session], Executor):
             if len({sid for _, sid, _ in checked}) != len(checked):
                 raise ValueError("append_many takes each session at most once")
             self._ensure_room(sum(len(t) for _, _, t in checked))
+            for s, _, toks in checked:
+                self._ensure_room(len(toks), s)
             out: list[npt.NDArray[np.float32] | None] = [None] * len(items)
             batch: list[int] = []
             for i, (s, sid, toks) in enumerate(checked):
@@ -383,6 +374,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
             self._require_shift(rebase)
             positions = s.positions.positions(rng)
             self._materialize(s)
+            self._ops.check_remove(s.seq, positions)  # before the positions change: refused changes nothing
             op = s.positions.evict(rng, rebase)
             self._ops.remove(s.seq, positions, op.shift)
             s.logits = None
@@ -395,7 +387,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         with self._lock:
             s = self._get(session_id)
             op = s.positions.plan_admit(rng)
-            self._ensure_room(len(rng))
+            self._ensure_room(len(rng), s)
             if op.tail_shift:
                 self._ops.require_shift(f"admitting {rng} (the resident tail moves up {op.tail_shift})")
             self._materialize(s)
@@ -436,7 +428,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
             self._fmt.check_payload(block)
             offsets = np.asarray(block.positions, dtype=np.int64) - block.positions[0]
             op = s.positions.plan_admit(rng, offsets, preferred_first=block.positions[0])
-            self._ensure_room(len(rng))
+            self._ensure_room(len(rng), s)
             item = PendingImport(block, rng, op.positions, op.positions[0] - block.positions[0])
             if op.tail_shift or item.delta:
                 self._ops.require_shift(f"importing {rng} at position {op.positions[0]} (exported at "
@@ -487,8 +479,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
             if not self._caps.key_access:
                 raise CapabilityError(f"keys of a {self.type_k} K cache cannot be read as floats")
             self._materialize(s)
-            self._ops.flush_shifts()
-            payload = self._ctx.state_get(s.seq)
+            payload = self._ops.export(s.seq, 0, 0, whole=True)
             cells = read_cell_positions(payload)
             keys = read_keys(payload, self.geometry.n_layers, self.geometry.n_kv_heads,
                              self.geometry.head_dim, self.type_k)

@@ -1,0 +1,150 @@
+"""llama.cpp's split KV layout (``kv_layout="split"``: one stream per session) on stories260K:
+the same tokens as the unified layout for appends, batched decodes, generation, forks, shared
+prefixes and rollbacks; blocks move between layouts and stream counts both ways; a session
+is held to its stream's cells; what the layout cannot do is refused with ``CapabilityError``
+and changes nothing; through a backend host, eviction policies degrade and suspend / resume
+continue exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydantic
+import pytest
+
+from kvres.actors.config import BackendConfig, SessionPolicy
+from kvres.actors.engines.llama import LlamaExecutor
+from kvres.actors.engines.llama.errors import ContextFullError
+from kvres.actors.engines.llama.stream_ops import all_streams, one_stream
+from kvres.actors.engines.registry import make_executor
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
+from kvres.policy import CapabilityError, Range
+from kvres.testing import LocalStorePort
+from tests.conftest import shared_model_path
+
+PROMPT = [3 + (7 * i) % 200 for i in range(60)]
+
+
+def _script(ex: LlamaExecutor) -> dict[str, Any]:
+    """One run of everything the two layouts must agree on."""
+    out: dict[str, Any] = {}
+    ex.open_session("a")
+    ex.append("a", PROMPT)
+    ex.open_session("b")
+    ex.append("b", PROMPT[:30])
+    out["batched"] = ex.append_many([("a", [5]), ("b", [6, 7])])
+    out["a"] = ex.generate("a", 10)
+    ex.fork_session("a", "fork")
+    out["fork"], out["a after fork"] = ex.generate("fork", 6), ex.generate("a", 6)
+    ex.open_session("shared")
+    ex.share_prefix("b", "shared", 20)
+    ex.append("shared", PROMPT[20:32])
+    out["shared"], out["b"] = ex.generate("shared", 6), ex.generate("b", 6)
+    out["rolled back"] = ex.truncate("a", 50)
+    out["after rollback"] = ex.generate("a", 6)
+    ex.close_session("b")
+    out["free"] = ex.free_cells()
+    return out
+
+
+def test_the_split_layout_gives_the_unified_layouts_tokens(make_llama: Callable[..., LlamaExecutor]) -> None:
+    unified, split = _script(make_llama()), _script(make_llama(kv_layout="split"))
+    for key in unified:
+        if key in ("batched", "rolled back"):
+            for u, s in zip(np.atleast_2d(unified[key]), np.atleast_2d(split[key]), strict=True):
+                assert float(np.abs(np.asarray(u) - np.asarray(s)).max()) < 1e-4, key
+        else:
+            assert unified[key] == split[key], key
+
+
+@pytest.mark.parametrize(("source", "target", "streams"), [("split", "unified", 4), ("unified", "split", 4),
+                                                           ("split", "split", 8)])
+def test_blocks_move_between_layouts(make_llama: Callable[..., LlamaExecutor], source: str, target: str,
+                                     streams: int) -> None:
+    a, b = make_llama(kv_layout=source), make_llama(kv_layout=target, n_seq_max=streams)
+    a.open_session("s")
+    a.append("s", PROMPT)
+    block = a.export_range("s", Range(0, len(PROMPT)))
+    assert one_stream(block.payload) == bytes(block.payload)  # stored as one stream, whatever the layout
+    b.open_session("s", a.token_log("s"))
+    b.import_range("s", block)
+    assert a.fingerprint == b.fingerprint and a.generate("s", 8) == b.generate("s", 8)
+
+
+def test_stream_blobs_convert_both_ways(make_llama: Callable[..., LlamaExecutor]) -> None:
+    ex = make_llama(kv_layout="split")
+    ex.open_session("s")
+    ex.append("s", PROMPT[:10])
+    ex.open_session("t")
+    ex.append("t", PROMPT[:12])
+    raw = ex._ctx.state_get(1)  # the second session's stream, as llama.cpp writes it (4 streams)
+    single = one_stream(raw)
+    assert len(single) == len(raw) - 4 * 3 and all_streams(single, 4) != raw  # its cells now sit first
+    assert one_stream(all_streams(single, 4)) == single
+
+
+def test_a_session_is_held_to_its_streams_cells(make_llama: Callable[..., LlamaExecutor]) -> None:
+    ex = make_llama(kv_layout="split")  # 1024 cells over 4 streams: 256 each
+    ex.open_session("s")
+    ex.append("s", PROMPT)
+    with pytest.raises(ContextFullError, match=r"stream holds 256 KV cells .* this one holds 60 and 200 more"):
+        ex.append("s", [5] * 200)
+    assert ex.token_log("s") == PROMPT and ex.resident_ranges("s") == [Range(0, 60)]
+    ex.append("s", [5] * 196)  # exactly what is left
+    assert len(ex.token_log("s")) == 256
+
+
+def test_what_the_split_layout_cannot_do_is_refused(make_llama: Callable[..., LlamaExecutor]) -> None:
+    ex = make_llama(kv_layout="split")
+    caps = ex.capabilities()
+    assert not caps.remove_middle and not caps.position_shift and caps.kv_export
+    ex.open_session("s")
+    ex.append("s", PROMPT)
+    with pytest.raises(CapabilityError, match="removes only a sequence's tail"):
+        ex.evict_range("s", Range(10, 20))
+    with pytest.raises(CapabilityError, match="exports whole sessions"):
+        ex.export_range("s", Range(0, 16))
+    with pytest.raises(CapabilityError, match="position_shift"):
+        ex.evict_range("s", Range(50, 60), rebase=True)
+    assert ex.resident_ranges("s") == [Range(0, 60)]
+    twin = make_llama(kv_layout="split")
+    twin.open_session("s")
+    twin.append("s", PROMPT)
+    assert ex.generate("s", 6) == twin.generate("s", 6)  # nothing changed
+
+
+def test_bad_layouts_are_named(stories_model: Path) -> None:
+    with pytest.raises(ValueError, match="kv_layout='diagonal' must be one of 'unified', 'split'"):
+        LlamaExecutor(stories_model, n_ctx=256, kv_layout="diagonal")
+    with pytest.raises(pydantic.ValidationError, match="kv_layout='split' is a llama.cpp layout; engine='openvino'"):
+        BackendConfig(engine="openvino", kv_layout="split")
+    with pytest.raises(pydantic.ValidationError, match="kv_layout"):
+        BackendConfig(kv_layout="stripes")
+
+
+def _host(tmp_path: Path, layout: str) -> BackendHost:
+    model = shared_model_path()
+    config = BackendConfig(name=f"host-{layout}", model_path=model, n_ctx=1024, n_seq_max=2, kv_budget_tokens=1000,
+                           n_threads=1, kv_layout=layout)
+    store = ColdStoreServer(16 << 20, tmp_path / layout, 64 << 20)
+    return BackendHost(config, make_executor(config, model), store=LocalStorePort("n", {"n": store}))
+
+
+def test_a_split_backend_degrades_eviction_and_continues_parked_sessions_exactly(tmp_path: Path) -> None:
+    split, unified = _host(tmp_path, "split"), _host(tmp_path, "unified")
+    for host in (split, unified):
+        for sid in ("one", "two", "three"):  # two slots: each newcomer parks the least recently used
+            host.open_session(sid)
+            host.append(sid, PROMPT[: 20 + len(sid)])
+    assert split.session_stats("one")["state"] == "suspended"
+    for sid in ("one", "two", "three"):
+        assert split.generate(sid, 8) == unified.generate(sid, 8), sid
+    split.open_session("streaming", SessionPolicy.streaming(96, recent_tokens=32))
+    assert "remove_middle" in str(split.session_stats("streaming")["degraded"]) or \
+        "evict from the middle" in str(split.session_stats("streaming")["degraded"])
+    with pytest.raises(CapabilityError, match="remove_middle"):
+        split.open_session("strict", SessionPolicy.streaming(96, recent_tokens=32, strict=True))
