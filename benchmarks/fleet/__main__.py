@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--high", type=int, default=None,
                         help="a mixed run over the fewest slots: this many sessions at priority 1, the rest at 0 "
                              "(default 4, 1 with --tiny; 0: none)")
-    parser.add_argument("--kv-layout", choices=("unified", "split"), default="split",
-                        help="the kvres backends' llama.cpp KV layout (BackendConfig.kv_layout; default split: "
-                             "one stream per session)")
+    parser.add_argument("--kv-layout", choices=("unified", "split"), default="unified",
+                        help="the kvres backends' llama.cpp KV layout (BackendConfig.kv_layout; split: one "
+                             "stream per session)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     if args.high is None:

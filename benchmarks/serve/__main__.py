@@ -1,7 +1,7 @@
 """HTTP chat clients against ``kvres serve``: session-bound (``X-Session-Id``) against stateless.
 
 Run: ``.venv/bin/python -m benchmarks.serve [--clients 8] [--turns 10] [--conversation-tokens 512]
-[--reply-tokens 16] [--repeats 3] [--threads 2] [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --ff 2048
+[--reply-tokens 16] [--repeats 3] [--threads 2] [--kv-layout split|unified] [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --ff 2048
 --vocab 32000] [--model PATH] [--out DIR]``. Writes ``serve.json`` and ``serve.png`` into DIR
 (default benchmarks/results).
 
@@ -162,10 +162,13 @@ def _serve(model: Path, args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
     if ray.is_initialized():
         raise RuntimeError("benchmarks.serve needs a fresh local Ray cluster: ray is already initialised")
     per_session = args.conversation_tokens + 2 * args.reply_tokens + 128
-    n_ctx = per_session * args.clients
+    slots = min(64, 2 * args.clients)  # a stateless request's session beside each bound one
+    # split: every slot's stream must hold a whole conversation; unified: the budget is what they hold together
+    n_ctx = per_session * (slots if args.kv_layout == "split" else args.clients)
     config = KvresConfig(
-        backends=[BackendConfig(name="bench", model_path=model, n_ctx=n_ctx, n_seq_max=min(64, 2 * args.clients),
-                                kv_budget_tokens=n_ctx, n_threads=args.threads)],
+        backends=[BackendConfig(name="bench", model_path=model, n_ctx=n_ctx, n_seq_max=slots,
+                                kv_budget_tokens=per_session * args.clients, n_threads=args.threads,
+                                kv_layout=args.kv_layout)],
         cold_store=ColdStoreConfig(ram_budget_bytes=256 << 20, disk_budget_bytes=512 << 20, disk_dir=tmp / "cold"),
     )
     namespace = f"kvres-bench-serve-{uuid.uuid4().hex[:6]}"
@@ -196,6 +199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--ff", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--model", type=Path, default=None, help="a GGUF with a chat template instead of writing one")
+    parser.add_argument("--kv-layout", choices=("unified", "split"), default="unified",
+                        help="the backend's llama.cpp KV layout (BackendConfig.kv_layout; split: a stream per session)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     if min(args.clients, args.turns, args.reply_tokens, args.repeats) < 1:
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shape": None if args.model else {**shape.__dict__, "n_params": shape.n_params},
         "clients": args.clients, "turns": args.turns, "conversation_tokens": args.conversation_tokens,
         "reply_tokens": args.reply_tokens, "user_words_per_turn": per_turn, "template_tokens_per_turn": overhead,
-        "threads": args.threads,
+        "threads": args.threads, "kv_layout": args.kv_layout,
         "modes": modes, "ttft_p50_ratio": bound_mode["ttft_p50_s"] / stateless["ttft_p50_s"], "bound": RATIO_BOUND,
         "ttft_p50_ratio_by_repeat": [b / s for b, s in zip(bound_mode["ttft_p50_by_repeat_s"],
                                                           stateless["ttft_p50_by_repeat_s"], strict=True)],

@@ -148,3 +148,14 @@ def test_a_split_backend_degrades_eviction_and_continues_parked_sessions_exactly
         "evict from the middle" in str(split.session_stats("streaming")["degraded"])
     with pytest.raises(CapabilityError, match="remove_middle"):
         split.open_session("strict", SessionPolicy.streaming(96, recent_tokens=32, strict=True))
+
+
+def test_a_call_past_a_sessions_stream_is_refused_by_the_host_and_commits_nothing(tmp_path: Path) -> None:
+    host = _host(tmp_path, "split")  # 1024 cells over 2 streams: 512 each, within the 1000-token budget
+    host.open_session("s")
+    host.append("s", PROMPT)
+    with pytest.raises(ContextFullError, match="stream holds 512 KV cells"):
+        host.append("s", [5] * 460)
+    assert host.tokens("s") == PROMPT and host.session_stats("s")["resident_tokens"] == len(PROMPT)
+    host.append("s", [5] * 400)
+    assert len(host.tokens("s")) == len(PROMPT) + 400
