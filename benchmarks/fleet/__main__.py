@@ -1,10 +1,11 @@
 """The fleet workload: many chat sessions over few slots, kvres beside what the engine offers alone.
 
-Run: ``.venv/bin/python -m benchmarks.fleet [--large | --tiny] [--model PATH] [--sessions 16]
-[--history 512] [--turns 3] [--user-tokens 32] [--reply-tokens 16] [--users 8] [--slots 4,16]
-[--shared-prefix 256] [--threads 2] [--reprefill-sessions 4] [--repeats 1] [--two-calls]
-[--high 4] [--out DIR]``
-Writes ``fleet.json`` and ``fleet.png`` into DIR (default benchmarks/results).
+Run: ``.venv/bin/python -m benchmarks.fleet [--large | --tiny] [--engine llama|openvino] [--kv-layout unified|split] [--model PATH]
+[--sessions 16] [--history 512] [--turns 3] [--user-tokens 32] [--reply-tokens 16] [--users 8]
+[--slots 4,16] [--shared-prefix 256] [--threads 2] [--reprefill-sessions 4] [--repeats 1]
+[--two-calls] [--high 4] [--out DIR]``
+Writes ``fleet.json`` and ``fleet.png`` (``fleet-openvino.*`` with ``--engine openvino``) into DIR
+(default benchmarks/results).
 
 Without ``--model`` it writes its own random-weight llama of realistic shape
 (``benchmarks.realistic_model``: 12 layers, hidden 768, grouped-query attention, 32,000 tokens;
@@ -17,10 +18,15 @@ with every session starting from one shared ``--shared-prefix``-token system pro
 sharing on), and what opening a session that starts with it costs beside prefilling as many
 unshared tokens; and a mixed run over the fewest slots, the first ``--high`` sessions at priority 1
 and the rest at 0 (``SessionPolicy.with_retention``), reported as two rows (high and low turns).
-Baselines, measured in the same run on the
-same model and threads (``benchmarks.fleet.baselines``): llama-cpp-python one turn at a time with
-states in host RAM (``save_state`` / ``load_state``), re-prefilling the whole history each turn,
-and llama.cpp batching the same turns itself (every session resident in one context).
+``--engine openvino``: the backends run the OpenVINO engine in state mode on the same GGUF (its
+graph built from the GGUF's weights; prefix sharing is llama.cpp's, so there it prefills).
+Baselines, measured in the same run on the same model, engine and threads: one turn at a time with
+states in host RAM (llama: llama-cpp-python's ``save_state`` / ``load_state``,
+``benchmarks.fleet.baselines``; openvino: one infer request whose KV states are read out after a
+turn and written back before the next, ``benchmarks.fleet.openvino_baselines``), re-prefilling the
+whole history each turn, and (llama only) llama.cpp batching the same turns itself (every session
+resident in one context); OpenVINO's stateful IR takes one sequence per request, so it has no such
+row and the ratios to it are null.
 With ``--repeats R`` the slot and batch baselines and kvres run R times, alternating, and each
 ratio is the median of the runs' paired ratios (this host's load drifts between runs).
 Reported: turns/s, time to first token and turn latency p50 / p99, suspends / resumes / evictions
@@ -36,13 +42,32 @@ import os
 import statistics
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from .baselines import batch_baseline, reprefill_baseline, slot_baseline
 from .kvres_run import backend_config, kvres_fleet, open_cost
+from .openvino_baselines import ov_reprefill_baseline, ov_slot_baseline
 from .workload import TurnTiming, Workload, summarize
+
+Outcome = tuple[list[TurnTiming], float, dict[str, Any]]
+# engine -> (slot baseline, re-prefill baseline, the engine batching the turns itself or None)
+BASELINES: dict[str, tuple[Callable[[str, Workload, int], Outcome], Callable[[str, Workload, int, int], Outcome],
+                           Callable[[str, Workload, int], Outcome] | None]] = {
+    "llama": (slot_baseline, reprefill_baseline, batch_baseline),
+    "openvino": (ov_slot_baseline, ov_reprefill_baseline, None),
+}
+# what another engine's JSON adds (llama's stays as it was: its baselines are the module docstring's)
+ENGINE_NOTES: dict[str, dict[str, Any]] = {"openvino": {
+    "baselines": {"slot_baseline": "one OpenVINO infer request, one turn at a time, each session's KV states read "
+                                   "out after its turn and written back before its next (host RAM)",
+                  "reprefill_baseline": "one OpenVINO infer request re-prefilling the whole log each turn"},
+    "not_measured": {"llama_batch": "no engine batching baseline: OpenVINO's stateful IR takes one sequence per "
+                                    "infer request, so sessions cannot share a batch; the ratios to it and "
+                                    "all_slots_ge_0.8x_llama_batch are null"},
+}}
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS: dict[str, dict[str, Any]] = {
@@ -92,7 +117,7 @@ def _ratios(rows: dict[str, dict[str, Any]], slots: list[int], runs: dict[str, l
         k = f"kvres_{n}_slots"
         out[f"{k}_over_slot_baseline"] = paired(k, "slot_baseline")
         out[f"{k}_over_reprefill"] = paired(k, "reprefill_baseline")
-        out[f"{k}_over_llama_batch"] = paired(k, "llama_batch")
+        out[f"{k}_over_llama_batch"] = paired(k, "llama_batch") if "llama_batch" in runs else None
         out[f"{k}_p99_over_p50"] = rows[k]["p99_over_p50"]
     few_row = rows[f"kvres_{few}_slots"]
     out["acceptance"] = {
@@ -101,7 +126,8 @@ def _ratios(rows: dict[str, dict[str, Any]], slots: list[int], runs: dict[str, l
         "few_slots_p99_le_3x_p50": few_row["p99_over_p50"] <= 3.0,
         "few_slots_no_failed_turns": few_row["failed_turns"] == 0,
         "all_slots_ge_2x_slot_baseline": out[f"kvres_{many}_slots_over_slot_baseline"] >= 2.0,
-        "all_slots_ge_0.8x_llama_batch": out[f"kvres_{many}_slots_over_llama_batch"] >= 0.8,
+        "all_slots_ge_0.8x_llama_batch": None if out[f"kvres_{many}_slots_over_llama_batch"] is None
+        else out[f"kvres_{many}_slots_over_llama_batch"] >= 0.8,
     }
     if "kvres_mixed_high" in rows:
         out["mixed_high_p99_over_p50"] = rows["kvres_mixed_high"]["p99_over_p50"]
@@ -115,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     preset = parser.add_mutually_exclusive_group()
     preset.add_argument("--large", action="store_true", help="bigger sizes, for a machine with more cores")
     preset.add_argument("--tiny", action="store_true", help="a tiny model and sizes (the test)")
+    parser.add_argument("--engine", choices=tuple(BASELINES), default="llama",
+                        help="the backends' engine and the baselines' (openvino: state mode, no batching baseline)")
     parser.add_argument("--model", type=Path, default=None)
     for name in PRESETS["default"]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=str if name == "slots" else int, default=None)
@@ -139,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     w = Workload(**{k: sizes[k] for k in ("sessions", "history", "turns", "user_tokens", "reply_tokens", "users")})
     shared = replace(w, shared_prefix=min(int(sizes["shared_prefix"]), w.history))
     threads = int(sizes["threads"])
+    slot_run, reprefill_run, batch_run = BASELINES[args.engine]
 
     import ray
 
@@ -154,16 +183,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs.setdefault(name, []).append(_row(name, *outcome))
 
         backends = {n: f"fleet-{n}" for n in slots}
-        config = KvresConfig(backends=[backend_config(w, n, model, threads, name, args.kv_layout)
+        config = KvresConfig(backends=[backend_config(w, n, model, threads, name, args.engine, args.kv_layout)
                                        for n, name in backends.items()])
         manager = connect(namespace=f"kvres-fleet-{uuid.uuid4().hex[:6]}", config=config,
                           include_dashboard=False, num_cpus=max(2, threads))
         try:
-            measure("reprefill_baseline", reprefill_baseline(
+            measure("reprefill_baseline", reprefill_run(
                 model, w, threads, min(w.sessions, int(sizes["reprefill_sessions"]))))
             for _ in range(args.repeats):  # alternating, so the host's drift hits every system alike
-                measure("slot_baseline", slot_baseline(model, w, threads))
-                measure("llama_batch", batch_baseline(model, w, threads))
+                measure("slot_baseline", slot_run(model, w, threads))
+                if batch_run is not None:
+                    measure("llama_batch", batch_run(model, w, threads))
                 for n, name in backends.items():
                     measure(f"kvres_{n}_slots", kvres_fleet(manager, w, name, vocab, args.two_calls))
             few = backends[min(slots)]
@@ -185,14 +215,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "kv_layout": args.kv_layout, "repeats": args.repeats, "rows": rows,
               "ratios": _ratios(rows, slots, runs),
               "shared_prefix_open": opening}
+    if args.engine != "llama":
+        result = {"engine": args.engine, **result, **ENGINE_NOTES[args.engine]}
     for r in rows.values():
         print(f"{r['name']:>22}: {r['turns_per_s']:6.2f} turns/s, ttft p50 {r['ttft_p50_ms']:7.1f} ms, "
               f"latency p50 {r['latency_p50_ms']:7.1f} / p99 {r['latency_p99_ms']:7.1f} ms")
     print(json.dumps(result["ratios"], indent=1))
     print("shared prefix open:", opening)
+    name = "fleet" if args.engine == "llama" else f"fleet-{args.engine}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fleet.json").write_text(json.dumps(result, indent=2))
-    _plot(rows, args.out / "fleet.png")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, args.out / f"{name}.png")
     return result
 
 

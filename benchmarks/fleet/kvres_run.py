@@ -1,9 +1,10 @@
 """The fleet workload through kvres: ``kvres.cluster`` sessions on a real local Ray cluster.
 
 Primitives:
-- ``backend_config(w, slots, model, threads, name, kv_layout="unified")``: one llama backend with
-  ``slots`` sequence slots and a KV budget of ``slots`` full sessions (fewer slots than sessions:
-  the rest park); ``kv_layout="split"``: each slot its own KV stream.
+- ``backend_config(w, slots, model, threads, name, engine="llama", kv_layout="unified")``: one
+  backend with ``slots`` sequence slots and a KV budget of ``slots`` full sessions (fewer slots
+  than sessions: the rest park); ``engine="openvino"``: the OpenVINO engine in state mode on the
+  same GGUF; ``kv_layout="split"`` (llama.cpp): each slot its own KV stream.
 - ``wait_for_probes(manager, backend)``: waits for the backend's background recall-cost probes
   (a child process decoding on the same cores) to end.
 - ``kvres_fleet(manager, w, backend, vocab, two_calls=False, high=0) -> (timings, wall_s, extra)``:
@@ -33,13 +34,16 @@ from .workload import TurnTiming, Workload
 COUNTED = ("suspends", "resumes", "evictions", "recomputed_tokens", "recalls", "spills")
 
 
-def backend_config(w: Workload, slots: int, model: str, threads: int, name: str, kv_layout: str = "unified") -> Any:
+def backend_config(w: Workload, slots: int, model: str, threads: int, name: str, engine: str = "llama",
+                   kv_layout: str = "unified") -> Any:
     from kvres.cluster import BackendConfig
 
     budget = slots * (w.tokens_per_session + 64)
     budget += budget % 2
+    options: dict[str, Any] = {"engine": "openvino", "openvino_mode": "state"} if engine == "openvino" \
+        else {"kv_layout": kv_layout}
     return BackendConfig(name=name, model_path=model, n_ctx=budget, n_seq_max=slots, kv_budget_tokens=budget,
-                         n_threads=threads, kv_layout=kv_layout)
+                         n_threads=threads, **options)
 
 
 def _counters(sessions: list[Any]) -> dict[str, int]:

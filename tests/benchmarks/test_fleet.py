@@ -50,6 +50,34 @@ def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
     assert (tmp_path / "fleet.png").stat().st_size > 0
 
 
+def test_fleet_tiny_on_openvino_writes_its_own_json_and_png(tmp_path: Path) -> None:
+    """OpenVINO backends and baselines (real runtime, real Ray): no engine-batching row, the
+    ratios to it null and said so, every kvres turn completed, the few slots parking through the
+    cold store."""
+    from benchmarks.fleet.__main__ import main
+
+    main(["--tiny", "--engine", "openvino", "--open-repeats", "1", "--out", str(tmp_path)])
+    assert not (tmp_path / "fleet.json").exists()
+    saved = json.loads((tmp_path / "fleet-openvino.json").read_text())
+    w = saved["workload"]
+    assert saved["engine"] == "openvino" and set(saved["rows"]) == set(ROWS) - {"llama_batch"}
+    assert set(saved["baselines"]) == {"slot_baseline", "reprefill_baseline"} and "llama_batch" in saved["not_measured"]
+    for name, row in saved["rows"].items():
+        assert row["turns_per_s"] > 0 and 0 < row["ttft_p50_ms"] <= row["latency_p50_ms"], name
+        if name.startswith("kvres_"):
+            assert row["failed_turns"] == 0, row["failures"]
+            assert 0 < row["peak_resident_tokens"] <= row["kv_budget_tokens"]
+    assert saved["rows"]["slot_baseline"]["turns"] == w["sessions"] * w["turns"]
+    assert saved["rows"]["slot_baseline"]["host_ram_state_bytes"] > 0
+    assert saved["rows"]["reprefill_baseline"]["recomputed_tokens_per_turn"] >= w["history"]
+    few = saved["rows"]["kvres_2_slots"]
+    assert few["turns"] == w["sessions"] * w["turns"] and few["resumes_per_turn"] > 0 and few["parked_kv_bytes"]
+    ratios = saved["ratios"]
+    assert ratios["kvres_2_slots_over_llama_batch"] is None and ratios["acceptance"]["all_slots_ge_0.8x_llama_batch"] is None
+    assert ratios["kvres_2_slots_over_slot_baseline"] > 0 and ratios["acceptance"]["few_slots_no_failed_turns"]
+    assert (tmp_path / "fleet-openvino.png").stat().st_size > 0
+
+
 def test_workload_shapes_and_summary() -> None:
     w = Workload(sessions=5, history=10, turns=2, user_tokens=3, reply_tokens=2, users=2, shared_prefix=4)
     assert w.sessions_of(0) == [0, 2, 4] and w.sessions_of(1) == [1, 3]
