@@ -1,0 +1,64 @@
+"""The split KV layout through ``kvres.cluster`` sessions on a real local Ray cluster: the same
+tokens as a unified backend's, across suspend / resume, forks and migrations between the two
+layouts (their blocks move through the cold store); a call past a session's stream is refused
+and commits nothing; an eviction policy degrades and says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvres.actors.engines.llama.errors import ContextFullError
+from kvres.cluster import SessionPolicy
+
+PROMPT = [3 + (7 * i) % 200 for i in range(60)]
+
+
+def _pair(manager):
+    return manager.open_session(backend="unified"), manager.open_session(backend="split")
+
+
+def test_split_sessions_continue_as_unified_ones_through_suspend_fork_and_migrate(manager) -> None:
+    unified, split = _pair(manager)
+    try:
+        for s in (unified, split):
+            s.append(PROMPT)
+        assert list(split.generate(8, ignore_eos=True)) == list(unified.generate(8, ignore_eos=True))
+        streamed = [list(s.stream(6, ignore_eos=True, prompt=PROMPT[:9])) for s in (unified, split)]
+        assert streamed[0] == streamed[1]
+        split.suspend()
+        assert split.stats()["state"] == "suspended"
+        assert list(split.generate(6, ignore_eos=True)) == list(unified.generate(6, ignore_eos=True))
+        forks = [s.fork() for s in (unified, split)]
+        assert list(forks[1].generate(6, ignore_eos=True)) == list(forks[0].generate(6, ignore_eos=True))
+        split.migrate("unified")  # a split session's blocks into a unified cache, and back
+        unified.migrate("split")
+        assert (split.stats()["backend"], unified.stats()["backend"]) == ("unified", "split")
+        assert list(split.generate(6, ignore_eos=True)) == list(unified.generate(6, ignore_eos=True))
+        assert split.tokens() == unified.tokens()
+        for f in forks:
+            f.close()
+    finally:
+        for s in (unified, split):
+            s.close()
+
+
+def test_a_call_past_a_split_sessions_stream_is_refused_and_commits_nothing(manager) -> None:
+    s = manager.open_session(backend="split")
+    try:
+        s.append(PROMPT)
+        with pytest.raises(ContextFullError, match="stream holds 256 KV cells"):
+            s.append(PROMPT * 4)
+        assert s.tokens() == PROMPT
+        assert len(s.generate(4, ignore_eos=True)) == 4
+    finally:
+        s.close()
+
+
+def test_an_eviction_policy_degrades_on_a_split_backend(manager) -> None:
+    s = manager.open_session(backend="split", policy=SessionPolicy.streaming(128, recent_tokens=32))
+    try:
+        stats = s.stats()
+        assert stats["effective_policy"] != SessionPolicy.streaming(128, recent_tokens=32).kind
+        assert "evict from the middle" in str(stats["degraded"])
+    finally:
+        s.close()
