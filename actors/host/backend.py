@@ -115,7 +115,8 @@ class BackendHost:
         else:
             self._engine = ManagedStepper(ctx, executor, self._durability, self._parking)
         ctx.rebuild = self._durability.rebuild
-        self._retention = RetentionTimer(ctx, self._parking.suspend, self.close, on_expired)
+        self._retention = RetentionTimer(ctx, lambda sid: self._parking.suspend(sid, forced=False), self.close,
+                                         on_expired)
         ctx.watch_retention = self._retention.watch
         ctx.open_on_engine = self._engine.open_on_engine
         self._loop = ctx.loop = StepLoop(ctx.lock, self._step, config.name,
@@ -218,8 +219,8 @@ class BackendHost:
 
     def suspend(self, session_id: str) -> SuspendRecord:
         """Export all of the session's KV to the cold store and free it on the engine (a session
-        already suspended stays as it is)."""
-        return self._parking.suspend(session_id)
+        already suspended stays as it is); a caller's: not counted in ``suspends`` (forced ones only)."""
+        return self._parking.suspend(session_id, forced=False)
 
     def detach(self, session_id: str) -> SuspendRecord:
         """Suspend and forget the session here (it moves to another backend)."""

@@ -1,9 +1,10 @@
 """Suspend and resume: a session's KV parked in the cold store as a whole, and brought back.
 
 Primitives:
-- ``Parking(ctx, durability, pressure, recall_costs=None)``: ``suspend(session_id)`` (every
-  resident range exported as one block, all of them in one ``put_many``; the engine's copy freed;
-  counted once, in the counters its record carries),
+- ``Parking(ctx, durability, pressure, recall_costs=None)``: ``suspend(session_id, forced=True)``
+  (every resident range exported as one block, all of them in one ``put_many``; the engine's copy
+  freed; a forced one, for others' room, counted once in ``suspends``, in the counters its record
+  carries),
   ``detach(session_id)`` (suspended and forgotten here: it moves to another backend),
   ``resume(session_id, record=None, busy=None)`` (a slot made, the parked blocks worth reading
   imported with one ``pop_many`` per store, the rest recomputed from the token log; returns the
@@ -48,9 +49,11 @@ class Parking:
         self.pressure = pressure
         self._recall_costs = recall_costs
 
-    def suspend(self, session_id: str) -> SuspendRecord:
+    def suspend(self, session_id: str, forced: bool = True) -> SuspendRecord:
         """Export all of the session's KV to the cold store and free it on the engine (a session
-        already suspended stays as it is)."""
+        already suspended stays as it is). ``forced``: to make room for others (counted in
+        ``suspends``; a caller's, an idle timer's or a migration's suspend is counted where it is
+        asked for)."""
         ctx = self.ctx
         with ctx.lock:
             s = ctx.get(session_id, live=False)
@@ -61,7 +64,8 @@ class Parking:
             if ctx.store is None:
                 raise KvresError(f"backend {ctx.name!r} has no cold store: cannot suspend {session_id!r}")
             resident = ctx.executor.resident_ranges(session_id)  # none where the engine manages KV
-            ctx.count(session_id, "suspends")  # before the record: a resume carries its counters on
+            if forced:
+                ctx.count(session_id, "suspends")  # before the record: a resume carries its counters on
             refs: list[ColdRef] = []
             if resident and ctx.executor.capabilities().kv_export:
                 executor = ctx.kv_executor("suspend")
@@ -81,7 +85,7 @@ class Parking:
         """Suspend and forget the session here (it moves to another backend)."""
         ctx = self.ctx
         with ctx.lock:
-            self.suspend(session_id)
+            self.suspend(session_id, forced=False)
             if ctx.store is not None:
                 ctx.store.flush()  # whoever resumes it reads its blocks from the store: they are there
             record = self.durability.commit(session_id, backend="")  # on its way: no backend rebuilds it
