@@ -30,7 +30,9 @@ row and the ratios to it are null.
 With ``--repeats R`` the slot and batch baselines and kvres run R times, alternating, and each
 ratio is the median of the runs' paired ratios (this host's load drifts between runs).
 Reported: turns/s, time to first token and turn latency p50 / p99, suspends / resumes / evictions
-/ recomputed tokens per turn, peak resident tokens, bytes of parked KV per cold-store tier, and the
+/ recomputed tokens per turn, peak resident tokens, bytes of parked KV per cold-store tier, the
+first turns of one session on the fewest slots right after the cluster starts (a fresh probe cache,
+``KVRES_CACHE_DIR``, so the backend's recall-cost probes run meanwhile: ``first_turns``), and the
 ratios the acceptance of issue #32 names.
 """
 
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .baselines import batch_baseline, reprefill_baseline, slot_baseline
-from .kvres_run import backend_config, kvres_fleet, open_cost
+from .kvres_run import backend_config, first_turns, kvres_fleet, open_cost
 from .openvino_baselines import ov_reprefill_baseline, ov_slot_baseline
 from .workload import TurnTiming, Workload, summarize
 
@@ -185,9 +187,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         backends = {n: f"fleet-{n}" for n in slots}
         config = KvresConfig(backends=[backend_config(w, n, model, threads, name, args.engine, args.kv_layout)
                                        for n, name in backends.items()])
+        probe_cache = Path(tmp) / "probe-cache"  # a fresh machine: nothing measured here yet
+        os.environ["KVRES_CACHE_DIR"] = str(probe_cache)
         manager = connect(namespace=f"kvres-fleet-{uuid.uuid4().hex[:6]}", config=config,
-                          include_dashboard=False, num_cpus=max(2, threads))
+                          include_dashboard=False, num_cpus=max(2, threads),
+                          runtime_env={"env_vars": {"KVRES_CACHE_DIR": str(probe_cache)}})
         try:
+            first = first_turns(manager, w, backends[min(slots)], vocab)  # before the probes are done
             measure("reprefill_baseline", reprefill_run(
                 model, w, threads, min(w.sessions, int(sizes["reprefill_sessions"]))))
             for _ in range(args.repeats):  # alternating, so the host's drift hits every system alike
@@ -208,13 +214,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         finally:
             manager.shutdown()
             ray.shutdown()
+            os.environ.pop("KVRES_CACHE_DIR", None)
     rows = {name: _median_row(rs) for name, rs in runs.items()}
     result = {"model": str(args.model) if args.model else "random weights (benchmarks.realistic_model)",
               "preset": "large" if args.large else "tiny" if args.tiny else "default", "threads": threads,
               "workload": asdict(w), "turn_calls": 2 if args.two_calls else 1, "shared_prefix": shared.shared_prefix, "slots": slots,
               "kv_layout": args.kv_layout, "repeats": args.repeats, "rows": rows,
               "ratios": _ratios(rows, slots, runs),
-              "shared_prefix_open": opening}
+              "shared_prefix_open": opening, "first_turns": first}
+    result["ratios"]["acceptance"]["first_turn_le_2x_later"] = first["ratio"] <= 2.0
     if args.engine != "llama":
         result = {"engine": args.engine, **result, **ENGINE_NOTES[args.engine]}
     for r in rows.values():
@@ -222,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"latency p50 {r['latency_p50_ms']:7.1f} / p99 {r['latency_p99_ms']:7.1f} ms")
     print(json.dumps(result["ratios"], indent=1))
     print("shared prefix open:", opening)
+    print(f"first turn on a fresh backend: {first['first_turn_s'] * 1e3:.0f} ms, later ones "
+          f"{first['later_turn_median_s'] * 1e3:.0f} ms ({first['ratio']:.2f}x)")
     name = "fleet" if args.engine == "llama" else f"fleet-{args.engine}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))

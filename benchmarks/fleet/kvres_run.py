@@ -15,6 +15,9 @@ Primitives:
   token's arrival is the time to first token; afterwards the sessions' counters
   (suspends, resumes, evictions, recomputed tokens) over the timed part, the backend's peak
   resident tokens, and the bytes of parked KV per cold-store tier; the sessions are closed.
+- ``first_turns(manager, w, backend, vocab, turns=4)``: on a backend that has just started (its
+  recall-cost probes still running on a fresh probe cache), one session's history appended, then
+  ``turns`` turns one after another: the first turn's seconds, the later ones' median, their ratio.
 - ``open_cost(manager, w, backend, vocab, repeats)``: what opening a session that starts with the
   shared prefix costs (open + append of the ``shared_prefix`` tokens), beside appending the same
   number of tokens nobody shares; medians.
@@ -138,6 +141,23 @@ def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int, two_calls: 
     finally:
         for s in sessions:
             s.close()
+
+
+def first_turns(manager: Any, w: Workload, backend: str, vocab: int, turns: int = 4) -> dict[str, Any]:
+    session = manager.open_session(backend=backend)
+    try:
+        session.append(w.history_of(0, vocab))
+        times = []
+        for k in range(turns):
+            t0 = time.perf_counter()
+            n = sum(1 for _ in session.stream(w.reply_tokens, ignore_eos=True, prompt=w.user_turn(0, k, vocab)))
+            times.append(time.perf_counter() - t0)
+            if n != w.reply_tokens:
+                raise RuntimeError(f"first turns: {n} reply tokens, not {w.reply_tokens}")
+    finally:
+        session.close()
+    later = statistics.median(times[1:])
+    return {"turn_s": times, "first_turn_s": times[0], "later_turn_median_s": later, "ratio": times[0] / later}
 
 
 def open_cost(manager: Any, w: Workload, backend: str, vocab: int, repeats: int) -> dict[str, float]:

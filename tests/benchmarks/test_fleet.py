@@ -48,6 +48,9 @@ def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
     assert ratios["acceptance"]["mixed_low_all_complete"]
     assert saved["shared_prefix_open"]["shared_open_s"] > 0 and saved["shared_prefix"] == 16
     assert (tmp_path / "fleet.png").stat().st_size > 0
+    first = saved["first_turns"]
+    assert len(first["turn_s"]) == 4 and first["ratio"] == pytest.approx(first["first_turn_s"] / first["later_turn_median_s"])
+    assert "first_turn_le_2x_later" in ratios["acceptance"]
 
 
 def test_fleet_tiny_on_openvino_writes_its_own_json_and_png(tmp_path: Path) -> None:
