@@ -227,20 +227,8 @@ class Pressure:
             if not self.needs_plan(incoming, newcomer_tokens, newcomer_tenant):
                 return True
         planned = {**incoming, **(ahead or {})}
-        active = set(planned) | busy
-        pinned = pinned_sessions(ctx)
-        views = [self.view(sid, planned.get(sid, 0), sid in active, sid in pinned) for sid in live]
-        views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
-        if newcomer is not None:
-            views.append(SessionView(newcomer, (), last_used=1 << 62, active=True, incoming_tokens=newcomer_tokens))
-        t0 = time.perf_counter()
-        plan = self._plan(BackendPlanInput(views, ctx.config.kv_budget_tokens, ctx.executor.capabilities()))
-        ctx.metrics.observe_plan_ms(ctx.name, (time.perf_counter() - t0) * 1e3)
-        for action in plan.actions:
-            if action.kind == "suspend":
-                self._suspend(action.session_id)
-            else:
-                self.evict(action.session_id, action.ranges, action.rebase)
+        plan = self._carry_out(live, planned, set(planned) | busy, ctx.config.kv_budget_tokens,
+                               None if newcomer is None else (newcomer, newcomer_tokens))
         if plan.over_budget and self.needs_plan(incoming, newcomer_tokens, newcomer_tenant):
             who = newcomer if newcomer is not None else ", ".join(sorted(incoming))
             more = newcomer_tokens if newcomer is not None else sum(incoming.values())
@@ -249,6 +237,26 @@ class Pressure:
                 f"within kv_budget_tokens={ctx.config.kv_budget_tokens}: " + "; ".join(plan.diagnostics[-2:])
             )
         return True
+
+    def _carry_out(self, sids: Sequence[str], planned: Mapping[str, int], active: set[str], budget: int,
+                   newcomer: tuple[str, int] | None) -> BackendPlan:
+        """Plan ``sids`` (and a ``newcomer`` with its tokens) within ``budget`` and carry the plan
+        out: idle sessions suspended, ranges evicted."""
+        ctx = self.ctx
+        pinned = pinned_sessions(ctx)
+        views = [self.view(sid, planned.get(sid, 0), sid in active, sid in pinned) for sid in sids]
+        views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
+        if newcomer is not None:
+            views.append(SessionView(newcomer[0], (), last_used=1 << 62, active=True, incoming_tokens=newcomer[1]))
+        t0 = time.perf_counter()
+        plan = self._plan(BackendPlanInput(views, budget, ctx.executor.capabilities()))
+        ctx.metrics.observe_plan_ms(ctx.name, (time.perf_counter() - t0) * 1e3)
+        for action in plan.actions:
+            if action.kind == "suspend":
+                self._suspend(action.session_id)
+            else:
+                self.evict(action.session_id, action.ranges, action.rebase)
+        return plan
 
     def _keep_tenants(self, incoming: Mapping[str, int], newcomer: str | None, newcomer_tokens: int,
                       newcomer_tenant: str | None, ahead: Mapping[str, int] | None, busy: set[str]) -> bool:
@@ -261,20 +269,10 @@ class Pressure:
         if not over:
             return False
         planned = {**incoming, **(ahead or {})}
-        active = set(planned) | busy
-        pinned = pinned_sessions(ctx)
         for tenant, (_, quota) in over.items():
             mine = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer and s.policy.tenant == tenant]
-            views = [self.view(sid, planned.get(sid, 0), sid in active, sid in pinned) for sid in mine]
-            views = [self.with_scores(v) if v.incoming_tokens else v for v in views]
-            if newcomer is not None and newcomer_tenant == tenant:
-                views.append(SessionView(newcomer, (), last_used=1 << 62, active=True, incoming_tokens=newcomer_tokens))
-            plan = self._plan(BackendPlanInput(views, quota, ctx.executor.capabilities()))
-            for action in plan.actions:
-                if action.kind == "suspend":
-                    self._suspend(action.session_id)
-                else:
-                    self.evict(action.session_id, action.ranges, action.rebase)
+            coming = (newcomer, newcomer_tokens) if newcomer is not None and newcomer_tenant == tenant else None
+            self._carry_out(mine, planned, set(planned) | busy, quota, coming)
         still = resident_overruns(ctx, incoming, newcomer_tokens, newcomer_tenant)
         for tenant, (need, quota) in still.items():
             held = sum(s.resident for s in ctx.sessions.values() if s.live and s.policy.tenant == tenant)
