@@ -1,12 +1,14 @@
-"""Shared fixtures: the shared test model, a guard that keeps engines to one thread each, and
-``wait_until`` (poll a condition with a deadline)."""
+"""Shared fixtures: the shared test model, a guard that keeps engines to one thread each,
+``wait_until`` (poll a condition with a deadline), and ``local_host(config, cold_dir)`` (a backend
+host on the real engine over a local cold store, stopped and closed after the test that made it)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,31 @@ def stories_model() -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_threads() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+_hosts: list[Any] = []  # made by local_host: closed after each test, no engine left for the interpreter's exit
+
+
+def local_host(config: Any, cold_dir: Path) -> Any:
+    """A ``BackendHost`` for ``config`` (its model) with a RAM + disk cold store in ``cold_dir``."""
+    from kvres.actors.engines.registry import make_executor
+    from kvres.actors.host.backend import BackendHost
+    from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
+    from kvres.testing import LocalStorePort
+
+    store = ColdStoreServer(16 << 20, cold_dir, 64 << 20)
+    host = BackendHost(config, make_executor(config, config.model_path), store=LocalStorePort("n", {"n": store}))
+    _hosts.append(host)
+    return host
+
+
+@pytest.fixture(autouse=True)
+def _close_local_hosts() -> Iterator[None]:
+    yield
+    while _hosts:
+        host = _hosts.pop()
+        host._ctx.loop.stop()
+        host.executor.close()
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0, every_s: float = 0.05) -> bool:

@@ -5,44 +5,26 @@ resume by recomputing their logs, to the same continuation), and bad labels and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pydantic
 import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy, TenantQuota
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.host.errors import TenantQuotaError
-from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
-from kvres.testing import LocalStorePort
-from tests.conftest import shared_model_path
+from tests.conftest import local_host, shared_model_path
 
 PROMPT = [3 + (7 * i) % 200 for i in range(40)]
 LONG = [5 + (11 * i) % 190 for i in range(200)]
 
-
-_made: list[BackendHost] = []  # closed after each test: no engine context is left for the interpreter's exit
-
-
-@pytest.fixture(autouse=True)
-def _close_hosts() -> Iterator[None]:
-    yield
-    while _made:
-        host = _made.pop()
-        host._ctx.loop.stop()
-        host.executor.close()  # type: ignore[union-attr]
 
 
 def make_host(tmp_path: Path, quotas: dict[str, TenantQuota] | None = None, n_seq_max: int = 6) -> BackendHost:
     model = shared_model_path()
     config = BackendConfig(name="tenants", model_path=model, n_ctx=1024, n_seq_max=n_seq_max, kv_budget_tokens=1000,
                            n_threads=1, tenant_quotas=quotas or {})
-    store = ColdStoreServer(16 << 20, tmp_path / "cold", 64 << 20)
-    host = BackendHost(config, make_executor(config, model), store=LocalStorePort("n", {"n": store}))
-    _made.append(host)
-    return host
+    return local_host(config, tmp_path / "cold")
 
 
 def of(tenant: str | None, policy: SessionPolicy | None = None) -> SessionPolicy:

@@ -7,7 +7,7 @@ continue exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,9 @@ from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.engines.llama import LlamaExecutor
 from kvres.actors.engines.llama.errors import ContextFullError
 from kvres.actors.engines.llama.stream_ops import all_streams, one_stream
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendHost
-from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy import CapabilityError, Range
-from kvres.testing import LocalStorePort
-from tests.conftest import shared_model_path
+from tests.conftest import local_host, shared_model_path
 
 PROMPT = [3 + (7 * i) % 200 for i in range(60)]
 
@@ -126,26 +123,12 @@ def test_bad_layouts_are_named(stories_model: Path) -> None:
         BackendConfig(kv_layout="stripes")
 
 
-_made: list[BackendHost] = []  # closed after each test: no engine context is left for the interpreter's exit
-
-
-@pytest.fixture(autouse=True)
-def _close_hosts() -> Iterator[None]:
-    yield
-    while _made:
-        host = _made.pop()
-        host._ctx.loop.stop()
-        host.executor.close()  # type: ignore[union-attr]
-
 
 def _host(tmp_path: Path, layout: str) -> BackendHost:
     model = shared_model_path()
     config = BackendConfig(name=f"host-{layout}", model_path=model, n_ctx=1024, n_seq_max=2, kv_budget_tokens=1000,
                            n_threads=1, kv_layout=layout)
-    store = ColdStoreServer(16 << 20, tmp_path / layout, 64 << 20)
-    host = BackendHost(config, make_executor(config, model), store=LocalStorePort("n", {"n": store}))
-    _made.append(host)
-    return host
+    return local_host(config, tmp_path / layout)
 
 
 def test_a_split_backend_degrades_eviction_and_continues_parked_sessions_exactly(tmp_path: Path) -> None:
