@@ -12,6 +12,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -61,7 +62,9 @@ class Durability:
         if later:
             self.ctx.journal.save_later(record)
         else:
+            started = time.perf_counter()
             self.ctx.journal.save(record)
+            self.ctx.loop.profile.commit_s += time.perf_counter() - started
         s = self.ctx.sessions[session_id]
         s.committed = record
         if s.live:

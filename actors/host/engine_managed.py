@@ -9,6 +9,7 @@ Primitives:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from kvres.policy import CapabilityError
@@ -55,8 +56,10 @@ class ManagedStepper:
             s = ctx.sessions.get(job.session_id)
             if s is not None and not s.live:
                 self.parking.resume(job.session_id, None)
+            started = time.perf_counter()
             if job.kind == "append":
                 self.executor.append(job.session_id, job.feed)
+                ctx.loop.profile.engine(time.perf_counter() - started, len(job.feed))
                 ctx.metrics.count_tokens(ctx.name, "prompt", len(job.feed))
             else:
                 request = job.request
@@ -68,6 +71,7 @@ class ManagedStepper:
                         f"backend {ctx.name!r} ({ctx.config.engine}) generates by temperature and seed only: "
                         "no stop strings or ids, top-k / top-p / min-p, penalties, grammar or logprobs")
                 tokens = self.executor.generate(job.session_id, job.remaining, params.temperature, params.seed)
+                ctx.loop.profile.engine(time.perf_counter() - started, len(tokens))
                 for token in tokens:
                     job.emit(token)
                 if tokens and job.stop is not None and tokens[-1] in job.stop.eog:

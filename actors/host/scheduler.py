@@ -20,7 +20,13 @@ Primitives:
   that needs only the lock). ``request_idle()``: background work that went on elsewhere has
   more to do; ``on_idle`` is called again once no job is pending. ``stop()`` ends it once the
   step or piece it is in is done (its pending jobs fail with ``LoopStoppedError``),
-  ``join(timeout)`` waits for that.
+  ``join(timeout)`` waits for that. ``profile`` (``LoopProfile``): where the loop's time went.
+- ``LoopProfile``: ``steps`` taken, ``step_s`` (seconds inside them, the lock held), ``engine_s`` and
+  ``engine_tokens`` (seconds inside the engine's batched decode, and the tokens it decoded: the
+  step function counts them with ``engine(seconds, tokens)``), ``commit_s`` (seconds writing
+  calls' journal records, which a call waits for before its answer); ``as_dict()``. What a step
+  costs beyond the engine is ``step_s - engine_s``; the loop's wall time outside steps is idle
+  time or control calls.
 - ``stop_loops(timeout_s)``: stops every step loop of the process and waits for them; it runs at
   interpreter exit, so no loop thread is still inside an engine (a decode, a scoring pass) while
   the process unloads the engine's libraries under it.
@@ -185,6 +191,23 @@ class Job:
         return self.produced
 
 
+@dataclass
+class LoopProfile:
+    steps: int = 0
+    step_s: float = 0.0
+    engine_s: float = 0.0
+    engine_tokens: int = 0
+    commit_s: float = 0.0
+
+    def engine(self, seconds: float, tokens: int) -> None:
+        self.engine_s += seconds
+        self.engine_tokens += tokens
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"steps": self.steps, "step_s": self.step_s, "engine_s": self.engine_s,
+                "engine_tokens": self.engine_tokens, "commit_s": self.commit_s}
+
+
 class StepLoop:
     def __init__(
         self, lock: threading.RLock | WaitCountingLock, step: Callable[[list[Job]], bool], name: str,
@@ -203,6 +226,7 @@ class StepLoop:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._idle_requested = False
+        self.profile = LoopProfile()
         _loops.add(self)
 
     @property
@@ -304,12 +328,15 @@ class StepLoop:
                     busy = True
                     self._busy(True)
                 jobs = list(self._jobs)
+                started = time.perf_counter()
                 try:
                     progressed = self._step(jobs)
                 except BaseException as exc:  # a bug in a step must not hang its callers
                     progressed = True
                     for job in jobs:
                         job.finish(exc)
+                self.profile.steps += 1
+                self.profile.step_s += time.perf_counter() - started
                 for job in jobs:
                     if job.done and job in self._jobs:
                         self._jobs.remove(job)

@@ -277,6 +277,7 @@ class KVStepper:
     def _run(self, batch: list[tuple[Job, list[int]]], incoming: dict[str, int]) -> None:
         """One ``append_many`` for the batch; then logits, counters, compression, completion."""
         ctx = self.ctx
+        started = time.perf_counter()
         try:
             logits = self.executor.append_many([(job.session_id, toks) for job, toks in batch])
         except Exception as exc:
@@ -284,6 +285,7 @@ class KVStepper:
                 ctx.refresh_resident(job.session_id)
                 self.durability.fail(job, exc)
             return
+        ctx.loop.profile.engine(time.perf_counter() - started, sum(len(t) for _, t in batch))
         ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if job.kind == "generate"))
         ctx.metrics.count_tokens(ctx.name, "prompt", sum(len(t) for j, t in batch if j.kind == "append"))
         ctx.peak_resident_tokens = max(ctx.peak_resident_tokens, sum(

@@ -13,7 +13,10 @@ Primitives:
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them;
   ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
-  handed to another backend, which reads its blocks from the store).
+  handed to another backend, which reads its blocks from the store). ``prefetch(refs)``: start
+  reading parked blocks a coming ``take`` will want (a call for a suspended session came in), in
+  order with the writes before it and without waiting, so the resume finds them here instead of
+  asking the store inside a step.
 - ``cold_store_name(node_id)``: the actor name of a node's cold store; ``alive_nodes()``: the ids
   of the Ray nodes alive now (asked of the GCS at most every ``NODES_TTL_S``); ``node_dead(node_id,
   fresh=False, unknown=True)``: no alive node has that id (or prefix); ``store_node_dead(store)``: the node a
@@ -45,6 +48,8 @@ STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store t
 STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 WRITE_DEFER_S = 0.2  # how long a write-behind send may wait for its backend to be between calls
 IDLE_GRACE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
+PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
+PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
 STORE_PREFIX = "kvres-coldstore-"
 NODES_TTL_S = 0.5
 _nodes_seen: tuple[float, frozenset[str], frozenset[str]] = (0.0, frozenset(), frozenset())
@@ -117,6 +122,10 @@ class StorePort(ColdStore):
         """Writes made so far are in the store when it returns (a session handed to another
         backend: that backend reads its blocks from the store, and its calls are not ordered
         after this port's). Ports that write at once have nothing to wait for."""
+
+    def prefetch(self, refs: Sequence[ColdRef]) -> None:
+        """A hint: ``take`` will soon ask for ``refs``; a port whose reads are slow may start them
+        now, without waiting. Ports that read at once ignore it."""
 
     def park(self, blocks: Sequence[KVBlock]) -> list[ColdRef]:
         results = self.put_many(blocks)
@@ -198,6 +207,12 @@ class RayStorePort(StorePort):
         self._urgent = False  # send_now: what is queued goes out now
         self._sending = False  # a batch is out of the outbox, not yet submitted
         self._settling = False  # a submitted batch the store has not finished yet
+        # prefetch: keys asked for and not here yet, and blocks read ahead for a coming take (they are
+        # also still in the store); a take, delete or new write of a key cancels what is under way for it
+        self._fetching: set[BlockKey] = set()
+        self._fetched: OrderedDict[BlockKey, KVBlock] = OrderedDict()
+        self._fetched_bytes = 0
+        self._fetch_limit = PREFETCH_BYTES if stage_bytes > 0 else 0  # another node's port reads nothing ahead
 
     def at(self, store: str) -> ColdStore:
         return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0, foreign=True)
@@ -306,10 +321,12 @@ class RayStorePort(StorePort):
                 logger.warning("cold store %s: could not send %s: %s", self.name, method, exc)
             with self._sent:
                 self._sending, self._settling = False, ref is not None
+                if ref is None and method == "get_many":
+                    self._fetching.difference_update(args[0])
                 self._sent.notify_all()
             if ref is not None:
                 try:
-                    self._settle(ref, method)
+                    self._settle(ref, method, args)
                 finally:
                     with self._sent:
                         self._settling = False
@@ -328,15 +345,64 @@ class RayStorePort(StorePort):
             self._urgent = False
         return method, args
 
-    def _settle(self, ref: Any, method: str) -> None:
+    def _settle(self, ref: Any, method: str, args: tuple[Any, ...]) -> None:
         """Wait (without the GIL) until the store has done a write-behind call, so a failure is
-        logged when it happens; what is queued meanwhile goes out as one batch after it."""
+        logged when it happens; what is queued meanwhile goes out as one batch after it. A read
+        ahead (``prefetch``) keeps what it read for the take that comes."""
         import ray
 
         try:
-            ray.get(ref)
+            answer = ray.get(ref)
         except Exception as exc:  # the staged copy, while it lasts, still serves a resume
-            logger.warning("cold store %s: a write-behind %s failed: %s", self.name, method, exc)
+            if method == "get_many":  # the take asks the store itself
+                logger.debug("cold store %s: a read ahead failed: %s", self.name, exc)
+                answer = [None] * len(args[0])
+            else:
+                logger.warning("cold store %s: a write-behind %s failed: %s", self.name, method, exc)
+                return
+        if method == "get_many":
+            self._arrived(args[0], answer)
+
+    def _arrived(self, keys: Sequence[BlockKey], blocks: Sequence[KVBlock | None]) -> None:
+        with self._sent:
+            for key, block in zip(keys, blocks, strict=True):
+                if key not in self._fetching:
+                    continue  # taken, deleted or written again meanwhile: this copy is stale
+                self._fetching.discard(key)
+                if block is not None:
+                    self._fetched[key] = block
+                    self._fetched_bytes += block.payload_nbytes
+            while self._fetched_bytes > self._fetch_limit:  # a read ahead no take came for
+                _, old = self._fetched.popitem(last=False)
+                self._fetched_bytes -= old.payload_nbytes
+            self._sent.notify_all()
+
+    def prefetch(self, refs: Sequence[ColdRef]) -> None:
+        if self._fetch_limit <= 0:
+            return
+        with self._sent:
+            wanted = [r.key for r in refs if r.store == self.name and r.key not in self._fetching]
+            for key in wanted:  # staged: kept for the take, whatever later suspends push out of the stage
+                block = self._stage.get(key)
+                if block is not None and key not in self._fetched:
+                    self._fetched[key] = block
+                    self._fetched_bytes += block.payload_nbytes
+            keys = [k for k in wanted if k not in self._fetched]
+            if not keys:
+                return
+            self._fetching.update(keys)
+        self._send("get_many", keys)
+        with self._sent:  # the writes queued before it go out now, then it
+            self._urgent = True
+            self._sent.notify_all()
+
+    def _forget_fetched(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
+        """Cancel what a read ahead is doing for ``keys`` and hand over what it read (the caller
+        holds ``_sent``)."""
+        self._fetching.difference_update(keys)
+        out = [self._fetched.pop(k, None) for k in keys]
+        self._fetched_bytes -= sum(b.payload_nbytes for b in out if b is not None)
+        return out
 
     def _unqueue_puts(self, keys: set[BlockKey]) -> list[BlockKey]:
         """Take ``keys`` out of the writes still queued here (a resume right after its suspend:
@@ -386,6 +452,8 @@ class RayStorePort(StorePort):
         the store's own log (``drain_dropped``) says what it later dropped."""
         if not blocks:
             return []
+        with self._sent:
+            self._forget_fetched([BlockKey.of(b) for b in blocks])
         self._stage_blocks(blocks)
         self._send("put_many", list(blocks), priority)
         return [PutResult(BlockKey.of(b), "ram") for b in blocks]
@@ -406,7 +474,16 @@ class RayStorePort(StorePort):
     ) -> list[KVBlock | None]:
         if not keys:
             return []
+        with self._sent:  # a read ahead of this take still under way: wait for it (bounded)
+            deadline = time.monotonic() + PREFETCH_WAIT_S
+            while any(k in self._fetching for k in keys) and (left := deadline - time.monotonic()) > 0:
+                self._sent.wait(left)
+            fetched = self._forget_fetched(keys)
         out: list[KVBlock | None] = [self._unstage(k) for k in keys]
+        for i, block in enumerate(fetched):
+            if out[i] is None:
+                out[i] = block
+        # here (staged or read ahead): a write still queued is dropped, one already sent deleted there
         staged = self._unqueue_puts({keys[i] for i, block in enumerate(out) if block is not None})
         rest = [i for i, block in enumerate(out) if block is None]
         if staged:
@@ -421,6 +498,8 @@ class RayStorePort(StorePort):
         return self.delete_many([key]) == 1
 
     def delete_many(self, keys: Sequence[BlockKey]) -> int:
+        with self._sent:
+            self._forget_fetched(keys)
         for key in keys:
             self._unstage(key)
         return int(self._call("delete_many", list(keys))) if keys else 0
@@ -436,6 +515,8 @@ class RayStorePort(StorePort):
         return list(self._call("list_session", session_id))
 
     def drop_session(self, session_id: str) -> int:
+        with self._sent:
+            self._forget_fetched([k for k in {*self._fetching, *self._fetched} if k.session_id == session_id])
         for key in [k for k in self._stage if k.session_id == session_id]:
             self._unstage(key)
         return int(self._call("drop_session", session_id))

@@ -11,6 +11,10 @@ Primitives:
   after another; each step is one ``llama_decode`` (``LlamaContext.decode_many``, a
   ``llama_batch``) holding the user message of every turn that starts and one token of every turn
   that decodes.
+  ``batch_baseline(model, w, threads, max_active=k)``: the same with at most ``k`` turns under way at
+  once (the others' users wait, first come first served): the engine's own bound for a server
+  with ``k`` sequence slots, which can batch no more than ``k`` sessions' turns together, here
+  with every session resident and no KV moved in or out.
 Each returns ``(timings, wall_s, extra)``; histories are prefilled before the clock starts.
 Greedy decoding everywhere; a turn's reply tokens are all decoded (the last one's logits start the
 next turn), as kvres does.
@@ -103,7 +107,8 @@ def reprefill_baseline(model: str, w: Workload, threads: int, sessions: int) -> 
         llm.close()
 
 
-def batch_baseline(model: str, w: Workload, threads: int) -> tuple[list[TurnTiming], float, dict[str, Any]]:
+def batch_baseline(model: str, w: Workload, threads: int,
+                   max_active: int | None = None) -> tuple[list[TurnTiming], float, dict[str, Any]]:
     from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
     m = LlamaModel(model)
@@ -118,15 +123,20 @@ def batch_baseline(model: str, w: Workload, threads: int) -> tuple[list[TurnTimi
             ctx.decode(history, 0, i, logits=False)
             pos[i] = len(history)
         queues = {u: [(i, k) for k in range(w.turns) for i in w.sessions_of(u)] for u in range(w.users)}
-        # per user: [session, turn, start, first, tokens to decode next, reply tokens left]
+        limit = w.users if max_active is None else max_active
+        # per user: [session, turn, start, first, tokens to decode next, reply tokens left]; a turn starts
+        # when its user is ready for it (a turn waiting for room to run counts that wait)
         active: dict[int, list[Any]] = {}
+        ready = dict.fromkeys(queues, 0.0)
         timings = []
         t0 = time.perf_counter()
         while queues or active:
-            for u in [u for u in queues if u not in active]:
+            for u in [u for u in queues if u not in active]:  # dicts keep order: the longest idle first
+                if queues[u] and len(active) >= limit:
+                    break
                 if queues[u]:
                     i, k = queues[u].pop(0)
-                    active[u] = [i, k, time.perf_counter() - t0, 0.0, w.user_turn(i, k, vocab), w.reply_tokens]
+                    active[u] = [i, k, ready[u], 0.0, w.user_turn(i, k, vocab), w.reply_tokens]
                 else:
                     del queues[u]
             if not active:
@@ -140,13 +150,16 @@ def batch_baseline(model: str, w: Workload, threads: int) -> tuple[list[TurnTimi
                 if turn[5] == 0:  # its last reply token is in: the turn is done
                     timings.append(TurnTiming(turn[0], turn[1], turn[2], turn[3], now))
                     del active[u]
+                    ready[u] = now
+                    if u in queues:  # to the back of the line for the next turn
+                        queues[u] = queues.pop(u)
                     continue
                 if turn[5] == w.reply_tokens:
                     turn[3] = now
                 turn[4] = [int(np.argmax(lg))]
                 turn[5] -= 1
         wall = time.perf_counter() - t0
-        return timings, wall, {"n_ctx": n_ctx}
+        return timings, wall, {"n_ctx": n_ctx, "max_active": limit}
     finally:
         ctx.close()
         m.close()

@@ -14,7 +14,9 @@ Primitives:
   call per turn (``two_calls``: ``append`` the message, then ``stream`` the reply), the first
   token's arrival is the time to first token; afterwards the sessions' counters
   (suspends, resumes, evictions, recomputed tokens) over the timed part, the backend's peak
-  resident tokens, and the bytes of parked KV per cold-store tier; the sessions are closed.
+  resident tokens, the bytes of parked KV per cold-store tier, and where the backend's step loop
+  spent the wall time (``loop``: steps, ms per step in the step and in the engine's decode, tokens
+  per step, the engine's and the steps' shares of the wall); the sessions are closed.
 - ``first_turns(manager, w, backend, vocab, turns=4)``: on a backend that has just started (its
   recall-cost probes still running on a fresh probe cache), one session's history appended, then
   ``turns`` turns one after another: the first turn's seconds, the later ones' median, their ratio.
@@ -66,6 +68,17 @@ def _parked_bytes(sessions: list[Any]) -> dict[str, int]:
     return tiers
 
 
+def _loop_share(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict[str, float]:
+    """Where the backend's step loop spent the timed part: its steps, the engine's decodes inside
+    them, and the rest of the wall time (waiting for calls, control calls between steps)."""
+    steps = after["steps"] - before["steps"]
+    step_s, engine_s = after["step_s"] - before["step_s"], after["engine_s"] - before["engine_s"]
+    return {"steps": steps, "step_ms": 1e3 * step_s / max(1, steps), "engine_ms_per_step": 1e3 * engine_s / max(1, steps),
+            "tokens_per_step": (after["engine_tokens"] - before["engine_tokens"]) / max(1, steps),
+            "engine_share_of_wall": engine_s / wall, "steps_share_of_wall": step_s / wall,
+            "commit_ms_per_step": 1e3 * (after["commit_s"] - before["commit_s"]) / max(1, steps)}
+
+
 def wait_for_probes(manager: Any, backend: str, timeout_s: float = 900.0) -> tuple[str | None, float]:
     """Wait until the backend's background recall-cost probes (a child process that decodes on
     the same cores) are done, so they do not share the timed part; (their status, seconds waited)."""
@@ -93,6 +106,7 @@ def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int, two_calls: 
             s.append(w.history_of(i, vocab))
         probes, waited = wait_for_probes(manager, backend)
         before = _counters(sessions)
+        loop_before = ray.get(manager.backend(backend).stats_ref())["loop"]
         timings: list[TurnTiming] = []
         failures: list[str] = []
         lock = threading.Lock()
@@ -136,7 +150,7 @@ def kvres_fleet(manager: Any, w: Workload, backend: str, vocab: int, two_calls: 
         per_turn = {f"{k}_per_turn": (after[k] - before[k]) / max(1, len(timings)) for k in COUNTED}
         extra = {"failed_turns": len(failures), "failed_sessions": sorted({int(f.split()[1]) for f in failures}), "recall_probes": probes, "waited_for_probes_s": waited, "failures": failures[:5], **per_turn,
                  "peak_resident_tokens": stats["peak_resident_tokens"], "kv_budget_tokens": stats["kv_budget_tokens"],
-                 "parked_kv_bytes": _parked_bytes(sessions)}
+                 "parked_kv_bytes": _parked_bytes(sessions), "loop": _loop_share(loop_before, stats["loop"], wall)}
         return timings, wall, extra
     finally:
         for s in sessions:

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.fleet.workload import TurnTiming, Workload, summarize
 
-ROWS = ("slot_baseline", "reprefill_baseline", "llama_batch", "kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix",
+ROWS = ("slot_baseline", "reprefill_baseline", "llama_batch", "llama_batch_2_at_once", "kvres_2_slots", "kvres_4_slots", "kvres_shared_prefix",
         "kvres_mixed_high", "kvres_mixed_low")
 
 
@@ -46,6 +46,11 @@ def test_fleet_tiny_writes_json_and_png(tmp_path: Path) -> None:
     assert set(ratios["acceptance"]) >= {"few_slots_ge_1.5x_slot_baseline", "all_slots_ge_0.8x_llama_batch",
                                          "mixed_high_p99_le_1.5x_p50", "mixed_low_all_complete"}
     assert ratios["acceptance"]["mixed_low_all_complete"]
+    # the engine's own bound for 2 slots: llama.cpp batching at most 2 of the 3 users' turns at once
+    assert saved["rows"]["llama_batch_2_at_once"]["max_active"] == 2 and saved["rows"]["llama_batch"]["max_active"] == 3
+    assert set(ratios["engine_bounds"]) == {"llama_batch_2_at_once_over_slot_baseline",
+                                            "llama_batch_2_at_once_over_reprefill", "llama_batch_over_slot_baseline"}
+    assert ratios["kvres_2_slots_over_llama_batch_2_at_once"] > 0
     assert saved["shared_prefix_open"]["shared_open_s"] > 0 and saved["shared_prefix"] == 16
     assert (tmp_path / "fleet.png").stat().st_size > 0
     first = saved["first_turns"]
@@ -63,7 +68,7 @@ def test_fleet_tiny_on_openvino_writes_its_own_json_and_png(tmp_path: Path) -> N
     assert not (tmp_path / "fleet.json").exists()
     saved = json.loads((tmp_path / "fleet-openvino.json").read_text())
     w = saved["workload"]
-    assert saved["engine"] == "openvino" and set(saved["rows"]) == set(ROWS) - {"llama_batch"}
+    assert saved["engine"] == "openvino" and set(saved["rows"]) == set(ROWS) - {"llama_batch", "llama_batch_2_at_once"}
     assert set(saved["baselines"]) == {"slot_baseline", "reprefill_baseline"} and "llama_batch" in saved["not_measured"]
     for name, row in saved["rows"].items():
         assert row["turns_per_s"] > 0 and 0 < row["ttft_p50_ms"] <= row["latency_p50_ms"], name

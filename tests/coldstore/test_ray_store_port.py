@@ -139,3 +139,72 @@ def test_flush_returns_once_the_store_holds_every_write(store: Any, port: RaySto
         other = RayStorePort(STORE, NAMESPACE)  # another backend's port: nothing staged there
         assert all(b is not None for b in other.pop_many([BlockKey.of(b) for b in blocks]))
     port.defer_writes(False)
+
+
+def _refs(blocks: list[Any], store: str = STORE) -> list[Any]:
+    return [store_ports.ColdRef(store, BlockKey.of(b), b.payload_nbytes) for b in blocks]
+
+
+def test_a_prefetch_reads_parked_blocks_ahead_so_the_take_asks_the_store_nothing(
+        store: Any, port: RayStorePort, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call for a suspended session came in: its blocks, pushed out of the stage by later
+    suspends, are read while other steps run; the resume's take then needs no store call, and
+    the store no longer holds them afterwards."""
+    small = RayStorePort(STORE, NAMESPACE, stage_bytes=100)  # holds one of the four 64-byte blocks
+    parked = _blocks("ahead", range(0, 16, 4))
+    small.put_many(parked)
+    small.flush()
+    assert len(small._stage) < len(parked)
+    small.prefetch(_refs(parked))
+    assert _until(lambda: not small._fetching)
+    calls: list[str] = []
+    monkeypatch.setattr(small, "_call", lambda method, *args: calls.append(method))  # the store is not asked
+    assert small.take(_refs(parked)) == parked
+    assert calls == []
+    small.flush()  # the delete of what was read ahead went out behind the take
+    assert _held(store, "ahead") == []
+
+
+def test_a_prefetch_keeps_staged_blocks_for_the_take_whatever_later_suspends_push_out(
+        store: Any, port: RayStorePort) -> None:
+    small = RayStorePort(STORE, NAMESPACE, stage_bytes=200)
+    mine = _blocks("kept", range(0, 8, 4))
+    small.put_many(mine)
+    small.prefetch(_refs(mine))  # staged now: held for the take without a store read
+    small.put_many(_blocks("others", range(0, 32, 4)))  # later suspends fill the stage
+    assert not any(BlockKey.of(b) in small._stage for b in mine)
+    assert small.pop_many([BlockKey.of(b) for b in mine]) == mine
+    small.flush()
+    assert _held(store, "kept") == []
+    small.delete_many([BlockKey.of(b) for b in _blocks("others", range(0, 32, 4))])
+
+
+def test_a_read_ahead_that_lands_after_its_key_was_taken_and_parked_again_is_dropped(
+        store: Any, port: RayStorePort) -> None:
+    """Keys name a session's range, not one suspend: a read ahead that lands after the block was
+    taken and the session parked again under the same key must not hand the next take the older
+    copy."""
+    first = make_block(b"old" * 20, session_id="again", start=0)
+    key = BlockKey.of(first)
+    port.put_many([first])
+    port.flush()
+    port._stage.clear()
+    port._stage_bytes = 0
+    port.prefetch(_refs([first]))
+    assert port.pop_many([key]) == [first]  # the resume: waits for the read ahead, takes its copy
+    second = make_block(b"new" * 20, session_id="again", start=0)
+    port.put_many([second])  # parked again
+    port._arrived([key], [first])  # a read of the old copy landing now (one the take stopped waiting for)
+    assert key not in port._fetched
+    assert port.pop_many([key]) == [second]
+    port.flush()
+    assert _held(store, "again") == []
+
+
+def test_a_prefetch_of_blocks_the_store_no_longer_has_leaves_the_take_none(store: Any, port: RayStorePort) -> None:
+    gone = _blocks("gone", range(0, 8, 4))
+    port.prefetch(_refs(gone))  # never parked (or dropped since): nothing to read
+    assert _until(lambda: not port._fetching)
+    assert port.pop_many([BlockKey.of(b) for b in gone]) == [None, None]
+    port.prefetch(_refs(gone, store="kvres-coldstore-elsewhere"))  # another store's: not this port's to read
+    assert not port._fetching
