@@ -40,15 +40,16 @@ def _quiet_threads() -> None:
 _hosts: list[Any] = []  # made by local_host: closed after each test, no engine left for the interpreter's exit
 
 
-def local_host(config: Any, cold_dir: Path) -> Any:
-    """A ``BackendHost`` for ``config`` (its model) with a RAM + disk cold store in ``cold_dir``."""
+def local_host(config: Any, cold_dir: Path | None, **options: Any) -> Any:
+    """A ``BackendHost`` for ``config`` (its model) with a RAM + disk cold store in ``cold_dir`` (None:
+    no store), ``options`` passed on; shut down after the test."""
     from kvres.actors.engines.registry import make_executor
     from kvres.actors.host.backend import BackendHost
     from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
     from kvres.testing import LocalStorePort
 
-    store = ColdStoreServer(16 << 20, cold_dir, 64 << 20)
-    host = BackendHost(config, make_executor(config, config.model_path), store=LocalStorePort("n", {"n": store}))
+    store = None if cold_dir is None else LocalStorePort("n", {"n": ColdStoreServer(16 << 20, cold_dir, 64 << 20)})
+    host = BackendHost(config, make_executor(config, config.model_path), store=store, **options)
     _hosts.append(host)
     return host
 
@@ -57,9 +58,7 @@ def local_host(config: Any, cold_dir: Path) -> Any:
 def _close_local_hosts() -> Iterator[None]:
     yield
     while _hosts:
-        host = _hosts.pop()
-        host._ctx.loop.stop()
-        host.executor.close()
+        _hosts.pop().shutdown()
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0, every_s: float = 0.05) -> bool:

@@ -7,7 +7,9 @@ Primitives:
   the host's parts. ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``,
   ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
-  ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``.
+  ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``;
+  ``shutdown()``: the host stops (its retention timer and step loop, pending calls failing with
+  ``LoopStoppedError``) and its engine is freed.
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
   commit; the first token comes in the step after the prompt's last chunk).
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
@@ -216,6 +218,15 @@ class BackendHost:
             ctx.metrics.set_resident(ctx.name, session_id, 0)
             ctx.publish()
             ctx.loop.poke()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the retention timer and the step loop (once the step under way is done; pending
+        calls fail with ``LoopStoppedError``), then free the engine. The host takes no call after."""
+        self._retention.stop()
+        self._ctx.loop.stop(timeout_s)
+        close = getattr(self.executor, "close", None)  # an engine that holds native memory frees it
+        if callable(close):
+            close()
 
     def suspend(self, session_id: str) -> SuspendRecord:
         """Export all of the session's KV to the cold store and free it on the engine (a session

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..config import KvresConfig
 from . import chat_api, responses_api, sessions_api
-from .auth import key_digests, load_keys
+from .auth import key_digests, load_key_entries
 from .http_glue import FrontDoor, answers_errors, service_of
 from .service import Service
 
@@ -135,7 +135,7 @@ def build_app(args: dict[str, Any]) -> Application:
     if unknown:
         raise ValueError(f"unknown kvres serve arguments {unknown}; known: {sorted(known)}")
     config = config_from_option(str(args["config"])) if args.get("config") else None
-    keys = load_keys(args.get("api_key_file"))
+    keys = load_key_entries(args.get("api_key_file"))
     if not keys:
         log.warning("kvres serve: no API key configured; make sure Serve's HTTP proxy listens on 127.0.0.1 only "
                     "(http_options.host)")

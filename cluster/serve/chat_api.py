@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .catalog import ServedModel
 from .errors import api_error
-from .http_glue import SSE_DONE, answers_errors, note, read_request, sse
+from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
@@ -72,9 +72,10 @@ class _Turn:
         self.headers = {"X-Session-Id": session_id} if session_id else {}
 
     def acquire(self) -> Any:
+        tenant = tenant_of(self.request)
         if self.session_id is not None:
-            return self.service.bound(self.model, self.backend, self.session_id)
-        return self.service.stateless(self.model, self.backend)
+            return self.service.bound(self.model, self.backend, self.session_id, tenant)
+        return self.service.stateless(self.model, self.backend, tenant)
 
     def whole(self) -> TurnOutcome:
         session, stack = self.acquire()

@@ -120,6 +120,12 @@ def route_label(path: str) -> str:
     return "other"
 
 
+def tenant_of(request: Request) -> str | None:
+    """The tenant label of the API key the request came with (None: a key without one, or no keys)."""
+    tenant: str | None = request.scope.get("state", {}).get("kvres_tenant")
+    return tenant
+
+
 def note(request: Request, **fields: Any) -> None:
     sample: dict[str, Any] | None = request.scope.get("state", {}).get("kvres_sample")
     if sample is not None:
@@ -143,9 +149,11 @@ class FrontDoor:
         path = scope.get("path", "")
         if path not in OPEN_PATHS:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if not service.keys.allows(headers.get("authorization"), headers.get("x-api-key")):
+            allowed, tenant = service.keys.match(headers.get("authorization"), headers.get("x-api-key"))
+            if not allowed:
                 await error_response(_unauthorized(), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
+            scope.setdefault("state", {})["kvres_tenant"] = tenant  # the sessions it opens count against it
         route = route_label(path)
         started = time.monotonic()
         sample: dict[str, Any] = {}

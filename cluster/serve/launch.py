@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from kvres.policy import KvresError
 
-from .auth import bind_host, key_digests, load_keys
+from .auth import bind_host, key_digests, load_key_entries
 
 if TYPE_CHECKING:
     from ..session import SessionManager
@@ -50,7 +50,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the address to listen on (default 127.0.0.1; without an API key always 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
     parser.add_argument("--api-key-file", default=None,
-                        help="a file with one API key per line (default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
+                        help="a file with one API key per line, each optionally followed by tenant=LABEL "
+                             "(default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
     parser.add_argument("--min-replicas", type=int, default=1, help="Serve replicas at least (default 1)")
     parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2)")
     parser.add_argument("--max-ongoing-requests", type=int, default=64,
@@ -80,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    keys = load_keys(args.api_key_file)
+    keys = load_key_entries(args.api_key_file)
     host = bind_host(args.host, bool(keys))
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     if args.detach and not address:

@@ -36,7 +36,7 @@ from kvres.policy import UnknownSessionError
 from ..session_handle import Session
 from .catalog import ServedModel
 from .errors import ApiError, api_error, bad_request, not_found
-from .http_glue import answers_errors, note, read_request, service_of, sse
+from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
 from .records import ResponseRecord
 from .responses_schemas import ResponseRequest
 from .sampling_fields import GenerationPlan, max_tokens_of
@@ -60,6 +60,7 @@ class _Call:
     model: ServedModel
     backend: str | None
     plan: GenerationPlan
+    tenant: str | None = None  # the label of the request's API key: a session it opens counts against it
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     created_at: float = field(default_factory=time.time)
@@ -87,7 +88,7 @@ class _Call:
             sid = _new_session_id()
             stack = service.lease(sid)
             try:
-                session = service.open_session(self.model, self.backend, sid)
+                session = service.open_session(self.model, self.backend, sid, self.tenant)
             except BaseException:
                 stack.close()
                 raise
@@ -206,7 +207,7 @@ async def create_response(request: Request) -> Response:
     service, req, model, backend = await read_request(request, ResponseRequest)
     plan = req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx, "max_output_tokens"),
                     req.json_schema(), req.wants_logprobs())
-    call = _Call(service, req, model, backend, plan)
+    call = _Call(service, req, model, backend, plan, tenant_of(request))
     if req.stream:
         started = await service.run(call.streaming)
         return StreamingResponse(_events(request, call, started), media_type="text/event-stream")

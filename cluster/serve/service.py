@@ -5,13 +5,14 @@ Primitives:
   ``namespace`` (Ray is already running in a Serve replica), ``catalog``, ``state``
   (``ServeState``), ``keys`` (``KeyCheck``); ``run(fn, *args)`` (await a blocking kvres call on the
   replica's own thread pool, so the event loop never waits on Ray); ``close()``.
-- ``Service.open_session(model, backend, session_id=None) -> Session``: on ``backend``, or where
-  placement puts a session of ``model``.
-- ``Service.stateless(model, backend) -> (Session, ExitStack)``: a session opened for one request and
-  closed when the stack closes.
-- ``Service.bound(model, backend, session_id) -> (Session, ExitStack)``: the named session (opened with
-  that id on first use), held under its lease until the stack closes; another request on it
-  meanwhile is refused (409). A session of another model than the one asked is a 400.
+- ``Service.open_session(model, backend, session_id=None, tenant=None) -> Session``: on ``backend``,
+  or where placement puts a session of ``model``; ``tenant``: the label of the request's API key,
+  whose quotas the session counts against.
+- ``Service.stateless(model, backend, tenant=None) -> (Session, ExitStack)``: a session opened for one
+  request and closed when the stack closes.
+- ``Service.bound(model, backend, session_id, tenant=None) -> (Session, ExitStack)``: the named session
+  (opened with that id on first use), held under its lease until the stack closes; another request
+  on it meanwhile is refused (409). A session of another model than the one asked is a 400.
 - ``Service.lease(session_id) -> ExitStack``: the session's lease alone (for the sessions routes).
 
 Sessions live in the backend actors: any replica serves any session.
@@ -58,14 +59,17 @@ class Service:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- sessions ------------------------------------------------------------------------------
-    def open_session(self, model: ServedModel, backend: str | None, session_id: str | None = None) -> Session:
+    def open_session(self, model: ServedModel, backend: str | None, session_id: str | None = None,
+                     tenant: str | None = None) -> Session:
+        policy = None if tenant is None else self.manager.config.default_policy.with_retention(tenant=tenant)
         if backend is not None:
-            return self.manager.open_session(backend=backend, session_id=session_id)
-        return self.manager.open_session(model=str(model.path), session_id=session_id)
+            return self.manager.open_session(backend=backend, session_id=session_id, policy=policy)
+        return self.manager.open_session(model=str(model.path), session_id=session_id, policy=policy)
 
-    def stateless(self, model: ServedModel, backend: str | None) -> tuple[Session, contextlib.ExitStack]:
+    def stateless(self, model: ServedModel, backend: str | None,
+                  tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
         stack = contextlib.ExitStack()
-        session = self.open_session(model, backend)
+        session = self.open_session(model, backend, tenant=tenant)
         stack.callback(self.close_quietly, session)
         return session, stack
 
@@ -75,13 +79,14 @@ class Service:
         stack.enter_context(self.state.lease(session_id))
         return stack
 
-    def bound(self, model: ServedModel, backend: str | None, session_id: str) -> tuple[Session, contextlib.ExitStack]:
+    def bound(self, model: ServedModel, backend: str | None, session_id: str,
+              tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
         stack = self.lease(session_id)
         try:
             try:
                 session = self.manager.session(session_id)
             except UnknownSessionError:
-                session = self.open_session(model, backend, session_id)
+                session = self.open_session(model, backend, session_id, tenant)
             if session.backend not in model.backends or (backend is not None and session.backend != backend):
                 raise bad_request(f"session {session_id!r} runs on backend {session.backend!r} "
                                   f"(model {self.catalog.of_backend(session.backend).id!r}), not {model.id!r}"

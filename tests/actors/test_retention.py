@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendHost
-from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy import UnknownSessionError
-from kvres.testing import LocalStorePort
-from tests.conftest import shared_model_path, wait_until
+from tests.conftest import local_host, shared_model_path, wait_until
 
 PROMPT = [3 + (7 * i) % 200 for i in range(40)]
 
@@ -24,9 +21,8 @@ def make_host(tmp_path: Path, n_seq_max: int = 2, budget: int = 1000, max_pinned
     model = shared_model_path()
     config = BackendConfig(name="keep", model_path=model, n_ctx=1024, n_seq_max=n_seq_max, kv_budget_tokens=budget,
                            n_threads=1, max_pinned_tokens=max_pinned)
-    store = ColdStoreServer(16 << 20, tmp_path / "cold", 64 << 20)
-    return BackendHost(config, make_executor(config, model), store=LocalStorePort("n", {"n": store}),
-                       on_expired=None if expired is None else expired.append)
+    host: BackendHost = local_host(config, tmp_path / "cold", on_expired=None if expired is None else expired.append)
+    return host
 
 
 def opened(host: BackendHost, sid: str, policy: SessionPolicy | None = None) -> None:
@@ -106,7 +102,7 @@ def test_without_a_cold_store_an_idle_session_stays_live(tmp_path: Path) -> None
     model = shared_model_path()
     config = BackendConfig(name="storeless", model_path=model, n_ctx=1024, n_seq_max=2, kv_budget_tokens=1000,
                            n_threads=1)
-    host = BackendHost(config, make_executor(config, model))  # nowhere to park it
+    host = local_host(config, None)  # nowhere to park it
     opened(host, "idle", SessionPolicy().with_retention(idle_suspend_s=0.2))
     assert not wait_until(lambda: state(host, "idle") != "live", timeout_s=1.0)
     assert host.session_stats("idle")["counters"]["idle_suspends"] == 0

@@ -30,6 +30,10 @@ from tests.conftest import REPO_ROOT
 START_TIMEOUT_S = 240.0
 
 
+TENANT = "acme"  # the label of the server's second key
+TENANT_QUOTA = 400  # the resident tokens its sessions may hold together on b0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,6 +62,7 @@ class Server:
     model: str
     process: subprocess.Popen[str]
     output: list[str] = field(default_factory=list)
+    tenant_key: str = ""  # a second key, of tenant TENANT (whose resident quota is TENANT_QUOTA)
 
     @property
     def v1(self) -> str:
@@ -87,21 +92,25 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
     ready.set()
 
 
-def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None) -> Server:
+def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
+                 tenant_key: str | None = None) -> Server:
     model = served_model_path(folder)
     config = {
         "backends": [{"name": "b0", "model_path": str(model), "n_ctx": 2048, "n_seq_max": 8,
-                      "kv_budget_tokens": 2000, "n_threads": 1}],
+                      "kv_budget_tokens": 2000, "n_threads": 1,
+                      "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
         "cold_store": {"ram_budget_bytes": 16 << 20, "disk_budget_bytes": 64 << 20,
                        "disk_dir": str(folder / "coldstore")},
     }
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "KVRES_CONFIG", "KVRES_API_KEY_FILE")}
-    env.update({"KVRES_API_KEYS": key or "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})})
+    keys = (key or "") + (f", {tenant_key} tenant={TENANT}" if key and tenant_key else "")
+    env.update({"KVRES_API_KEYS": keys, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})})
     command = [sys.executable, "-m", "kvres.cluster.cli", "serve", "--config", json.dumps(config), "--port", str(port),
                "--num-cpus", "2", "--min-replicas", "2", "--max-replicas", "2", "--namespace", f"kvres-serve-test-{secrets.token_hex(4)}"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", key or "", model.name.removesuffix(".gguf"), process)
+    server = Server(f"http://127.0.0.1:{port}", key or "", model.name.removesuffix(".gguf"), process,
+                    tenant_key=tenant_key or "")
     ready = threading.Event()
     threading.Thread(target=_read_output, args=(process, server.output, ready), daemon=True).start()
     if not ready.wait(START_TIMEOUT_S) or process.poll() is not None:
@@ -124,7 +133,8 @@ def stop_server(server: Server) -> None:
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve")
-    srv = start_server(folder, free_port(), key=f"test-key-{secrets.token_hex(16)}")
+    srv = start_server(folder, free_port(), key=f"test-key-{secrets.token_hex(16)}",
+                       tenant_key=f"tenant-key-{secrets.token_hex(16)}")
     deadline = time.monotonic() + 60
     while True:  # the proxy answers once the application is up; a replica may still be warming
         try:

@@ -10,7 +10,14 @@ import pytest
 from kvres.actors.config import BackendConfig
 from kvres.actors.host.errors import BackendFullError, SessionBusyError
 from kvres.cluster.cli import main
-from kvres.cluster.serve.auth import AuthConfigError, KeyCheck, bind_host, key_digests, load_keys
+from kvres.cluster.serve.auth import (
+    AuthConfigError,
+    KeyCheck,
+    bind_host,
+    key_digests,
+    load_key_entries,
+    load_keys,
+)
 from kvres.cluster.serve.catalog import ModelCatalog
 from kvres.cluster.serve.errors import ApiError, SessionLockedError, api_error
 from kvres.cluster.serve.http_glue import parse, route_label
@@ -45,6 +52,25 @@ def test_key_check_compares_digests() -> None:
     assert check.allows(f"Bearer {KEY}") and check.allows(f"bearer {KEY}2") and check.allows(None, KEY)
     assert not check.allows("Bearer wrong") and not check.allows(None) and not check.allows(KEY)
     assert KeyCheck(()).open and KeyCheck(()).allows(None)
+
+
+def test_a_key_may_name_its_tenant(tmp_path) -> None:
+    env = {"KVRES_API_KEYS": f"{KEY} tenant=acme, {KEY}2,{KEY}3 tenant=beta.eu"}
+    assert load_key_entries(env=env) == [(KEY, "acme"), (f"{KEY}2", None), (f"{KEY}3", "beta.eu")]
+    assert load_keys(env=env) == [KEY, f"{KEY}2", f"{KEY}3"]
+    f = tmp_path / "keys"
+    f.write_text(f"{KEY}4 tenant=ops  # the operators\n{KEY}5\n")
+    assert load_key_entries(str(f)) == [(f"{KEY}4", "ops"), (f"{KEY}5", None)]
+    check = KeyCheck(key_digests(load_key_entries(env=env)))
+    assert check.match(f"Bearer {KEY}") == (True, "acme") and check.match(None, f"{KEY}3") == (True, "beta.eu")
+    assert check.match(f"Bearer {KEY}2") == (True, None) and check.match("Bearer wrong") == (False, None)
+    assert KeyCheck(()).match(None) == (True, None)
+    with pytest.raises(AuthConfigError, match="follows no key"):
+        load_key_entries(env={"KVRES_API_KEYS": "tenant=acme"})
+    with pytest.raises(AuthConfigError, match="follows no key"):
+        load_key_entries(env={"KVRES_API_KEYS": f"{KEY} tenant=a tenant=b"})
+    with pytest.raises(AuthConfigError, match="tenant label 'b!' must match"):
+        load_key_entries(env={"KVRES_API_KEYS": f"{KEY} tenant=b!"})
 
 
 def test_without_a_key_only_loopback(caplog) -> None:
