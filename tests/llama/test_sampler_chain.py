@@ -126,6 +126,28 @@ def test_greedy_under_a_grammar_chooses_what_the_whole_chain_chooses(llama: Llam
     assert 0 < took_argmax < 200  # both ways were taken
 
 
+def test_plain_greedy_takes_the_argmax_the_chain_would(llama: LlamaExecutor) -> None:
+    """Greedy with nothing else is numpy's argmax, not the chain's candidate array: the same token
+    as the chain (the first of equal maxima, -inf logits, all of them -inf)."""
+    fast = llama.sampler(SamplingParams())
+    whole = llama.sampler(SamplingParams())
+    whole._argmax_only = False  # type: ignore[attr-defined]  # the reference: the chain alone
+    rng = np.random.default_rng(4)
+    try:
+        for step in range(100):
+            logits = rng.standard_normal(llama.n_vocab).astype(np.float32)
+            if step % 3 == 0:
+                logits[rng.integers(llama.n_vocab, size=4)] = logits.max()  # ties
+            if step % 5 == 0:
+                logits[: llama.n_vocab // 2] = -np.inf
+            assert fast.sample(logits) == whole.sample(logits), step
+        blocked = np.full(llama.n_vocab, -np.inf, dtype=np.float32)
+        assert fast.sample(blocked) == whole.sample(blocked)  # nothing finite: the chain decides
+    finally:
+        fast.close()
+        whole.close()
+
+
 def test_bad_grammars_and_tokens_are_refused_without_a_crash(llama: LlamaExecutor) -> None:
     with pytest.raises(ValueError, match=r"not valid GBNF: .*expecting '\)'"):
         llama.sampler(SamplingParams(grammar="root ::= foo bar("))
