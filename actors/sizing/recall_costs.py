@@ -48,7 +48,7 @@ from .probes import load_model_figures
 logger = logging.getLogger("kvres.tiering")
 
 PROBE_TIMEOUT_S = 900.0  # a probe child still running after this is killed; the defaults stay
-PROBE_NICE = 10  # the child's niceness: serving keeps the CPU, the probes take what is idle
+PROBE_NICE = 10  # the child's niceness (and SCHED_IDLE where there is one): serving keeps the CPU
 WORKER_MODULE = "kvres.actors.sizing.recall_probe_worker"
 
 
@@ -181,7 +181,7 @@ class BackgroundRecallCosts:
 
     def _measure(self, disk_dir: str | None, disk_tier: bool) -> RecallCosts | None:
         extra = ["--disk-dir", disk_dir] if disk_dir is not None else [] if disk_tier else ["--no-disk"]
-        obj = _run_worker(self.model_path, self.engine, [*extra, "--nice", str(PROBE_NICE)], self._env,
+        obj = _run_worker(self.model_path, self.engine, [*extra, "--nice", str(PROBE_NICE), "--idle"], self._env,
                           self._timeout_s)
         return recall_costs_from_json(obj)
 

@@ -180,3 +180,19 @@ def test_a_probe_that_fails_leaves_the_defaults(tmp_path: Path, caplog: pytest.L
         assert probe.wait(WAIT_S)
     assert probe.status == "failed" and probe() is None
     assert "bogus.gguf" in caplog.text and "probe worker exited with 1" in caplog.text
+
+
+def test_the_probe_child_runs_on_idle_cpu_time_only() -> None:
+    """``--idle``: the worker's threads run under SCHED_IDLE (Linux), so the backend's decode
+    threads beside it are never preempted by a probe; threads started later inherit it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, threading\nfrom kvres.actors.sizing.recall_probe_worker import _idle_priority\n"
+            "_idle_priority()\nseen = []\nt = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))\n"
+            "t.start(); t.join()\nprint(os.sched_getscheduler(0), seen[0], os.SCHED_IDLE)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    main_policy, thread_policy, idle = (int(x) for x in out.stdout.split())
+    assert main_policy == thread_policy == idle
