@@ -345,12 +345,12 @@ class BackendHost:
             if ctx.loop.pending(job.session_id):
                 raise SessionBusyError(f"session {job.session_id!r} already has a call running")
             s.last_used, s.touched_at = ctx.tick(), time.monotonic()
-            if not s.live and s.parked is not None and s.parked.blocks and ctx.store is not None:
-                ctx.store.prefetch(s.parked.blocks)  # read while the steps before its resume run
             done = s.committed
             if job.request_id is not None and done is not None and done.request_id == job.request_id:
                 job.replay(done.result)  # a retry of a call that committed: its answer, not a rerun
                 return job
+            if not s.live and s.parked is not None and s.parked.blocks and ctx.store is not None:
+                ctx.store.prefetch(s.parked.blocks)  # read while the steps before its resume run
             return ctx.loop.submit(job)
 
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
