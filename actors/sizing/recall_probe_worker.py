@@ -15,6 +15,7 @@ Primitives: ``main(argv=None) -> int``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -44,10 +45,8 @@ def _idle_priority() -> None:
     policy = getattr(os, "SCHED_IDLE", None)
     if policy is None:
         return
-    try:
+    with contextlib.suppress(OSError):  # not allowed here: the niceness stays
         os.sched_setscheduler(0, policy, os.sched_param(0))
-    except OSError:  # not allowed here: the niceness stays
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
