@@ -121,8 +121,15 @@ class BackendHost:
                                          on_expired)
         ctx.watch_retention = self._retention.watch
         ctx.open_on_engine = self._engine.open_on_engine
-        self._loop = ctx.loop = StepLoop(ctx.lock, self._step, config.name,
-                                         on_busy=store.defer_writes if store is not None else None,
+        pause_probes = self._pause_probes = getattr(recall_costs, "pause", None)  # a probe child waits out the calls
+
+        def on_busy(busy: bool) -> None:
+            if store is not None:
+                store.defer_writes(busy)
+            if pause_probes is not None:
+                pause_probes(busy)
+
+        self._loop = ctx.loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy,
                                          on_idle=self._recall.prepare_recalls, on_start=executor.claim_decode_threads)
         # the engine's multi-threaded decodes belong to the step loop's thread (see
         # kvres.actors.engines.llama.engine): other threads decode on one thread until it has started
@@ -224,6 +231,8 @@ class BackendHost:
         calls fail with ``LoopStoppedError``), then free the engine. The host takes no call after."""
         self._retention.stop()
         self._ctx.loop.stop(timeout_s)
+        if self._pause_probes is not None:  # a probe child left stopped by the last calls goes on
+            self._pause_probes(False)
         close = getattr(self.executor, "close", None)  # an engine that holds native memory frees it
         if callable(close):
             close()

@@ -28,9 +28,11 @@ one thread (``kvres.actors.engines.llama.engine``): the backend's step loop is t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -48,7 +50,7 @@ from .probes import load_model_figures
 logger = logging.getLogger("kvres.tiering")
 
 PROBE_TIMEOUT_S = 900.0  # a probe child still running after this is killed; the defaults stay
-PROBE_NICE = 10  # the child's niceness (and SCHED_IDLE where there is one): serving keeps the CPU
+PROBE_NICE = 10  # the child's niceness: serving keeps the CPU, the probes take what is idle
 WORKER_MODULE = "kvres.actors.sizing.recall_probe_worker"
 
 
@@ -132,10 +134,32 @@ class BackgroundRecallCosts:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._child: subprocess.Popen[str] | None = None  # the probe child while it runs
+        self._paused = False  # the backend runs calls: the child is stopped
         self.status = "idle"
 
     def __call__(self) -> RecallCosts | None:
         return self._costs
+
+    def pause(self, paused: bool) -> None:
+        """The backend runs calls (True) or has none left (False): the probe child is stopped
+        meanwhile (SIGSTOP, then SIGCONT), so a decode never shares its cores with a probe. Its
+        medians and best-of figures take the pauses; its timeout keeps counting."""
+        with self._lock:
+            self._paused = paused
+            self._signal_child()
+
+    def _signal_child(self) -> None:
+        proc = self._child
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGSTOP if self._paused else signal.SIGCONT)
+
+    def _started(self, proc: subprocess.Popen[str] | None) -> None:
+        with self._lock:
+            self._child = proc
+            if self._paused:
+                self._signal_child()
 
     def start(self) -> None:
         """Begin (once): the cached figures, else a probe child; returns at once."""
@@ -181,8 +205,8 @@ class BackgroundRecallCosts:
 
     def _measure(self, disk_dir: str | None, disk_tier: bool) -> RecallCosts | None:
         extra = ["--disk-dir", disk_dir] if disk_dir is not None else [] if disk_tier else ["--no-disk"]
-        obj = _run_worker(self.model_path, self.engine, [*extra, "--nice", str(PROBE_NICE), "--idle"], self._env,
-                          self._timeout_s)
+        obj = _run_worker(self.model_path, self.engine, [*extra, "--nice", str(PROBE_NICE)], self._env,
+                          self._timeout_s, started=self._started)
         return recall_costs_from_json(obj)
 
 
@@ -201,8 +225,9 @@ def measure_model_figures(
 
 
 def _run_worker(model_path: str, engine: ProbeEngine, extra: list[str], env: Mapping[str, str] | None,
-                timeout_s: float) -> Any:
-    """Run the probe worker for ``model_path`` with ``engine``; its last line of JSON."""
+                timeout_s: float, started: Callable[[subprocess.Popen[str] | None], None] | None = None) -> Any:
+    """Run the probe worker for ``model_path`` with ``engine``; its last line of JSON.
+    ``started``: told the child process once it runs, and None once it has ended."""
     cmd = [sys.executable, "-m", WORKER_MODULE, model_path, "--threads", str(engine.n_threads),
            "--gpu-layers", str(engine.n_gpu_layers), *extra]
     if engine.main_gpu is not None:
@@ -211,11 +236,16 @@ def _run_worker(model_path: str, engine: ProbeEngine, extra: list[str], env: Map
     proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        if started is not None:
+            started(proc)
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        proc.kill()
+        proc.kill()  # stopped or not
         proc.communicate()
         raise ProbeError(f"the probe worker ran past {timeout_s:.0f} s and was killed") from exc
+    finally:
+        if started is not None:
+            started(None)
     if proc.returncode != 0:
         raise ProbeError(f"the probe worker exited with {proc.returncode}: {err.strip()[-800:]}")
     lines = out.strip().splitlines()

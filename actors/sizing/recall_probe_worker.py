@@ -1,13 +1,13 @@
 """The child process a backend measures its recall costs in (``recall_costs.BackgroundRecallCosts``).
 
 Run: ``python -m kvres.actors.sizing.recall_probe_worker MODEL [--threads N] [--gpu-layers N]
-[--main-gpu I] [--disk-dir DIR | --no-disk] [--nice N] [--idle] [--tier]``. Measures what is not cached
+[--main-gpu I] [--disk-dir DIR | --no-disk] [--nice N] [--tier]``. Measures what is not cached
 (``recall_costs.probed_recall_costs``, which caches it), prints the costs as one JSON line
 (``recall_costs.recall_costs_to_json``; ``null`` without engine figures) and exits 0; with
 ``--tier`` it measures the model's figures T* reads instead (c_engage too, unless
 ``KVRES_C_ENGAGE_MS`` sets it) and prints them. A probe that fails exits 1 with its error on
-stderr. It exits as soon as its parent is gone. ``--idle``: it runs under Linux's ``SCHED_IDLE``
-(where the OS has it), on CPU time nothing else wants.
+stderr. It exits as soon as its parent is gone (on Linux the kernel kills it then, also while its
+backend holds it stopped).
 
 Primitives: ``main(argv=None) -> int``.
 """
@@ -16,16 +16,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import sys
 import threading
 import time
 
 PARENT_POLL_S = 0.5
+PR_SET_PDEATHSIG = 1
 
 
 def _exit_with_parent() -> None:
+    # Linux: the kernel kills this process when the backend's thread that started it ends, even
+    # while the backend holds it stopped (``BackgroundRecallCosts.pause``: no watch of its own runs)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     parent = os.getppid()
 
     def watch() -> None:
@@ -34,19 +41,6 @@ def _exit_with_parent() -> None:
         os._exit(1)  # orphaned: the backend that wanted the figures is gone
 
     threading.Thread(target=watch, name="kvres-probe-parent-watch", daemon=True).start()
-
-
-def _idle_priority() -> None:
-    """SCHED_IDLE for this process's threads (those made later inherit it). A niceness still
-    takes a slice of a core now and then, and the backend's decode, several threads that meet at
-    a barrier after every operation, then stalls as a whole while one of them waits for its core:
-    the first turns on a fresh backend ran at up to twice the time of later ones beside nice-10
-    probes."""
-    policy = getattr(os, "SCHED_IDLE", None)
-    if policy is None:
-        return
-    with contextlib.suppress(OSError):  # not allowed here: the niceness stays
-        os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,14 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     disk.add_argument("--disk-dir", default=None)
     disk.add_argument("--no-disk", action="store_true")
     parser.add_argument("--nice", type=int, default=0)
-    parser.add_argument("--idle", action="store_true", help="run under SCHED_IDLE where the OS has it")
     parser.add_argument("--tier", action="store_true",
                         help="only the model's figures T* reads (c_engage too), printed as a JSON object")
     args = parser.parse_args(argv)
     if args.nice:
         os.nice(args.nice)
-    if args.idle:
-        _idle_priority()
 
     from kvres.policy.errors import KvresError
 

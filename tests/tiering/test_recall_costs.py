@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -182,17 +183,30 @@ def test_a_probe_that_fails_leaves_the_defaults(tmp_path: Path, caplog: pytest.L
     assert "bogus.gguf" in caplog.text and "probe worker exited with 1" in caplog.text
 
 
-def test_the_probe_child_runs_on_idle_cpu_time_only() -> None:
-    """``--idle``: the worker's threads run under SCHED_IDLE (Linux), so the backend's decode
-    threads beside it are never preempted by a probe; threads started later inherit it."""
-    import os
-    import subprocess
-    import sys
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
-    code = ("import os, threading\nfrom kvres.actors.sizing.recall_probe_worker import _idle_priority\n"
-            "_idle_priority()\nseen = []\nt = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))\n"
-            "t.start(); t.join()\nprint(os.sched_getscheduler(0), seen[0], os.SCHED_IDLE)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
-                         env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
-    main_policy, thread_policy, idle = (int(x) for x in out.stdout.split())
-    assert main_policy == thread_policy == idle
+
+def test_the_probe_child_is_stopped_while_the_backend_runs_calls(stories_model: Path, tmp_path: Path) -> None:
+    """``pause(True)`` (the backend's step loop took up calls) stops the child (SIGSTOP), so no
+    decode shares its cores with a probe; ``pause(False)`` lets it go on, and it measures as it
+    would have. A child that starts while the backend is busy starts stopped."""
+    probe = BackgroundRecallCosts(stories_model, ProbeEngine(1), disk_folder=lambda: None,
+                                  env=_env(tmp_path / "cache"))
+    probe.pause(True)  # busy before the child exists
+    probe.start()
+    deadline = time.monotonic() + 60
+    while probe._child is None and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    child = probe._child  # type: ignore[attr-defined]
+    assert child is not None
+    time.sleep(0.3)
+    assert _state(child.pid) == "T" and not probe.wait(0)  # stopped from the start
+    probe.pause(False)
+    time.sleep(0.3)
+    assert child.poll() is not None or _state(child.pid) != "T"
+    probe.pause(True)
+    probe.pause(False)
+    assert probe.wait(WAIT_S) and probe.status == "measured" and probe() is not None
+    assert probe._child is None  # type: ignore[attr-defined]
+    probe.pause(True)  # nothing left to stop: a no-op
