@@ -10,14 +10,17 @@ Primitives:
   ``sampler_chain(parts)`` (see samplers), ``close()``;
   ``rope`` (``"norm"``, ``"neox"``, ``"none"`` or ``"other"``) and ``rope_freq_scale`` (trained).
 - ``LlamaContext(model, n_ctx, n_seq_max=1, type_k="f16", type_v="f16", flash_attn=None,
-  n_batch=512, n_threads=1, cb_eval=None, swa_full=True, kv_unified=True, n_ubatch=None)``: one
-  llama context with unified KV across ``n_seq_max`` sequences (``flash_attn=None`` lets llama.cpp
-  choose; KV types are ``kvres.policy.kv_types`` names; ``swa_full`` keeps llama.cpp's full-size
-  sliding-window cache, ``n_ubatch=None`` means ``n_batch``).
+  n_batch=512, n_threads=1, cb_eval=None, swa_full=True, kv_unified=True, n_ubatch=None,
+  isolate_short_items=False)``: one llama context with unified KV across ``n_seq_max`` sequences
+  (``flash_attn=None`` lets llama.cpp choose; KV types are ``kvres.policy.kv_types`` names;
+  ``swa_full`` keeps llama.cpp's full-size sliding-window cache, ``n_ubatch=None`` means
+  ``n_batch``; ``isolate_short_items``: ``decode_many`` follows ``call_groups``).
   ``decode(tokens, first_pos, seq, logits=True)``: prefill in ``n_batch`` chunks through one
   reused batch; the last token's logits (a copy) when ``logits``, else None.
   ``decode_many(items)``: several sequences in the same ``llama_decode`` calls (continuous
   batching): each item ``(tokens, first_pos, seq)`` gets the logits of its last token.
+  ``call_groups(lengths)``: which items of a batch go in which ``llama_decode`` call when short
+  items are kept out of a batch that llama.cpp's CPU flash attention takes in tiles.
   Memory: ``seq_rm``, ``seq_cp``, ``seq_add``, ``pos_max``, ``clear()``. State:
   ``state_get(seq) -> bytes``, ``state_set(seq, payload) -> bool``. ``n_cells``, ``n_batch``,
   ``can_shift``, ``close()``.
@@ -286,6 +289,37 @@ def sampler_free(chain: Any) -> None:
     _llama().llama_sampler_free(chain)
 
 
+TILED_ATTENTION_ROWS = 64  # a llama_decode of more tokens runs the CPU flash-attention kernel in tiles of query rows
+SHORT_ITEM_TOKENS = 16  # an item this short (a decode step's token) shares its tile with other sessions' rows
+
+
+def call_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """The ``llama_decode`` calls a batch of items of these token counts goes in (item indices).
+
+    Past ``TILED_ATTENTION_ROWS`` tokens llama.cpp's CPU flash attention takes query rows in tiles
+    and skips only the KV cells masked for every row of a tile; a tile holding the one-token rows of
+    several sessions attends over all their cells of the unified cache (a step of one 100-token
+    prompt and 5 decodes: 147 ms in one call, 98 ms in two, at 12 layers / hidden 768 / 8 resident
+    sessions of 450 tokens, docs/notes.md). So when the whole batch is past that size, the short
+    items go in calls of their own of at most that many tokens (each of which reads the weights
+    once more: below the size one call is cheaper), the rest together."""
+    if sum(lengths) <= TILED_ATTENTION_ROWS:
+        return [list(range(len(lengths)))]
+    short = [i for i, n in enumerate(lengths) if n < SHORT_ITEM_TOKENS]
+    long = [i for i, n in enumerate(lengths) if n >= SHORT_ITEM_TOKENS]
+    if not short or not long:
+        return [list(range(len(lengths)))]
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i in short:
+        if size + lengths[i] > TILED_ATTENTION_ROWS and groups[-1]:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += lengths[i]
+    return [*groups, long]
+
+
 class _Batch:
     """One ``llama_batch`` whose arrays are numpy buffers owned here (one sequence per token)."""
 
@@ -352,9 +386,11 @@ class LlamaContext:
         swa_full: bool = True,
         kv_unified: bool = True,
         n_ubatch: int | None = None,
+        isolate_short_items: bool = False,
     ) -> None:
         ll = _llama()
         self.model = model
+        self.isolate_short_items = isolate_short_items
         params = ll.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
@@ -451,8 +487,24 @@ class LlamaContext:
         """Decode every item's tokens (``(tokens, first_pos, seq)``, one sequence per item) in
         shared batches of up to ``n_batch`` tokens; return each item's last-token logits.
 
-        On failure every token this call placed is removed again, so each sequence is as it was.
+        With ``isolate_short_items``, a batch past ``TILED_ATTENTION_ROWS`` tokens leaves its short
+        items (decodes) to a ``llama_decode`` of their own (``call_groups``). On failure every
+        token this call placed is removed again, so each sequence is as it was.
         """
+        out: list[npt.NDArray[np.float32]] = [np.zeros(0, dtype=np.float32)] * len(items)
+        groups = call_groups([len(t) for t, _, _ in items]) if self.isolate_short_items else [list(range(len(items)))]
+        try:
+            for group in groups:
+                for i, logits in zip(group, self._decode_together([items[i] for i in group]), strict=True):
+                    out[i] = logits
+        except (ContextFullError, EngineError):
+            ll = _llama()
+            for t, p, s in items:
+                ll.llama_memory_seq_rm(self._mem, s, p, p + len(t))
+            raise
+        return out
+
+    def _decode_together(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[npt.NDArray[np.float32]]:
         ll = _llama()
         tokens = np.concatenate([np.asarray(t, dtype=np.int32) for t, _, _ in items])
         pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for t, p, _ in items])
@@ -468,8 +520,6 @@ class LlamaContext:
             self._batch.fill_many(tokens[start:stop], pos[start:stop], seqs[start:stop], want[start:stop])
             rc = self._llama_decode(ll)
             if rc != 0:
-                for t, p, s in items:
-                    ll.llama_memory_seq_rm(self._mem, s, p, p + len(t))
                 if rc == 1:
                     raise ContextFullError(
                         f"no free KV cells for a batch of {stop - start} tokens over {len(items)} sequences "

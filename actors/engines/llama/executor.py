@@ -155,6 +155,9 @@ class LlamaExecutor(SessionTable[Session], Executor):
                 n_seq_max=self.n_seq_max if split else 2 * self.n_seq_max + _RESERVED_SEQS,
                 type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
                 n_threads=self.n_threads, swa_full=swa_full, kv_unified=not split,
+                # one-token rows of many sessions in one tile of the CPU flash-attention kernel attend
+                # over all their cells; a split cache or a GPU has no such tiles
+                isolate_short_items=self.flash_attn and not split and not n_gpu_layers,
             )
         except BaseException:
             self._model.close()
