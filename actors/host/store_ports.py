@@ -9,7 +9,7 @@ Primitives:
   ``read(refs)`` (read, left there), ``tiers_of(refs)``, ``release(refs)``.
 - ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port over ``ColdStoreActor``s
   looked up by name; every call, batched ones included, is one Ray call; writes are write-behind
-  through a small local stage, so a resume right after a suspend reads nothing over Ray.
+  through a local stage (``STAGE_BYTES``), so a resume right after a suspend reads nothing over Ray.
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S``, until ``defer_writes(False)``: the calls do not share the CPU with them;
   ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
@@ -45,8 +45,8 @@ from kvres.policy.recall import RecallCosts
 logger = logging.getLogger("kvres.coldstore")
 _T = TypeVar("_T")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
-STAGE_BYTES = 64 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
-WRITE_DEFER_S = 0.2  # how long a write-behind send may wait for its backend to be between calls
+STAGE_BYTES = 256 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
+WRITE_DEFER_S = 2.0  # how long a write-behind send may wait for its backend to be between calls
 IDLE_GRACE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
 PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
 PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
