@@ -14,8 +14,8 @@ Primitives:
 - ``TenantQuota``: what one tenant's sessions may hold on a backend together: ``resident_tokens``
   and ``cold_bytes`` (None: no limit); ``kvres.actors.host.quotas`` keeps them.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
-  the llama.cpp KV layout (``kv_layout``: one cache for all sessions, or one stream each),
-  threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
+  the llama.cpp KV layout (``kv_layout``: one cache for all sessions, or one stream each) and
+  ``flash_attn`` (None: on, except for the split layout on the CPU), threads, GPUs and device placement (``n_gpu_layers``, ``openvino_device``); the KV budget in
   memory instead of tokens (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device
   or host memory, less ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
   ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.sizing.kv_budget``), and an
@@ -34,7 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvres.policy.kv_types import KVType
+from kvres.policy.kv_types import QUANTIZED_KV_TYPES, KVType
 
 DEFAULT_KV_MEMORY_RESERVE = 256 * 1024 * 1024  # compute buffers and the rest of the process
 TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
@@ -152,6 +152,10 @@ class BackendConfig(BaseModel):
     # llama.cpp only: "split" gives each session a KV stream of n_ctx / n_seq_max cells that only its
     # tokens attend over (faster with many resident sessions; no eviction from a session's middle)
     kv_layout: Literal["unified", "split"] = "unified"
+    # llama.cpp only: flash attention (None: on, except the split layout on the CPU; a quantized V
+    # cache needs it). Its blocks store V rows another way, so they move only between backends
+    # with the same setting (a session moving elsewhere is recomputed from its log)
+    flash_attn: bool | None = None
     # device placement: llama.cpp layers to offload (None: all when Ray gives the actor GPUs, else 0)
     n_gpu_layers: int | None = Field(None, ge=0, le=100_000)
     openvino_device: str = Field("CPU", pattern=r"^[A-Z]+(\.[0-9A-Za-z_]+)?(:[A-Z0-9.,]+)?$")
@@ -180,6 +184,10 @@ class BackendConfig(BaseModel):
             )
         if self.kv_layout == "split" and self.engine != "llama":
             raise ValueError(f"kv_layout='split' is a llama.cpp layout; engine={self.engine!r} has none")
+        if self.flash_attn is not None and self.engine != "llama":
+            raise ValueError(f"flash_attn={self.flash_attn} is a llama.cpp setting; engine={self.engine!r} has none")
+        if self.flash_attn is False and self.type_v in QUANTIZED_KV_TYPES:
+            raise ValueError(f"type_v={self.type_v!r} needs flash attention; flash_attn=False was given")
         for tenant in self.tenant_quotas:
             if not re.fullmatch(TENANT_PATTERN, tenant):
                 raise ValueError(f"tenant_quotas key {tenant!r} is not a tenant label (1-64 of A-Z a-z 0-9 _ . : @ -)")

@@ -94,7 +94,9 @@ class KVBlock:
             raise BlockFingerprintError(
                 f"block for session {self.session_id!r} range {self.token_range} has fingerprint "
                 f"{self.fingerprint!r} (model {self.model_id!r}, engine {self.engine!r}, "
-                f"KV {self.type_k}/{self.type_v}, geometry {self.geometry}); expected {expected!r}"
+                f"KV {self.type_k}/{self.type_v}, geometry {self.geometry}"
+                f"{', payload ' + str(self.meta['payload_format']) if 'payload_format' in self.meta else ''}); "
+                f"expected {expected!r}"
             )
 
 

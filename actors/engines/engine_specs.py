@@ -74,6 +74,7 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
         str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
         type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
         n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu, kv_layout=config.kv_layout,
+        flash_attn=config.flash_attn,
     )
 
 

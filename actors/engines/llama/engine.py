@@ -482,10 +482,11 @@ class LlamaContext:
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).astype(np.float32, copy=True)
 
     def decode_many(
-        self, items: Sequence[tuple[Sequence[int], int, int]]
+        self, items: Sequence[tuple[Sequence[int], int, int]], silent: Sequence[bool] | None = None,
     ) -> list[npt.NDArray[np.float32]]:
         """Decode every item's tokens (``(tokens, first_pos, seq)``, one sequence per item) in
-        shared batches of up to ``n_batch`` tokens; return each item's last-token logits.
+        shared batches of up to ``n_batch`` tokens; return each item's last-token logits (an empty
+        array for the items ``silent`` marks: they compute none).
 
         With ``isolate_short_items``, a batch past ``TILED_ATTENTION_ROWS`` tokens leaves its short
         items (decodes) to a ``llama_decode`` of their own (``call_groups``). On failure every
@@ -493,9 +494,11 @@ class LlamaContext:
         """
         out: list[npt.NDArray[np.float32]] = [np.zeros(0, dtype=np.float32)] * len(items)
         groups = call_groups([len(t) for t, _, _ in items]) if self.isolate_short_items else [list(range(len(items)))]
+        wanted = [True] * len(items) if silent is None else [not quiet for quiet in silent]
         try:
             for group in groups:
-                for i, logits in zip(group, self._decode_together([items[i] for i in group]), strict=True):
+                answers = self._decode_together([items[i] for i in group], [wanted[i] for i in group])
+                for i, logits in zip(group, answers, strict=True):
                     out[i] = logits
         except (ContextFullError, EngineError):
             ll = _llama()
@@ -504,12 +507,14 @@ class LlamaContext:
             raise
         return out
 
-    def _decode_together(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[npt.NDArray[np.float32]]:
+    def _decode_together(self, items: Sequence[tuple[Sequence[int], int, int]],
+                         wanted: Sequence[bool]) -> list[npt.NDArray[np.float32]]:
         ll = _llama()
         tokens = np.concatenate([np.asarray(t, dtype=np.int32) for t, _, _ in items])
         pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for t, p, _ in items])
         seqs = np.concatenate([np.full(len(t), s, dtype=np.int32) for t, _, s in items])
-        ends = np.cumsum([len(t) for t, _, _ in items]) - 1  # flat index of each item's last token
+        asked = np.flatnonzero(wanted)  # the items whose logits come back, in batch order
+        ends = (np.cumsum([len(t) for t, _, _ in items]) - 1)[asked]  # flat index of each one's last token
         want = np.zeros(tokens.shape[0], dtype=np.int8)
         want[ends] = 1
         out: list[npt.NDArray[np.float32]] = [np.zeros(0, dtype=np.float32)] * len(items)
@@ -526,11 +531,12 @@ class LlamaContext:
                         f"(context of {self.n_cells} cells)", needed=stop - start,
                     )
                 raise EngineError(f"llama_decode returned {rc} for a batch of {len(items)} sequences")
-            # this batch's outputs, one row per item that ends in it, in batch order
+            # this batch's outputs, one row per asked item that ends in it, in batch order
             first, item = item, int(np.searchsorted(ends, stop))
             if item > first:
                 rows = np.ctypeslib.as_array(ll.llama_get_logits(self.ptr), shape=(item - first, n_vocab)).copy()
-                out[first:item] = list(rows)
+                for k, row in zip(asked[first:item], rows, strict=True):
+                    out[k] = row
         return out
 
     # -- memory ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Primitives:
 - ``StreamOps(ctx, n_sessions, cells_per_session)``: ``CacheOps``'s operations where each session
   sequence ``0..n_sessions-1`` is its own stream of ``cells_per_session`` cells (llama.cpp's split
   layout), and there are no parking or scratch sequences. ``place`` / ``place_many`` decode at a
-  sequence's end; ``peek`` recomputes the last cell; ``remove`` drops a sequence's tail;
+  sequence's end (``place_many`` in sequence order, idle streams filled where that saves passes,
+  ``stream_batches``); ``peek`` recomputes the last cell; ``remove`` drops a sequence's tail;
   ``share`` copies a whole sequence (or its first positions) through a state export;
   ``export`` / ``restore`` move a whole sequence, as the one-stream blob a unified cache reads and
   writes (``one_stream`` / ``all_streams`` convert), so blocks move between layouts. What needs cells moved, a middle removed or a
@@ -34,6 +35,7 @@ from kvres.policy.errors import BlockMismatchError, CapabilityError
 from .cache_ops import CacheOps
 from .engine import LlamaContext
 from .errors import ContextFullError
+from .stream_batches import gap_fillers
 
 _SPLIT = "kv_layout='split'"
 _HEADER = struct.Struct("<3I")  # magic, the source sequence id, n_stream (``state_blob``)
@@ -119,13 +121,25 @@ class StreamOps(CacheOps):
         return self.ctx.decode([token], position, seq)
 
     def place_many(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[npt.NDArray[np.float32]]:
+        """Every item in one ``llama_decode``, in sequence order, with a throwaway token on the idle
+        sequences that join runs of the others (``stream_batches``), removed again after."""
         for seq, tokens, first in items:
             self._at_end(seq, first, "placing tokens")
             self.reserve_for(seq, len(tokens))
-        logits = self.ctx.decode_many([(tokens, first, seq) for seq, tokens, first in items])
+        busy = {seq for seq, _, _ in items}
+        fillers = set(gap_fillers([(seq, len(tokens)) for seq, tokens, _ in items], self.ctx.n_batch,
+                                  lambda s: s not in busy and self._held.get(s, 0) < self.cells_per_session))
+        # llama.cpp cuts micro-batches in batch order: sequence order
+        placed = sorted([(tokens, first, seq) for seq, tokens, first in items]
+                        + [([self.filler_token], self.ctx.pos_max(s) + 1, s) for s in fillers], key=lambda it: it[2])
+        answers = self.ctx.decode_many(placed, silent=[seq in fillers for _, _, seq in placed])
+        for _, first, seq in placed:
+            if seq in fillers:
+                self.ctx.seq_rm(seq, first, -1)
+        by_seq = {seq: out for (_, _, seq), out in zip(placed, answers, strict=True)}
         for seq, tokens, _ in items:
             self._took(seq, len(tokens))
-        return logits
+        return [by_seq[seq] for seq, _, _ in items]
 
     def flush_shifts(self) -> None:
         return None  # no cell ever moves
