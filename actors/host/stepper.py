@@ -29,6 +29,7 @@ import numpy as np
 
 from kvres.policy import CapabilityError, KvresError, UnknownSessionError
 from kvres.policy.residency import Residency
+from kvres.policy.step_costs import StepCosts
 
 from ..config import SessionPolicy
 from ..engines.executor import Executor
@@ -92,6 +93,7 @@ class KVStepper:
         self.recall = recall
         self.parking = parking
         self.step_tokens = STEP_TOKENS
+        self.costs = StepCosts()  # whether a prompt shares a step with others or has the next one
 
     def check_policy(self, policy: SessionPolicy, residency: Residency) -> None:
         check_kv_policy(self.ctx, policy, residency)
@@ -109,6 +111,8 @@ class KVStepper:
         capacity = self.step_tokens
         held: int | None = None  # what live sessions hold, as of a room check that changed nothing
         refused: list[tuple[Job, BackendFullError]] = []
+        rows = sum(1 for job in jobs if job.kind == "generate" and not job.feed)  # this step's decodes
+        finishing = 0  # prompts that end in this step
         for job in jobs:
             s = self.ctx.sessions.get(job.session_id)
             if s is None:
@@ -125,6 +129,8 @@ class KVStepper:
             if self._nothing_to_generate(job, s):
                 progressed = True
                 continue
+            if job.feed and not self.costs.joins(finishing, min(self._want(job, s, incoming), capacity), rows):
+                continue  # its first token comes sooner in the next step than the others' would here
             if job.feed and not job.started:
                 held = None  # a recall may change what the session holds
                 job.started = True
@@ -154,6 +160,7 @@ class KVStepper:
                 continue
             if job.feed:
                 toks = job.feed[:n]
+                finishing += n == len(job.feed)
             else:
                 toks = [self._sample(job, s)]
                 self._emit(job, toks[0])  # out before the decode: it is chosen, and the log takes it
@@ -277,6 +284,7 @@ class KVStepper:
     def _run(self, batch: list[tuple[Job, list[int]]], incoming: dict[str, int]) -> None:
         """One ``append_many`` for the batch; then logits, counters, compression, completion."""
         ctx = self.ctx
+        prompt_tokens = sum(len(toks) for job, toks in batch if job.feed)
         started = time.perf_counter()
         try:
             logits = self.executor.append_many([(job.session_id, toks) for job, toks in batch])
@@ -285,7 +293,9 @@ class KVStepper:
                 ctx.refresh_resident(job.session_id)
                 self.durability.fail(job, exc)
             return
-        ctx.loop.profile.engine(time.perf_counter() - started, sum(len(t) for _, t in batch))
+        seconds = time.perf_counter() - started
+        ctx.loop.profile.engine(seconds, sum(len(t) for _, t in batch))
+        self.costs.observe(seconds, prompt_tokens, sum(1 for job, _ in batch if not job.feed))
         ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if job.kind == "generate"))
         ctx.metrics.count_tokens(ctx.name, "prompt", sum(len(t) for j, t in batch if j.kind == "append"))
         ctx.peak_resident_tokens = max(ctx.peak_resident_tokens, sum(
