@@ -3,7 +3,7 @@
 Primitives:
 - ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.engines.registry``),
   finds this node's cold store by name, starts measuring its recall costs in the background where
-  its engine takes them (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own
+  its engine takes them and can shift positions (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own
   threads and device, on the disk folder of this node's cold store; ``stats()["recall_costs"]``
   says how far that got), freezes the heap it started with (``heap.freeze_startup_heap``), and
   forwards:
@@ -103,8 +103,11 @@ class BackendServer:
         size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
         with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}"):
             executor = make_executor(config, model, placement)
-        self.recall_costs = None if spec.recall_probe is None else BackgroundRecallCosts(
-            model, spec.recall_probe(executor, placement),
+        # the costs choose which parked blocks a resume recomputes, which only an engine that can
+        # shift positions does (not llama.cpp's split layout): elsewhere they are not measured
+        probe = spec.recall_probe if executor.capabilities().position_shift else None
+        self.recall_costs = None if probe is None else BackgroundRecallCosts(
+            model, probe(executor, placement),
             disk_folder=lambda: store_disk_folder(store_name, namespace))
         self.metrics = RayMetrics()
         self._in_flight = 0

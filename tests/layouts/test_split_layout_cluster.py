@@ -1,7 +1,9 @@
 """The split KV layout through ``kvres.cluster`` sessions on a real local Ray cluster: the same
 tokens as a unified backend's, across suspend / resume, forks and migrations between the two
-layouts (their blocks move through the cold store); a call past a session's stream is refused
-and commits nothing; an eviction policy degrades and says why."""
+layouts (recomputed from the log: without flash attention, the split layout's CPU default, the
+blocks store V rows another way); a call past a session's stream is refused and commits nothing;
+an eviction policy degrades and says why; a split backend measures no recall costs (it never
+shifts positions, so a resume never chooses what to recompute)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ def test_split_sessions_continue_as_unified_ones_through_suspend_fork_and_migrat
         split.migrate("unified")  # a split session's blocks into a unified cache, and back
         unified.migrate("split")
         assert (split.stats()["backend"], unified.stats()["backend"]) == ("unified", "split")
+        # the split backend runs without flash attention (the CPU default), which stores V rows
+        # another way: the moved sessions are recomputed from their logs, exactly
+        for moved in (split, unified):
+            counters = moved.stats()["counters"]
+            assert (counters["recomputed_tokens"], counters["inexact_recomputed_tokens"]) == (89, 0)
         assert list(split.generate(6, ignore_eos=True)) == list(unified.generate(6, ignore_eos=True))
         assert split.tokens() == unified.tokens()
         for f in forks:
@@ -62,3 +69,10 @@ def test_an_eviction_policy_degrades_on_a_split_backend(manager) -> None:
         assert "evict from the middle" in str(stats["degraded"])
     finally:
         s.close()
+
+
+def test_a_split_backend_measures_no_recall_costs(manager) -> None:
+    import ray
+
+    stats = {name: ray.get(manager.backend_handle(name).stats.remote()) for name in ("unified", "split")}
+    assert stats["split"]["recall_costs"] is None and stats["unified"]["recall_costs"] is not None
