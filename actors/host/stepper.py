@@ -5,7 +5,9 @@ Primitives:
   function (under the host lock): a suspended session's job brings it back first where a slot
   can be had; an empty session's first tokens that a live session holds are shared from it, not
   prefilled (``_share_prefix``); a job with tokens to feed (an append, or a generate given its
-  prompt) adds a chunk (a turn's first step recalls its cold blocks first), a generating job one sampled token, handed
+  prompt) adds a chunk (a turn's first step recalls its cold blocks first; beside other prompts
+  that end in the step only where ``costs``, a ``StepCosts`` fitted to the steps run, says that
+  gives their first tokens sooner), a generating job one sampled token, handed
   out as soon as it is sampled (so a turn's first token comes in the step after its prompt's last
   chunk, before that step's decode); room is made for each (``Pressure.make_room``, counting
   what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
