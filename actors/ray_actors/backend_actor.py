@@ -3,10 +3,10 @@
 Primitives:
 - ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.engines.registry``),
   finds this node's cold store by name, starts measuring its recall costs in the background where
-  its engine takes them and can shift positions (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own
-  threads and device, on the disk folder of this node's cold store; ``stats()["recall_costs"]``
-  says how far that got), freezes the heap it started with (``heap.freeze_startup_heap``), and
-  forwards:
+  its engine takes them and can shift positions
+  (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
+  on the disk folder of this node's cold store; ``stats()["recall_costs"]`` says how far that got),
+  freezes the heap it started with (``heap.freeze_startup_heap``), and forwards:
   ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray streaming
   generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
   ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.

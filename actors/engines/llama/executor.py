@@ -169,7 +169,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES and not split
         self._ops = StreamOps(self._ctx, self.n_seq_max, self._ctx.n_cells // self.n_seq_max) if split \
             else CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
-        self._free_seqs = list(range(self.n_seq_max - 1, -1, -1))
+        self._free_seqs = set(range(self.n_seq_max))
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._eog: frozenset[int] | None = None
@@ -305,7 +305,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         # the lowest free one: the sessions of a split layout stay on few, consecutive streams,
         # which llama.cpp decodes together (``stream_batches``)
         seq = min(self._free_seqs)
-        self._free_seqs.remove(seq)
+        self._free_seqs.discard(seq)
         return seq
 
     def close_session(self, session_id: str) -> None:
@@ -314,7 +314,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
             self._recall.forget(session_id)
             self._ops.drop(s.seq, s.positions.resident_count - sum(len(p.rng) for p in s.pending))
             del self._sessions[session_id]
-            self._free_seqs.append(s.seq)
+            self._free_seqs.add(s.seq)
 
     # -- placing tokens -------------------------------------------------------------------
     def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
