@@ -298,8 +298,8 @@ class KVStepper:
         seconds = time.perf_counter() - started
         ctx.loop.profile.engine(seconds, sum(len(t) for _, t in batch))
         self.costs.observe(seconds, prompt_tokens, sum(1 for job, _ in batch if not job.feed))
-        ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if job.kind == "generate"))
-        ctx.metrics.count_tokens(ctx.name, "prompt", sum(len(t) for j, t in batch if j.kind == "append"))
+        ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if not job.feed))
+        ctx.metrics.count_tokens(ctx.name, "prompt", prompt_tokens)  # a generate's prompt too
         ctx.peak_resident_tokens = max(ctx.peak_resident_tokens, sum(
             s.resident + incoming.get(sid, 0) for sid, s in ctx.sessions.items()))
         finished = False

@@ -68,7 +68,7 @@ def test_calls_streams_and_suspends_are_measured_and_counted_once(cluster) -> No
     a = manager.open_session(backend="m0")
     a.append(PROMPT[:40])
     assert len(list(a.stream(12, ignore_eos=True))) == 12
-    assert len(a.generate(4, ignore_eos=True)) == 4
+    assert len(a.generate(4, ignore_eos=True, prompt=PROMPT[40:43])) == 4  # its prompt counts as prompt tokens
     a.suspend()
     a.suspend()  # already suspended: nothing happens, nothing is counted
     a.resume()
@@ -91,7 +91,7 @@ def test_calls_streams_and_suspends_are_measured_and_counted_once(cluster) -> No
         ("ray_kvres_inter_token_seconds_count", None): 11,  # 12 tokens, 11 gaps
         ("ray_kvres_explicit_suspends_total", None): 1, ("ray_kvres_explicit_resumes_total", None): 1,
         ("ray_kvres_resumes_total", None): 1, ("ray_kvres_queue_depth", None): 0,
-        ("ray_kvres_tokens_total", "generated"): 16,
+        ("ray_kvres_tokens_total", "generated"): 16, ("ray_kvres_tokens_total", "prompt"): 40 + 3 + 5 + 30 + 30,
     }
     deadline = time.monotonic() + 60
     while True:
