@@ -30,7 +30,7 @@ resident in one context), and the same with at most as many turns under way at o
 many sequence slots, with no KV moved; ``ratios.engine_bounds`` sets both beside the slot and
 re-prefill baselines); OpenVINO's stateful IR takes one sequence per request, so it has no such
 row and the ratios to it are null.
-With ``--repeats R`` the slot and batch baselines and kvres run R times, alternating, and each
+With ``--repeats R`` the baselines and kvres run R times, alternating, and each
 ratio is the median of the runs' paired ratios (this host's load drifts between runs).
 Reported: turns/s, time to first token and turn latency p50 / p99, suspends / resumes / evictions
 / recomputed tokens per turn, peak resident tokens, bytes of parked KV per cold-store tier, the
@@ -110,13 +110,13 @@ def _median_row(rs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _ratios(rows: dict[str, dict[str, Any]], slots: list[int], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each ratio as the median of the repeats' paired ratios (each kvres run over the baselines
-    measured just before it; the re-prefill baseline runs once)."""
+    measured just before it)."""
     few, many = min(slots), max(slots)
     out: dict[str, Any] = {}
 
     def paired(k: str, base: str) -> float:
-        b = runs[base] if len(runs[base]) == len(runs[k]) else runs[base][:1] * len(runs[k])
-        return statistics.median(r["turns_per_s"] / x["turns_per_s"] for r, x in zip(runs[k], b, strict=True))
+        return statistics.median(r["turns_per_s"] / x["turns_per_s"]
+                                 for r, x in zip(runs[k], runs[base], strict=True))
 
     for n in slots:
         k = f"kvres_{n}_slots"
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=str if name == "slots" else int, default=None)
     parser.add_argument("--open-repeats", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of the slot and batch baselines and kvres, alternating (medians reported)")
+                        help="runs of the baselines and kvres, alternating (medians reported)")
     parser.add_argument("--two-calls", action="store_true",
                         help="each kvres turn as two calls (append, then stream) instead of one stream(prompt=...)")
     parser.add_argument("--high", type=int, default=None,
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           runtime_env={"env_vars": {"KVRES_CACHE_DIR": str(probe_cache)}})
         try:
             first = first_turns(manager, w, backends[min(slots)], vocab)  # before the probes are done
-            measure("reprefill_baseline", reprefill_run(
-                model, w, threads, min(w.sessions, int(sizes["reprefill_sessions"]))))
             for _ in range(args.repeats):  # alternating, so the host's drift hits every system alike
+                measure("reprefill_baseline", reprefill_run(
+                    model, w, threads, min(w.sessions, int(sizes["reprefill_sessions"]))))
                 measure("slot_baseline", slot_run(model, w, threads))
                 if batch_run is not None:
                     measure("llama_batch", batch_run(model, w, threads))
