@@ -69,16 +69,19 @@ class Generation(list[int]):
 
     def __init__(self, tokens: Sequence[int] = (), finish_reason: FinishReason = "length",
                  stop: str | int | None = None, text: str | None = None,
-                 logprobs: list[float] | None = None, prompt_tokens: int | None = None) -> None:
+                 logprobs: list[float] | None = None, prompt_tokens: int | None = None,
+                 length: int | None = None) -> None:
         super().__init__(int(t) for t in tokens)
         self.finish_reason: FinishReason = finish_reason
         self.stop = stop
         self.text = text
         self.logprobs = logprobs
         self.prompt_tokens = prompt_tokens  # a chat turn: the tokens its messages appended
+        self.length = length  # the session's log length when the call committed (None: not known)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Generation, (list(self), self.finish_reason, self.stop, self.text, self.logprobs, self.prompt_tokens))
+        return (Generation, (list(self), self.finish_reason, self.stop, self.text, self.logprobs, self.prompt_tokens,
+                             self.length))
 
     def __repr__(self) -> str:
         return f"Generation({list(self)!r}, finish_reason={self.finish_reason!r}, stop={self.stop!r})"

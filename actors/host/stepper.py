@@ -61,8 +61,10 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
         s.touched_at = time.monotonic()
         s.mid_turn_until = s.touched_at + MID_TURN_GRACE_S if job.kind == "append" else 0.0
     answer: object = (job.result - job.appended, job.result) if job.kind == "append" else generation_of(ctx, job)
-    if isinstance(answer, Generation) and job.appended:
-        answer.prompt_tokens = job.appended  # a generate given its prompt
+    if isinstance(answer, Generation):
+        answer.length = job.result
+        if job.appended:
+            answer.prompt_tokens = job.appended  # a generate given its prompt
     try:
         durability.commit(job.session_id, job.request_id, answer)
     except Exception as exc:

@@ -125,6 +125,12 @@ def _token_texts(text_of: InContext, tokens: Sequence[int]) -> list[str]:
     return [text_of([t]) for t in tokens]
 
 
+def _length_after(session: Session, reply: Generation) -> int:
+    """The session's log length after the reply: as the backend committed it, else read (a reply
+    replayed for a retried call does not carry it)."""
+    return reply.length if reply.length is not None else len(session.tokens())
+
+
 def run_turn(session: Session, prompt: Prompt, plan: GenerationPlan, anchor: int | None,
              decode: Decode | None = None) -> TurnOutcome:
     """``anchor``: a control token of the model (``ServedModel.anchor``), or None; ``decode``: the
@@ -132,7 +138,7 @@ def run_turn(session: Session, prompt: Prompt, plan: GenerationPlan, anchor: int
     appended = _append(session, prompt)
     text_of = _in_context(session, anchor, decode)
     reply = session.generate(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
-    length = len(session.tokens())
+    length = _length_after(session, reply)
     return _outcome(text_of, reply, text_of.reply(reply), length - len(reply), appended, plan)
 
 
@@ -213,7 +219,7 @@ class StreamingTurn:
         reply = self.generation
         if reply.prompt_tokens is not None:
             self.appended = reply.prompt_tokens
-        length = len(self.session.tokens())
+        length = _length_after(self.session, reply)
         self.prompt_tokens = length - len(reply)
         self.cached_tokens = self.prompt_tokens - self.appended
         self._final = (self._in_context.reply(reply), length)

@@ -31,6 +31,8 @@ def test_a_prompt_given_to_generate_equals_append_then_generate(manager, backend
         assert list(stream) == list(expected)
         assert stream.generation is not None and stream.generation.prompt_tokens == len(TURN)
         assert one.tokens() == two.tokens()
+        assert got.length == len(PROMPT + TURN) + 20  # the log's length as the call committed it
+        assert stream.generation.length == len(one.tokens())
 
 
 def test_a_stream_left_after_three_tokens_keeps_its_prompt_and_three(manager) -> None:
