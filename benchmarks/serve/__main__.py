@@ -1,7 +1,7 @@
 """HTTP chat clients against ``kvres serve``: session-bound (``X-Session-Id``) against stateless.
 
 Run: ``.venv/bin/python -m benchmarks.serve [--clients 8] [--turns 10] [--conversation-tokens 512]
-[--reply-tokens 16] [--repeats 3] [--threads 2] [--kv-layout split|unified] [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --ff 2048
+[--history-tokens 0] [--reply-tokens 16] [--repeats 3] [--threads 2] [--kv-layout split|unified] [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --ff 2048
 --vocab 32000] [--model PATH] [--out DIR]``. Writes ``serve.json`` and ``serve.png`` into DIR
 (default benchmarks/results).
 
@@ -12,7 +12,9 @@ Run: ``.venv/bin/python -m benchmarks.serve [--clients 8] [--turns 10] [--conver
 - ``--clients`` threads, each holding one conversation of ``--turns`` turns that grows to about
   ``--conversation-tokens`` tokens: each turn a user message of random words, then a streamed reply
   of ``--reply-tokens`` tokens (plain letters: a grammar keeps the random model's replies text).
-  Every client sends the whole conversation each turn, as chat apps do.
+  Every client sends the whole conversation each turn, as chat apps do. ``--history-tokens H``:
+  each conversation starts with earlier exchanges of about H tokens (a chat resumed), sent with
+  its first turn; the turns then grow it by about ``--conversation-tokens`` more.
 - Two modes in one run, on the same server: ``stateless`` (no header: every turn prefills the
   whole history) and ``bound`` (each client's ``X-Session-Id``: the session holds the history,
   only the new turn is prefilled), ``--repeats`` times each, alternating which goes first (the
@@ -85,8 +87,15 @@ def _turn(client: Any, model: str, messages: list[dict[str, str]], session: str 
             "completion_tokens": usage.get("completion_tokens", 0)}
 
 
+def _history(rng: np.random.Generator, exchanges: int, user_words: int, reply_words: int) -> list[dict[str, str]]:
+    """Earlier exchanges of a conversation: user and assistant messages of random words."""
+    return [{"role": role, "content": _words(rng, user_words if role == "user" else reply_words)}
+            for _ in range(exchanges) for role in ("user", "assistant")]
+
+
 def run_mode(base: str, model: str, clients: int, turns: int, user_words: int, reply_tokens: int,
-             bound: bool, seed: int) -> dict[str, Any]:
+             bound: bool, seed: int, history: int = 0) -> dict[str, Any]:
+    """``history``: earlier exchanges each conversation starts with (sent with its first turn)."""
     import httpx
 
     rows: list[list[dict[str, Any]]] = [[] for _ in range(clients)]
@@ -96,7 +105,7 @@ def run_mode(base: str, model: str, clients: int, turns: int, user_words: int, r
     def conversation(c: int) -> None:
         rng = np.random.default_rng(seed + c)
         session = f"bench-{uuid.uuid4().hex[:10]}" if bound else None
-        messages: list[dict[str, str]] = []
+        messages = _history(rng, history, user_words, reply_tokens)
         try:
             with httpx.Client(base_url=base, timeout=600) as client:
                 start.wait(timeout=120)
@@ -129,6 +138,7 @@ def run_mode(base: str, model: str, clients: int, turns: int, user_words: int, r
         "prompt_tokens": sum(r["prompt_tokens"] for rs in rows for r in rs),
         "cached_tokens": sum(r["cached_tokens"] for rs in rows for r in rs),
         "prefilled_tokens": sum(r["prompt_tokens"] - r["cached_tokens"] for rs in rows for r in rs),
+        "first_prompt_tokens": statistics.mean(rs[0]["prompt_tokens"] for rs in rows),
         "final_conversation_tokens": statistics.mean(rs[-1]["prompt_tokens"] + rs[-1]["completion_tokens"]
                                                      for rs in rows),
     }
@@ -148,6 +158,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_by_turn_s": [statistics.mean(r["ttft_by_turn_s"][i] for r in runs) for i in range(turns)],
         "prompt_tokens": runs[0]["prompt_tokens"], "cached_tokens": runs[0]["cached_tokens"],
         "prefilled_tokens": runs[0]["prefilled_tokens"],
+        "first_prompt_tokens": runs[0]["first_prompt_tokens"],
         "final_conversation_tokens": runs[0]["final_conversation_tokens"],
     }
 
@@ -161,7 +172,7 @@ def _serve(model: Path, args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
 
     if ray.is_initialized():
         raise RuntimeError("benchmarks.serve needs a fresh local Ray cluster: ray is already initialised")
-    per_session = args.conversation_tokens + 2 * args.reply_tokens + 128
+    per_session = args.history_tokens + args.conversation_tokens + 2 * args.reply_tokens + 128
     slots = min(64, 2 * args.clients)  # a stateless request's session beside each bound one
     # split: every slot's stream must hold a whole conversation; unified: the budget is what they hold together
     n_ctx = per_session * (slots if args.kv_layout == "split" else args.clients)
@@ -189,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--conversation-tokens", type=int, default=512, help="about what a conversation grows to")
+    parser.add_argument("--history-tokens", type=int, default=0,
+                        help="about how long each conversation already is before its first turn (a chat resumed)")
     parser.add_argument("--reply-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="runs of both modes, alternating which goes first")
     parser.add_argument("--threads", type=int, default=2)
@@ -206,6 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if min(args.clients, args.turns, args.reply_tokens, args.repeats) < 1:
         parser.error("--clients, --turns, --reply-tokens and --repeats must be >= 1")
+    if args.history_tokens < 0:
+        parser.error(f"--history-tokens must be >= 0, got {args.history_tokens}")
 
     from benchmarks.realistic_model import CHAT_TEMPLATE, ModelShape, write_realistic_model
 
@@ -226,16 +241,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"--conversation-tokens {args.conversation_tokens} leaves no room for a user message "
                                  f"in {args.turns} turns of {args.reply_tokens}-token replies ({overhead} tokens of "
                                  "template per turn)")
+            # an earlier exchange is about as long as a turn: its user message and its reply
+            exchanges = round(args.history_tokens / (per_turn + args.reply_tokens + overhead))
             runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
             for repeat in range(args.repeats):
                 # the two modes alternate which goes first, so a drift of the machine's load favours neither
                 for bound in ((False, True) if repeat % 2 == 0 else (True, False)):
                     runs[bound].append(run_mode(base, model_id, args.clients, args.turns, per_turn,
-                                                args.reply_tokens, bound, seed=repeat))
+                                                args.reply_tokens, bound, seed=repeat, history=exchanges))
                     m = runs[bound][-1]
                     print(f"repeat {repeat + 1} {m['mode']:>9}: {m['turns_per_s']:.2f} turns/s, TTFT p50 "
                           f"{m['ttft_p50_s'] * 1e3:.0f} ms, p99 {m['ttft_p99_s'] * 1e3:.0f} ms; prefilled "
-                          f"{m['prefilled_tokens']} tokens, cached {m['cached_tokens']}; conversations end at "
+                          f"{m['prefilled_tokens']} tokens, cached {m['cached_tokens']}; first prompts "
+                          f"{m['first_prompt_tokens']:.0f} tokens, conversations end at "
                           f"{m['final_conversation_tokens']:.0f} tokens", flush=True)
         finally:
             serve.shutdown()
@@ -246,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": str(args.model) if args.model else "random weights (benchmarks.realistic_model) + CHAT_TEMPLATE",
         "shape": None if args.model else {**shape.__dict__, "n_params": shape.n_params},
         "clients": args.clients, "turns": args.turns, "conversation_tokens": args.conversation_tokens,
+        "history_tokens": args.history_tokens,
         "reply_tokens": args.reply_tokens, "user_words_per_turn": per_turn, "template_tokens_per_turn": overhead,
         "threads": args.threads, "kv_layout": args.kv_layout,
         "modes": modes, "ttft_p50_ratio": bound_mode["ttft_p50_s"] / stateless["ttft_p50_s"], "bound": RATIO_BOUND,
@@ -275,7 +294,8 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         left.plot(turns, [t * 1e3 for t in mode["ttft_by_turn_s"]], marker="o", label=mode["mode"])
     left.set_xlabel("turn")
     left.set_ylabel("time to first token, mean over clients (ms)")
-    left.set_title(f"{result['clients']} HTTP clients, {result['conversation_tokens']}-token conversations")
+    history = f" after {result['history_tokens']}" if result["history_tokens"] else ""
+    left.set_title(f"{result['clients']} HTTP clients, {result['conversation_tokens']}-token conversations{history}")
     left.legend()
     names = [m["mode"] for m in result["modes"]]
     x = np.arange(len(names))

@@ -24,3 +24,16 @@ def test_serve_benchmark_writes_json_and_png(tmp_path: Path) -> None:
     assert bound["prompt_tokens"] == stateless["prompt_tokens"]
     assert len(bound["ttft_by_turn_s"]) == 3 and bound["turns_per_s"] > 0
     assert (tmp_path / "serve.png").stat().st_size > 0
+
+
+def test_conversations_can_start_with_a_history(tmp_path: Path) -> None:
+    """``--history-tokens``: each conversation's first turn carries earlier exchanges; a bound
+    session prefills them once, a stateless turn every time."""
+    from benchmarks.serve.__main__ import main
+
+    result = main(["--clients", "2", "--turns", "2", "--conversation-tokens", "120", "--history-tokens", "150",
+                   "--reply-tokens", "6", "--repeats", "1", "--threads", "1", *SMALL, "--out", str(tmp_path)])
+    stateless, bound = result["modes"]
+    assert result["history_tokens"] == 150
+    assert stateless["first_prompt_tokens"] == bound["first_prompt_tokens"] > 150 * 0.6
+    assert bound["prefilled_tokens"] < stateless["prefilled_tokens"] - bound["first_prompt_tokens"]
