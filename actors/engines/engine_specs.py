@@ -15,7 +15,8 @@ Primitives:
 - llama.cpp's cache as the llama executor creates it: ``llama_cache_cells(config)`` (one unified
   cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's small SWA cache:
   the window of every sequence plus one micro-batch) and ``llama_context_cells(n_ctx)`` (two
-  reserved cells, padded to 256);
+  reserved cells, padded to 256); ``llama_spare_streams(config)`` (a split layout's stream beside its
+  sessions', from ``LLAMA_SPARE_STREAM_SESSIONS`` of them on);
   ``LLAMA_RESERVED_CELLS``, ``LLAMA_RESERVED_SEQS``, ``LLAMA_N_BATCH``.
 
 Callers ask here (through ``kvres.actors.engines.registry``) instead of branching on the name.
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from kvres.actors.sizing.llama_probes import ProbeEngine
 
 LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.engines.llama.executor
+LLAMA_SPARE_STREAM_SESSIONS = 8  # kvres.actors.engines.llama.executor_args.SPARE_STREAM_SESSIONS
 
 AnyExecutor = Executor | EngineManagedExecutor
 
@@ -78,9 +80,16 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
     )
 
 
+def llama_spare_streams(config: BackendConfig) -> int:
+    """The streams a split layout has beside its sessions' (one to move them through, from
+    ``LLAMA_SPARE_STREAM_SESSIONS`` sessions on), each as large as a session's."""
+    return int(config.kv_layout == "split" and config.n_seq_max >= LLAMA_SPARE_STREAM_SESSIONS)
+
+
 def llama_cache_cells(config: BackendConfig) -> CacheCells:
-    if config.kv_layout == "split":  # one stream per session, no parking or scratch sequences
-        return CacheCells(n_seq_max=config.n_seq_max, n_ubatch=LLAMA_N_BATCH, kv_unified=False, swa_full=False)
+    if config.kv_layout == "split":  # one stream per session (and a spare), no parking or scratch sequences
+        return CacheCells(n_seq_max=config.n_seq_max + llama_spare_streams(config), n_ubatch=LLAMA_N_BATCH,
+                          kv_unified=False, swa_full=False)
     return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
                       kv_unified=True, swa_full=False)
 

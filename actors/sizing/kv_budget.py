@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.engine_specs import LLAMA_RESERVED_CELLS, engine_spec, llama_context_cells
+from kvres.actors.engines.engine_specs import (
+    LLAMA_RESERVED_CELLS,
+    engine_spec,
+    llama_context_cells,
+    llama_spare_streams,
+)
 from kvres.policy.capacity import CapacityError, LayerKVProfile, MemoryBudget, resolve_context_for_budget
 from kvres.policy.kv_layout import LLAMA_CELL_PAD
 
@@ -125,9 +130,12 @@ def resolve_kv_memory(
     grant = budget.bytes
     cap = _even(context_cap(config, model_path))
     if engine_spec(config.engine).cache_cells is not None:  # llama.cpp: a padded cache of cells per context
-        cells = resolve_context_for_budget(allocation, grant) // LLAMA_CELL_PAD * LLAMA_CELL_PAD
+        cells = resolve_context_for_budget(allocation, grant)
+        spare = llama_spare_streams(config)  # a split layout's spare stream takes a session's share more
+        cells = cells * config.n_seq_max // (config.n_seq_max + spare) // LLAMA_CELL_PAD * LLAMA_CELL_PAD
         n_ctx = min(cap, cells - LLAMA_RESERVED_CELLS)
-        allocated = allocation.kv_bytes_for_context(llama_context_cells(n_ctx)) if n_ctx > 0 else 0.0
+        allocated = allocation.kv_bytes_for_context(llama_context_cells(n_ctx)) * (1 + spare / config.n_seq_max) \
+            if n_ctx > 0 else 0.0
     else:
         n_ctx = min(cap, _even(resolve_context_for_budget(resident, grant, max_context=cap)))
         allocated = 0.0

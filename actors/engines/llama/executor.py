@@ -100,7 +100,7 @@ from .blocks import ENGINE, BlockFormat
 from .cache_ops import CacheOps
 from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
 from .errors import ContextFullError, EngineError, SessionLimitError
-from .executor_args import RESERVED_CELLS, RESERVED_SEQS, check_args
+from .executor_args import RESERVED_CELLS, RESERVED_SEQS, SPARE_STREAM_SESSIONS, check_args
 from .recall import Recall
 from .sampler_chain import LlamaSampler
 from .session import PendingImport, Session
@@ -152,9 +152,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
             if split and self._model.n_swa > 0:
                 raise ValueError(f"kv_layout='split' is not for sliding-window models ({self.model_path.name} "
                                  f"has n_swa={self._model.n_swa}); use kv_layout='unified'")
+            spare = split and self.n_seq_max >= SPARE_STREAM_SESSIONS  # a stream to move sessions through
             self._ctx = LlamaContext(
-                self._model, n_ctx=self.n_ctx if split else self.n_ctx + _RESERVED_CELLS,
-                n_seq_max=self.n_seq_max if split else 2 * self.n_seq_max + _RESERVED_SEQS,
+                self._model, n_ctx=self.n_ctx + spare * (self.n_ctx // self.n_seq_max) if split
+                else self.n_ctx + _RESERVED_CELLS,
+                n_seq_max=self.n_seq_max + spare if split else 2 * self.n_seq_max + _RESERVED_SEQS,
                 type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
                 n_threads=self.n_threads, swa_full=swa_full, kv_unified=not split,
                 # one-token rows of many sessions in one tile of the CPU flash-attention kernel attend
@@ -167,8 +169,8 @@ class LlamaExecutor(SessionTable[Session], Executor):
         filler = self._model.bos if self._model.bos >= 0 else 0
         # llama.cpp reports can_shift for quantized K caches, but applying the K-shift crashes
         can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES and not split
-        self._ops = StreamOps(self._ctx, self.n_seq_max, self._ctx.n_cells // self.n_seq_max) if split \
-            else CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
+        self._ops = StreamOps(self._ctx, self.n_seq_max, self._ctx.n_cells // (self.n_seq_max + spare), spare) \
+            if split else CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
         self._free_seqs = set(range(self.n_seq_max))
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
@@ -374,11 +376,37 @@ class LlamaExecutor(SessionTable[Session], Executor):
                 else:
                     out[i] = self.append(sid, toks)
             if batch:
+                if isinstance(self._ops, StreamOps) and self._ops.spare is not None:
+                    self._gather([checked[i] for i in batch])
                 logits = self._ops.place_many(
                     [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in batch])
                 for i, lg in zip(batch, logits, strict=True):
                     out[i] = checked[i][0].appended(checked[i][2], lg)
             return [lg for lg in out if lg is not None]
+
+    def _gather(self, placing: Sequence[tuple[Session, str, list[int]]]) -> None:
+        """A split layout's step runs a pass over the weights per run of consecutive streams
+        (``stream_batches``): a session whose turn starts here (a chunk of two tokens or more) on a
+        stream above one that no session of this step holds moves down to it, exchanging streams
+        with the session there, if any (``StreamOps.swap``: two streams copied, once a turn), so
+        the sessions under way gather on the lowest streams."""
+        assert isinstance(self._ops, StreamOps)
+        taken = {s.seq for s, _, _ in placing}
+        holder = {s.seq: s for s in self._sessions.values()}
+        for s, _, toks in sorted(placing, key=lambda item: -item[0].seq):
+            lower = min((q for q in range(s.seq) if q not in taken), default=None)
+            if len(toks) < 2 or lower is None:
+                continue
+            other = holder.get(lower)
+            self._ops.swap(s.seq, lower)
+            taken.discard(s.seq)
+            taken.add(lower)
+            if other is None:
+                self._free_seqs.discard(lower)
+                self._free_seqs.add(s.seq)
+            else:
+                other.seq = s.seq
+            s.seq = lower
 
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
         with self._lock:

@@ -6,7 +6,8 @@ Primitives:
   returns ``n_ctx`` as an int and whether flash attention is forced on (a quantized V cache needs it).
 - ``MIN_N_CTX``, ``MAX_SEQUENCES`` (llama.cpp's LLAMA_MAX_SEQ), ``RESERVED_CELLS`` (applying
   pending K-shifts decodes one throwaway token), ``RESERVED_SEQS`` (the scratch sequence; each
-  session also has a parking sequence, ``cache_ops``).
+  session also has a parking sequence, ``cache_ops``), ``SPARE_STREAM_SESSIONS`` (from this many
+  sessions on a split layout keeps one stream more, to move sessions through).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ MIN_N_CTX = 32
 MAX_SEQUENCES = 256
 RESERVED_CELLS = 2
 RESERVED_SEQS = 1
+SPARE_STREAM_SESSIONS = 8  # a split layout of this many sessions or more keeps a stream spare to move them through
 KV_LAYOUTS = ("unified", "split")
 
 

@@ -12,6 +12,9 @@ Primitives:
   range of a sequence staged elsewhere raises ``CapabilityError`` (the executor reports
   ``remove_middle`` and ``position_shift`` false, so policies degrade to no eviction).
   ``reserve_for(seq, n)``: ``ContextFullError`` unless the sequence's stream has ``n`` more cells.
+  With ``spare=True`` the context has one stream more, sequence ``n_sessions``, which no session
+  holds: ``swap(a, b)`` exchanges two sessions' streams through it (whole streams copied by
+  llama.cpp when the next ``llama_decode`` starts; either may be empty).
 
 Why a split layout: in one unified cache every token attends over every occupied cell of every
 sequence (the mask hides the others' cells, the kernels still walk them), so with many resident
@@ -73,10 +76,27 @@ def all_streams(payload: bytes | bytearray | memoryview, n_stream: int) -> bytes
 
 
 class StreamOps(CacheOps):
-    def __init__(self, ctx: LlamaContext, n_sessions: int, cells_per_session: int) -> None:
+    def __init__(self, ctx: LlamaContext, n_sessions: int, cells_per_session: int, spare: bool = False) -> None:
         super().__init__(ctx, n_sessions, filler_token=0, can_shift=False)
         self.cells_per_session = cells_per_session
+        self.spare = n_sessions if spare else None  # the stream no session holds (``swap``)
+        self.n_streams = n_sessions + spare
         self._held: dict[int, int] = {}  # session seq -> cells in its stream
+
+    def swap(self, a: int, b: int) -> None:
+        """Sessions ``a`` and ``b`` exchange streams (cells, positions and all): the next
+        ``llama_decode`` copies them, in this order, before it computes anything."""
+        if self.spare is None:
+            raise CapabilityError(f"moving a session to another stream needs the spare stream ({_SPLIT})")
+        ctx, spare = self.ctx, self.spare
+        for src, dst in ((a, spare), (b, a), (spare, b)):
+            ctx.seq_cp(src, dst, -1, -1)  # across streams llama.cpp copies only whole streams
+            ctx.seq_rm(src, -1, -1)
+        held_a, held_b = self._held.pop(a, 0), self._held.pop(b, 0)
+        if held_b:
+            self._held[a] = held_b
+        if held_a:
+            self._held[b] = held_a
 
     # -- room ---------------------------------------------------------------------------------
     def reserve_for(self, seq: int, n: int) -> None:
@@ -193,7 +213,7 @@ class StreamOps(CacheOps):
             raise CapabilityError(f"restoring cells into a session that holds some, or moved by {delta}: "
                                   f"{_SPLIT} restores whole sessions in place")
         self.reserve_for(seq, len(positions))
-        if not self.ctx.state_set(seq, all_streams(payload, self.n_sessions)):
+        if not self.ctx.state_set(seq, all_streams(payload, self.n_streams)):
             return False
         self._took(seq, len(positions))
         return True
