@@ -216,3 +216,19 @@ def test_a_split_layout_below_eight_sessions_has_no_spare_stream(make_llama: Cal
     assert make_llama(kv_layout="split", n_seq_max=7)._ops.spare is None
     ex = make_llama(kv_layout="split", n_seq_max=8, n_ctx=8 * 256)
     assert ex._ops.spare == 8 and ex._ops.cells_per_session == 256  # each session's stream as without it
+
+
+def test_a_refused_step_moves_no_session(make_llama: Callable[..., LlamaExecutor]) -> None:
+    """A step refused (a turn past its stream's cells) exchanges no streams: every session stays
+    where it was and goes on as a twin that never saw the step."""
+    runs = []
+    for refused in (True, False):
+        ex = make_llama(kv_layout="split", n_seq_max=8, n_ctx=8 * 256)
+        for i in range(8):
+            ex.open_session(f"s{i}")
+            ex.append(f"s{i}", PROMPT[i : 20 + i] * (12 if i == 6 else 1))
+        if refused:
+            with pytest.raises(ContextFullError):
+                ex.append_many([("s1", [5]), ("s6", PROMPT[:40])])  # s6 holds 240 of its 256 cells
+        runs.append(({sid: s.seq for sid, s in ex._sessions.items()}, [ex.generate(f"s{i}", 4) for i in range(8)]))
+    assert runs[0] == runs[1] and runs[0][0]["s6"] == 6

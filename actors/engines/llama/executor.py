@@ -377,6 +377,9 @@ class LlamaExecutor(SessionTable[Session], Executor):
                     out[i] = self.append(sid, toks)
             if batch:
                 if isinstance(self._ops, StreamOps) and self._ops.spare is not None:
+                    # refused before any stream moves: a move's copies are done by the decode that follows it
+                    self._ops.check_places([(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos)
+                                            for i in batch])
                     self._gather([checked[i] for i in batch])
                 logits = self._ops.place_many(
                     [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in batch])

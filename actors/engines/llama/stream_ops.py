@@ -11,7 +11,8 @@ Primitives:
   writes (``one_stream`` / ``all_streams`` convert), so blocks move between layouts. What needs cells moved, a middle removed or a
   range of a sequence staged elsewhere raises ``CapabilityError`` (the executor reports
   ``remove_middle`` and ``position_shift`` false, so policies degrade to no eviction).
-  ``reserve_for(seq, n)``: ``ContextFullError`` unless the sequence's stream has ``n`` more cells.
+  ``reserve_for(seq, n)``: ``ContextFullError`` unless the sequence's stream has ``n`` more cells;
+  ``check_places(items)``: what ``place_many`` would refuse, raised before anything changes.
   With ``spare=True`` the context has one stream more, sequence ``n_sessions``, which no session
   holds: ``swap(a, b)`` exchanges two sessions' streams through it (whole streams copied by
   llama.cpp when the next ``llama_decode`` starts; either may be empty).
@@ -140,12 +141,16 @@ class StreamOps(CacheOps):
         self.ctx.seq_rm(seq, position, -1)
         return self.ctx.decode([token], position, seq)
 
-    def place_many(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[npt.NDArray[np.float32]]:
-        """Every item in one ``llama_decode``, in sequence order, with a throwaway token on the idle
-        sequences that join runs of the others (``stream_batches``), removed again after."""
+    def check_places(self, items: Sequence[tuple[int, Sequence[int], int]]) -> None:
+        """What ``place_many`` refuses (``CapabilityError``, ``ContextFullError``), before anything changes."""
         for seq, tokens, first in items:
             self._at_end(seq, first, "placing tokens")
             self.reserve_for(seq, len(tokens))
+
+    def place_many(self, items: Sequence[tuple[int, Sequence[int], int]]) -> list[npt.NDArray[np.float32]]:
+        """Every item in one ``llama_decode``, in sequence order, with a throwaway token on the idle
+        sequences that join runs of the others (``stream_batches``), removed again after."""
+        self.check_places(items)
         busy = {seq for seq, _, _ in items}
         fillers = set(gap_fillers([(seq, len(tokens)) for seq, tokens, _ in items], self.ctx.n_batch,
                                   lambda s: s not in busy and self._held.get(s, 0) < self.cells_per_session))
