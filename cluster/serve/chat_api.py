@@ -145,10 +145,13 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
     """The server-sent events of a streamed turn: ``opening`` choices, one per text delta, the
     ``closing`` ones, the usage chunk when asked, ``[DONE]``; an error mid-way ends it as an event."""
     try:
-        for choice in opening:
-            yield sse(turn.envelope(obj, [choice]))
+        # the opening events go out with the first text, in one send: one trip less to the first token
+        head = "".join(sse(turn.envelope(obj, [choice])) for choice in opening)
         async for text in streaming.deltas():
-            yield sse(turn.envelope(obj, [piece(text)]))
+            yield head + sse(turn.envelope(obj, [piece(text)]))
+            head = ""
+        if head:
+            yield head
         outcome = await turn.service.run(streaming.outcome)
         for choice in closing(outcome):
             yield sse(turn.envelope(obj, [choice]))
