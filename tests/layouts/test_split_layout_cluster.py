@@ -76,3 +76,48 @@ def test_a_split_backend_measures_no_recall_costs(manager) -> None:
 
     stats = {name: ray.get(manager.backend_handle(name).stats.remote()) for name in ("unified", "split")}
     assert stats["split"]["recall_costs"] is None and stats["unified"]["recall_costs"] is not None
+
+
+def test_turns_that_start_on_high_streams_move_down_and_give_what_they_give_alone(manager) -> None:
+    """On a split backend of 8 sessions, turns that start together on every other session (so the
+    sessions under way sit on scattered streams) move down to the lowest streams the step leaves
+    free; every turn gives what the same turn gives alone on the unified backend."""
+    import threading
+
+    import ray
+
+    prompts = [PROMPT[i : 30 + i] for i in range(8)]
+    sessions = [manager.open_session(backend="split8") for _ in range(8)]
+    replies: dict[int, list[int]] = {}
+    try:
+        for s, p in zip(sessions, prompts, strict=True):
+            s.append(p)
+
+        def turn(i: int) -> None:
+            replies[i] = list(sessions[i].stream(12, ignore_eos=True, prompt=PROMPT[40 + i : 48 + i]))
+
+        threads = [threading.Thread(target=turn, args=(i,)) for i in (1, 3, 5, 7)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seqs = ray.get(manager.backend_handle("split8").__ray_call__.remote(
+            lambda self, ids=[s.session_id for s in sessions]: [self.host._ctx.executor._sessions[i].seq for i in ids]))
+        assert sorted(seqs) == list(range(8)) and seqs[1] + seqs[3] + seqs[5] + seqs[7] < 1 + 3 + 5 + 7
+        for i in (1, 3, 5, 7):
+            alone = manager.open_session(backend="unified")
+            try:
+                alone.append(prompts[i])
+                assert list(alone.stream(12, ignore_eos=True, prompt=PROMPT[40 + i : 48 + i])) == replies[i]
+            finally:
+                alone.close()
+        for i in (0, 2):  # sessions moved aside go on as they would have
+            alone = manager.open_session(backend="unified")
+            try:
+                alone.append(prompts[i])
+                assert list(sessions[i].generate(6, ignore_eos=True)) == list(alone.generate(6, ignore_eos=True))
+            finally:
+                alone.close()
+    finally:
+        for s in sessions:
+            s.close()
