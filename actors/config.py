@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvres.policy.kv_types import QUANTIZED_KV_TYPES, KVType
+from kvres.policy.kv_types import KVType, flash_attn_for
 
 DEFAULT_KV_MEMORY_RESERVE = 256 * 1024 * 1024  # compute buffers and the rest of the process
 TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
@@ -187,8 +187,7 @@ class BackendConfig(BaseModel):
             raise ValueError(f"kv_layout='split' is a llama.cpp layout; engine={self.engine!r} has none")
         if self.flash_attn is not None and self.engine != "llama":
             raise ValueError(f"flash_attn={self.flash_attn} is a llama.cpp setting; engine={self.engine!r} has none")
-        if self.flash_attn is False and self.type_v in QUANTIZED_KV_TYPES:
-            raise ValueError(f"type_v={self.type_v!r} needs flash attention; flash_attn=False was given")
+        flash_attn_for(self.type_v, self.flash_attn)  # a quantized V cache without it fails here, before any actor
         for tenant in self.tenant_quotas:
             if not re.fullmatch(TENANT_PATTERN, tenant):
                 raise ValueError(f"tenant_quotas key {tenant!r} is not a tenant label (1-64 of A-Z a-z 0-9 _ . : @ -)")

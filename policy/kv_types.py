@@ -5,7 +5,9 @@ Primitives:
 - ``KV_TYPES``: every ggml type a KV cache may be priced in, name -> ``KVTypeInfo`` (ggml type id,
   elements per quantization block, bytes per block); the configurable ones come first.
 - ``CONFIGURABLE_KV_TYPES``, ``QUANTIZED_KV_TYPES``; ``kv_type_info(name)``,
-  ``kv_type_row_bytes(name, n_elements)``, ``kv_type_fits_head(name, head_dim)``.
+  ``kv_type_row_bytes(name, n_elements)``, ``kv_type_fits_head(name, head_dim)``,
+  ``flash_attn_for(type_v, flash_attn)`` (``ValueError`` for a quantized V cache without flash
+  attention; otherwise what flash attention must be: on for a quantized V, else as given).
 
 llama.cpp refuses a quantized cache whose head dimension is not a whole number of blocks, and it
 needs flash attention for a quantized V cache; both rules read this table.
@@ -65,3 +67,13 @@ def kv_type_row_bytes(name: str, n_elements: int) -> float:
 def kv_type_fits_head(name: str, head_dim: int) -> bool:
     """Whether one head's row holds whole quantization blocks of ``name``."""
     return head_dim % kv_type_info(name).block_elements == 0
+
+
+def flash_attn_for(type_v: str, flash_attn: bool | None) -> bool | None:
+    """``flash_attn`` as a V cache of ``type_v`` needs it: on for a quantized one (``ValueError`` if
+    it was turned off), else as given."""
+    if type_v not in QUANTIZED_KV_TYPES:
+        return flash_attn
+    if flash_attn is False:
+        raise ValueError(f"type_v={type_v!r} needs flash attention; flash_attn=False was given")
+    return True

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, QUANTIZED_KV_TYPES
+from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, flash_attn_for
 
 MIN_N_CTX = 32
 MAX_SEQUENCES = 256
@@ -42,10 +42,7 @@ def check_args(n_ctx: Any, n_seq_max: int, type_k: str, type_v: str, flash_attn:
     for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
         if kv_type not in CONFIGURABLE_KV_TYPES:
             raise ValueError(f"{name}={kv_type!r} is not a supported KV type ({', '.join(CONFIGURABLE_KV_TYPES)})")
-    if type_v in QUANTIZED_KV_TYPES:
-        if flash_attn is False:
-            raise ValueError(f"type_v={type_v!r} needs flash attention; flash_attn=False was given")
-        flash_attn = True
+    flash_attn = flash_attn_for(type_v, flash_attn)
     if n_batch < 1:
         raise ValueError(f"n_batch={n_batch} must be >= 1")
     if score_window < 1 or score_kernel < 1 or score_kernel % 2 == 0:
