@@ -391,8 +391,8 @@ class LlamaExecutor(SessionTable[Session], Executor):
         """A split layout's step runs a pass over the weights per run of consecutive streams
         (``stream_batches``): a session whose turn starts here (a chunk of two tokens or more) on a
         stream above one that no session of this step holds moves down to it, exchanging streams
-        with the session there, if any (``StreamOps.swap``: two streams copied, once a turn), so
-        the sessions under way gather on the lowest streams."""
+        with the session there, if any (``StreamOps.swap``: three whole-stream copies through the
+        spare, once a turn), so the sessions under way gather on the lowest streams."""
         assert isinstance(self._ops, StreamOps)
         taken = {s.seq for s, _, _ in placing}
         holder = {s.seq: s for s in self._sessions.values()}
