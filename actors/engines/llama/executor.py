@@ -394,11 +394,14 @@ class LlamaExecutor(SessionTable[Session], Executor):
         with the session there, if any (``StreamOps.swap``: three whole-stream copies through the
         spare, once a turn), so the sessions under way gather on the lowest streams."""
         assert isinstance(self._ops, StreamOps)
+        starting = [item for item in placing if len(item[2]) >= 2]
+        if not starting:
+            return  # a step of decodes alone (most steps): nothing to look up
         taken = {s.seq for s, _, _ in placing}
         holder = {s.seq: s for s in self._sessions.values()}
-        for s, _, toks in sorted(placing, key=lambda item: -item[0].seq):
+        for s, _, _ in sorted(starting, key=lambda item: -item[0].seq):
             lower = min((q for q in range(s.seq) if q not in taken), default=None)
-            if len(toks) < 2 or lower is None:
+            if lower is None:
                 continue
             other = holder.get(lower)
             self._ops.swap(s.seq, lower)
