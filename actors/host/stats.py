@@ -83,7 +83,7 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
         "kv_budget_bytes": budget_bytes,
         "resident_kv_bytes": resident_bytes,
         "free_kv_bytes": None if budget_bytes is None or resident_bytes is None else budget_bytes - resident_bytes,
-        "sessions": {sid: {"state": s.state.value, "resident_tokens": live.get(sid, 0)}
+        "sessions": {sid: {"state": s.state.value, "resident_tokens": live.get(sid, 0), "tenant": s.policy.tenant}
                      for sid, s in ctx.sessions.items()},
         "tenants": tenant_usage(ctx),
         "loop": ctx.loop.profile.as_dict(),

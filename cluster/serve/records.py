@@ -5,7 +5,8 @@ Primitives:
   response was written: the point ``previous_response_id`` continues from), ``conversation`` (the
   messages through this response, instructions left out: they apply to one response only),
   ``input_items`` (this request's input, for ``GET /v1/responses/{id}/input_items``),
-  ``response`` (the Response object as it was answered), ``created_at``. ``to_json`` / ``from_json``.
+  ``response`` (the Response object as it was answered), ``created_at``, ``tenant`` (the label of
+  the API key that made it: only that tenant's keys read, continue or delete it). ``to_json`` / ``from_json``.
 - ``ResponseRecords(max_records=100_000)``: ``put(record) -> [session ids no record names any
   more]`` (the oldest records make room past ``max_records``), ``get(id)``, ``delete(id) ->
   (record, session id no record names any more or None)``, ``forget_session(session_id) -> [ids]``,
@@ -31,6 +32,7 @@ class ResponseRecord:
     input_items: list[dict[str, Any]] = field(default_factory=list)
     response: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    tenant: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

@@ -16,6 +16,8 @@ Primitives:
   ``response.content_part.done``, ``response.output_item.done``, then ``response.completed`` (or
   ``response.incomplete`` when ``max_output_tokens`` ended it, ``response.failed`` on an error),
   each with its ``sequence_number``.
+- A stored response belongs to the tenant of the API key that made it: another tenant's key is
+  answered as if it did not exist (404), whether it reads, deletes or continues from it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..session_handle import Session
 from .catalog import ServedModel
 from .errors import ApiError, api_error, bad_request, not_found
 from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
+from .owners import may_use
 from .records import ResponseRecord
 from .responses_schemas import ResponseRequest
 from .sampling_fields import GenerationPlan, max_tokens_of
@@ -86,7 +89,7 @@ class _Call:
         service, req = self.service, self.req
         if req.previous_response_id is None:
             sid = _new_session_id()
-            stack = service.lease(sid)
+            stack, _ = service.lease(sid)
             try:
                 session = service.open_session(self.model, self.backend, sid, self.tenant)
             except BaseException:
@@ -94,7 +97,7 @@ class _Call:
                 raise
             stack.callback(self._close_unless_kept, session)
             return session, stack
-        previous = service.state.get_response(req.previous_response_id)
+        previous = _readable(service, service.state.get_response(req.previous_response_id), self.tenant)
         if previous is None:
             raise not_found(f"no stored response {req.previous_response_id!r} (never stored, deleted, or "
                             "answered with store=false)", param="previous_response_id", code="response_not_found")
@@ -102,10 +105,10 @@ class _Call:
             raise bad_request(f"response {previous.id!r} was made by model {previous.response.get('model')!r}, "
                               f"not {self.model.id!r}", param="model")
         self.history = list(previous.conversation)
-        stack = service.lease(previous.session_id)
+        stack, owner = service.lease(previous.session_id)
         try:
             try:
-                session = service.manager.session(previous.session_id)
+                session = service.session(previous.session_id, self.tenant, owner)
             except UnknownSessionError:
                 raise not_found(f"the session of response {previous.id!r} was closed", param="previous_response_id",
                                 code="response_not_found") from None
@@ -116,11 +119,12 @@ class _Call:
             if held == previous.length:
                 return session, stack  # its latest point: only the new input is appended
             branch = session.fork(_new_session_id())  # an older point: a branch from there
+            service.claim(branch.session_id, self.tenant)
         except BaseException:
             stack.close()
             raise
         stack.close()
-        stack = service.lease(branch.session_id)
+        stack, _ = service.lease(branch.session_id)
         try:
             branch.truncate(previous.length)
         except BaseException:
@@ -193,7 +197,7 @@ class _Call:
             id=self.id, session_id=self.session.session_id, length=outcome.length,
             conversation=self.history + self.inputs + [{"role": "assistant", "content": outcome.text}],
             input_items=[m.item() for m in self.req.input_messages()], response=self.final(outcome),
-            created_at=self.created_at)
+            created_at=self.created_at, tenant=self.tenant)
         orphans = self.service.state.put_response(record)
         self.kept = True
         for orphan in orphans:
@@ -277,9 +281,16 @@ async def input_items(request: Request, response_id: str) -> Response:
                          "last_id": items[-1]["id"] if items else None, "has_more": False})
 
 
+def _readable(service: Service, record: ResponseRecord | None, tenant: str | None) -> ResponseRecord | None:
+    """``record`` where the caller's tenant may use it; another tenant's is answered as missing."""
+    if record is None or (service.fenced and not may_use(record.tenant, tenant)):
+        return None
+    return record
+
+
 async def _stored(request: Request, response_id: str) -> ResponseRecord:
     service = service_of(request)
-    record = await service.run(service.state.get_response, response_id)
+    record = _readable(service, await service.run(service.state.get_response, response_id), tenant_of(request))
     if record is None:
         raise not_found(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
     return record
@@ -291,6 +302,8 @@ async def delete_response(request: Request, response_id: str) -> Response:
     service = service_of(request)
 
     def delete() -> bool:
+        if _readable(service, service.state.get_response(response_id), tenant_of(request)) is None:
+            return False
         record, orphan = service.state.delete_response(response_id)
         if orphan is not None:
             with contextlib.suppress(UnknownSessionError):

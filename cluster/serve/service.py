@@ -5,15 +5,22 @@ Primitives:
   ``namespace`` (Ray is already running in a Serve replica), ``catalog``, ``state``
   (``ServeState``), ``keys`` (``KeyCheck``); ``run(fn, *args)`` (await a blocking kvres call on the
   replica's own thread pool, so the event loop never waits on Ray); ``close()``.
+- ``Service.fenced``: whether requests carry an identity (API keys are configured): then a key's
+  requests reach only its own tenant's sessions (``owners.may_use``); another tenant's session
+  answers as an unknown one (404), and as a taken id (409) where a request would open it.
 - ``Service.open_session(model, backend, session_id=None, tenant=None) -> Session``: on ``backend``,
   or where placement puts a session of ``model``; ``tenant``: the label of the request's API key,
-  whose quotas the session counts against.
+  whose quotas the session counts against (and who owns it).
+- ``Service.session(session_id, tenant, owner=None) -> Session``: an open session the caller's
+  tenant owns (``owner``: what the session's lease said of its owner, when one is held);
+  ``Service.claim(session_id, tenant)``: a session this front opened or forked is ``tenant``'s.
 - ``Service.stateless(model, backend, tenant=None) -> (Session, ExitStack)``: a session opened for one
   request and closed when the stack closes.
 - ``Service.bound(model, backend, session_id, tenant=None) -> (Session, ExitStack)``: the named session
   (opened with that id on first use), held under its lease until the stack closes; another request
   on it meanwhile is refused (409). A session of another model than the one asked is a 400.
-- ``Service.lease(session_id) -> ExitStack``: the session's lease alone (for the sessions routes).
+- ``Service.lease(session_id) -> (ExitStack, Owner)``: the session's lease alone (for the sessions
+  routes), and its owner as far as the front knows.
 
 Sessions live in the backend actors: any replica serves any session.
 """
@@ -35,7 +42,8 @@ from ..session import SessionManager, connect
 from ..session_handle import Session
 from .auth import KeyCheck
 from .catalog import ModelCatalog, ServedModel
-from .errors import bad_request
+from .errors import ApiError, bad_request
+from .owners import Owner, may_use
 from .state_actor import ServeState
 
 T = TypeVar("T")
@@ -59,32 +67,64 @@ class Service:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- sessions ------------------------------------------------------------------------------
-    def open_session(self, model: ServedModel, backend: str | None, session_id: str | None = None,
-                     tenant: str | None = None) -> Session:
+    @property
+    def fenced(self) -> bool:
+        return not self.keys.open
+
+    def _open(self, model: ServedModel, backend: str | None, session_id: str | None,
+              tenant: str | None) -> Session:
         policy = None if tenant is None else self.manager.config.default_policy.with_retention(tenant=tenant)
         if backend is not None:
             return self.manager.open_session(backend=backend, session_id=session_id, policy=policy)
         return self.manager.open_session(model=str(model.path), session_id=session_id, policy=policy)
 
+    def open_session(self, model: ServedModel, backend: str | None, session_id: str | None = None,
+                     tenant: str | None = None) -> Session:
+        session = self._open(model, backend, session_id, tenant)
+        self.claim(session.session_id, tenant)
+        return session
+
+    def claim(self, session_id: str, tenant: str | None) -> None:
+        if self.fenced:
+            self.state.claim(session_id, tenant)
+
+    def session(self, session_id: str, tenant: str | None, owner: Owner | None = None) -> Session:
+        session = self.manager.session(session_id)
+        if not self.fenced:
+            return session
+        owner = self.state.owner(session_id) if owner is None else owner
+        if owner.known:
+            owning = owner.tenant
+        else:  # opened by a driver, or before the front's state restarted: its policy says
+            owning = session.stats()["policy"]["tenant"]
+            self.state.claim(session_id, owning)
+        if not may_use(owning, tenant):
+            raise OtherTenantsSessionError(session_id)
+        return session
+
     def stateless(self, model: ServedModel, backend: str | None,
                   tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
         stack = contextlib.ExitStack()
-        session = self.open_session(model, backend, tenant=tenant)
+        session = self._open(model, backend, None, tenant)  # no other request can name it: not claimed
         stack.callback(self.close_quietly, session)
         return session, stack
 
-    def lease(self, session_id: str) -> contextlib.ExitStack:
+    def lease(self, session_id: str) -> tuple[contextlib.ExitStack, Owner]:
         validate_session_id(session_id)
         stack = contextlib.ExitStack()
-        stack.enter_context(self.state.lease(session_id))
-        return stack
+        owner = stack.enter_context(self.state.lease(session_id))
+        return stack, owner
 
     def bound(self, model: ServedModel, backend: str | None, session_id: str,
               tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
-        stack = self.lease(session_id)
+        stack, owner = self.lease(session_id)
         try:
             try:
-                session = self.manager.session(session_id)
+                session = self.session(session_id, tenant, owner)
+            except OtherTenantsSessionError:
+                raise ApiError(409, f"session id {session_id!r} is taken by a session another API key's tenant "
+                                    "owns; bind this conversation to another X-Session-Id",
+                               param="X-Session-Id", code="session_exists") from None
             except UnknownSessionError:
                 session = self.open_session(model, backend, session_id, tenant)
             if session.backend not in model.backends or (backend is not None and session.backend != backend):
@@ -103,3 +143,7 @@ class Service:
             pass
         except Exception as exc:  # the answer is on its way: a session left open is logged, not raised
             log.warning("closing session %r failed: %s: %s", session.session_id, type(exc).__name__, exc)
+
+
+class OtherTenantsSessionError(UnknownSessionError):
+    """A session another tenant owns: answered exactly as an unknown one, so ids do not leak."""

@@ -12,7 +12,10 @@ Primitives:
   secret) and ``/restore`` (those bytes as the body: a session of this id on this cluster).
 
 Every call but ``GET`` and ``DELETE`` holds the session's lease (409 while a turn runs on it);
-``DELETE`` closes the session even then (its running call ends).
+``DELETE`` closes the session even then (its running call ends). Where API keys are configured, a
+key sees and touches only its own tenant's sessions (``Service.fenced``): the list leaves the others
+out, and each route answers another tenant's session as an unknown one (404); ``/restore`` refuses
+a file exported from another tenant's session (400).
 """
 
 from __future__ import annotations
@@ -23,16 +26,19 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvres.coldstore import validate_session_id
+from kvres.coldstore.session_file import peek_session
 
 from ..session_handle import Session
 from .errors import bad_request
-from .http_glue import answers_errors, parse, service_of
+from .http_glue import answers_errors, parse, service_of, tenant_of
+from .owners import may_use
 from .service import Service
 
 router = APIRouter()
@@ -59,15 +65,24 @@ def _summary(session_id: str, backend: str, **more: Any) -> dict[str, Any]:
 @answers_errors
 async def list_sessions(request: Request) -> Response:
     service = service_of(request)
-    sessions = await service.run(service.manager.sessions)
+    sessions = await service.run(_listed, service, tenant_of(request))
     return JSONResponse({"object": "list", "data": [_summary(s.session_id, s.backend) for s in sessions]})
+
+
+def _listed(service: Service, tenant: str | None) -> list[Session]:
+    sessions = service.manager.sessions()
+    if not service.fenced:
+        return sessions
+    refs = [service.manager.backend(name).stats_ref() for name in sorted({s.backend for s in sessions})]
+    owning = {sid: row.get("tenant") for stats in ray.get(refs) for sid, row in stats["sessions"].items()}
+    return [s for s in sessions if s.session_id in owning and may_use(owning[s.session_id], tenant)]
 
 
 @router.get("/v1/sessions/{session_id}")
 @answers_errors
 async def session_stats(request: Request, session_id: str) -> Response:
     service = service_of(request)
-    return JSONResponse(await service.run(_read, service, session_id, lambda session: {
+    return JSONResponse(await service.run(_read, service, session_id, tenant_of(request), lambda session: {
         **_summary(session_id, session.backend), **session.stats(), "http": service.state.session_counters(session_id)}))
 
 
@@ -75,75 +90,96 @@ async def session_stats(request: Request, session_id: str) -> Response:
 @answers_errors
 async def session_tokens(request: Request, session_id: str) -> Response:
     service = service_of(request)
-    return JSONResponse(await service.run(_read, service, session_id, lambda session: {
+    return JSONResponse(await service.run(_read, service, session_id, tenant_of(request), lambda session: {
         "id": session_id, "object": "session.tokens", "tokens": session.tokens(), "text": session.text()}))
 
 
-def _read(service: Service, session_id: str, view: Callable[[Session], dict[str, Any]]) -> dict[str, Any]:
+def _read(service: Service, session_id: str, tenant: str | None,
+          view: Callable[[Session], dict[str, Any]]) -> dict[str, Any]:
     validate_session_id(session_id)
-    return view(service.manager.session(session_id))
+    return view(service.session(session_id, tenant))
 
 
 @router.delete("/v1/sessions/{session_id}")
 @answers_errors
 async def delete_session(request: Request, session_id: str) -> Response:
     service = service_of(request)
+    tenant = tenant_of(request)
 
     def delete() -> None:
         validate_session_id(session_id)
-        service.manager.session(session_id).close()
+        service.session(session_id, tenant).close()
         service.state.forget_session(session_id)
 
     await service.run(delete)
     return JSONResponse({"id": session_id, "object": "session.deleted", "deleted": True})
 
 
-def _held(service: Service, session_id: str, action: Any) -> Any:
-    with service.lease(session_id):
-        return action(service.manager.session(session_id))
+def _held(service: Service, session_id: str, tenant: str | None, action: Any) -> Any:
+    stack, owner = service.lease(session_id)
+    with stack:
+        return action(service.session(session_id, tenant, owner))
 
 
 @router.post("/v1/sessions/{session_id}/{action}")
 @answers_errors
 async def session_action(request: Request, session_id: str, action: str) -> Response:
     service = service_of(request)
+    tenant = tenant_of(request)
     raw = await request.body()
     if action == "suspend":
-        await service.run(_held, service, session_id, lambda s: s.suspend())
+        await service.run(_held, service, session_id, tenant, lambda s: s.suspend())
         return JSONResponse({"id": session_id, "object": "session", "state": "suspended"})
     if action == "resume":
-        recomputed = await service.run(_held, service, session_id, lambda s: s.resume())
+        recomputed = await service.run(_held, service, session_id, tenant, lambda s: s.resume())
         return JSONResponse({"id": session_id, "object": "session", "recomputed_tokens": recomputed})
     if action == "fork":
         fork = parse(ForkBody, raw, empty_ok=True)
-        branch = await service.run(_held, service, session_id, lambda s: s.fork(fork.new_id))
+        branch = await service.run(_held, service, session_id, tenant,
+                                   lambda s: _fork(service, s, fork.new_id, tenant))
         return JSONResponse(_summary(branch.session_id, branch.backend, forked_from=session_id))
     if action == "rollback":
         rollback = parse(RollbackBody, raw, empty_ok=True)
-        length = await service.run(_held, service, session_id, lambda s: s.rollback(rollback.count))
+        length = await service.run(_held, service, session_id, tenant, lambda s: s.rollback(rollback.count))
         return JSONResponse({"id": session_id, "object": "session", "token_count": length})
     if action == "export":
-        data = await service.run(_held, service, session_id,
+        data = await service.run(_held, service, session_id, tenant,
                                  lambda s: service.manager.backend(s.backend).export(s.session_id))
         return Response(data, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{session_id}.kvsession"'})
     if action == "restore":
-        return JSONResponse(await service.run(_restore, service, session_id, raw))
+        return JSONResponse(await service.run(_restore, service, session_id, tenant, raw))
     raise bad_request(f"unknown session action {action!r}; the actions are suspend, resume, fork, rollback, "
                       "export, restore", param="action")
 
 
-def _restore(service: Service, session_id: str, data: bytes) -> dict[str, Any]:
+def _fork(service: Service, session: Session, new_id: str | None, tenant: str | None) -> Session:
+    branch = session.fork(new_id)  # of the same policy, so of the same tenant
+    service.claim(branch.session_id, tenant)
+    return branch
+
+
+def _restore(service: Service, session_id: str, tenant: str | None, data: bytes) -> dict[str, Any]:
     validate_session_id(session_id)
     if not data:
         raise bad_request("the body must be a session file's bytes (what /export answered)")
     if len(data) > MAX_SESSION_FILE:
         raise bad_request(f"a session file of {len(data)} bytes is over the {MAX_SESSION_FILE} bytes accepted")
-    with service.lease(session_id), tempfile.TemporaryDirectory(prefix="kvres-restore-") as folder:
+    if service.fenced:
+        try:
+            owning = peek_session(data)[1].get("tenant")
+        except Exception:
+            owning = tenant  # not a session file: the restore below says what is wrong with it
+        if not may_use(owning, tenant):
+            raise bad_request("this session file was exported from a session of another tenant than this API "
+                              "key's; restore it with a key of that tenant")
+    stack, _ = service.lease(session_id)
+    with stack, tempfile.TemporaryDirectory(prefix="kvres-restore-") as folder:
         path = os.path.join(folder, "session.kvsession")
         with open(path, "wb") as f:
             f.write(data)
         session = service.manager.restore(path, session_id=session_id)
+        service.claim(session.session_id, tenant)
     with contextlib.suppress(Exception):
         service.state.forget_session(session_id)  # counters of an older session of this id
     return _summary(session.session_id, session.backend)

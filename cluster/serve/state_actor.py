@@ -4,11 +4,15 @@ Primitives:
 - ``ServeStateActor(namespace)``: one named, detached Ray actor per kvres namespace
   (``state_actor_name()``), restarted by Ray when it dies. Its stored responses are written
   through to Ray's GCS key-value store (``RESPONSES_KV_NAMESPACE``) and read back when it starts,
-  so they survive its death and every replica's; its leases and metrics are memory only.
+  so they survive its death and every replica's; its leases, session owners (``owners``: a cache
+  of each session's tenant) and metrics are memory only.
 - ``ServeState(namespace)``: a replica's client of it: ``put_response``, ``get_response``,
-  ``delete_response``, ``forget_session`` (each waits for its answer), ``lease(key)`` (a context
-  manager: held for the block, renewed in the background while held, ``SessionLockedError`` when
-  another request holds it), ``enter`` / ``record`` (metrics, sent without waiting),
+  ``delete_response``, ``forget_session`` (each waits for its answer), ``lease(key) -> Owner`` (a
+  context manager: held for the block, renewed in the background while held,
+  ``SessionLockedError`` when another request holds it; it gives the session's cached owner),
+  ``owner(key) -> Owner``, ``claim(key, tenant)`` (sent without waiting: calls from one replica
+  reach the actor in order, so a claim made under a lease lands before its release),
+  ``enter`` / ``record`` (metrics, sent without waiting),
   ``metrics_text()``, ``session_counters(session_id)``, ``destroy()`` (kill the actor and drop its stored responses).
 """
 
@@ -25,6 +29,7 @@ import ray
 from .errors import SessionLockedError
 from .leases import SessionLeases
 from .metrics import RequestSample, ServeMetrics
+from .owners import Owner, SessionOwners
 from .records import ResponseRecord, ResponseRecords
 
 RESPONSES_KV_NAMESPACE = "kvres-serve-responses"
@@ -57,6 +62,7 @@ class ServeStateActor:
                     loaded.append(ResponseRecord.from_json(data))
         self.records.load(loaded)
         self.leases = SessionLeases()
+        self.owners = SessionOwners()
         self.metrics = ServeMetrics()
 
     def _persist(self, record_id: str, text: str | None) -> None:
@@ -68,16 +74,23 @@ class ServeStateActor:
 
     # -- stored responses --------------------------------------------------------------------
     def put_response(self, record: ResponseRecord) -> list[str]:
-        return self.records.put(record)
+        orphans = self.records.put(record)
+        for session_id in orphans:  # the replica closes them
+            self.owners.drop(session_id)
+        return orphans
 
     def get_response(self, record_id: str) -> ResponseRecord | None:
         return self.records.get(record_id)
 
     def delete_response(self, record_id: str) -> tuple[ResponseRecord | None, str | None]:
-        return self.records.delete(record_id)
+        record, orphan = self.records.delete(record_id)
+        if orphan is not None:
+            self.owners.drop(orphan)
+        return record, orphan
 
     def forget_session(self, session_id: str) -> list[str]:
         self.metrics.forget_session(session_id)
+        self.owners.drop(session_id)
         return self.records.forget_session(session_id)
 
     def drop_all(self) -> None:
@@ -85,14 +98,21 @@ class ServeStateActor:
             self.records.delete(rid)
 
     # -- leases --------------------------------------------------------------------------------
-    def acquire(self, key: str, holder: str, ttl_s: float) -> bool:
-        return self.leases.acquire(key, holder, ttl_s)
+    def acquire(self, key: str, holder: str, ttl_s: float) -> tuple[bool, Owner]:
+        return self.leases.acquire(key, holder, ttl_s), self.owners.get(key)
 
     def renew(self, held: dict[str, str], ttl_s: float) -> None:
         self.leases.renew(held, ttl_s)
 
     def release(self, key: str, holder: str) -> None:
         self.leases.release(key, holder)
+
+    # -- owners --------------------------------------------------------------------------------
+    def owner(self, key: str) -> Owner:
+        return self.owners.get(key)
+
+    def claim(self, key: str, tenant: str | None) -> None:
+        self.owners.set(key, tenant)
 
     # -- metrics -------------------------------------------------------------------------------
     def enter(self, replica: str, route: str) -> None:
@@ -137,16 +157,24 @@ class ServeState:
     def forget_session(self, session_id: str) -> list[str]:
         return list(self._get(self._handle.forget_session.remote(session_id)))
 
+    def owner(self, key: str) -> Owner:
+        owner: Owner = self._get(self._handle.owner.remote(key))
+        return owner
+
+    def claim(self, key: str, tenant: str | None) -> None:
+        self._handle.claim.remote(key, tenant)
+
     @contextlib.contextmanager
-    def lease(self, key: str) -> Iterator[str]:
+    def lease(self, key: str) -> Iterator[Owner]:
         holder = uuid.uuid4().hex
-        if not self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S)):
+        acquired, owner = self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S))
+        if not acquired:
             raise SessionLockedError(f"session {key!r} has a request running; send this one once it has ended")
         with self._lock:
             self._held[key] = holder
             self._start_renewer()
         try:
-            yield holder
+            yield owner
         finally:
             with self._lock:
                 self._held.pop(key, None)

@@ -24,6 +24,7 @@ from kvres.cluster.serve.http_glue import parse, route_label
 from kvres.cluster.serve.leases import SessionLeases
 from kvres.cluster.serve.metrics import TOKEN_GAP_BUCKETS, Histogram, RequestSample, ServeMetrics
 from kvres.cluster.serve.openai_schemas import ChatCompletionRequest
+from kvres.cluster.serve.owners import Owner, SessionOwners, may_use
 from kvres.cluster.serve.records import ResponseRecord, ResponseRecords
 from kvres.cluster.serve.responses_schemas import ResponseRequest
 from kvres.cluster.serve.text_deltas import TextDeltas
@@ -94,6 +95,65 @@ def test_leases_one_holder_expiry_renew_release() -> None:
     assert leases.acquire("s", "b", 10)  # a's expired
     leases.release("s", "b")
     assert leases.holder("s") is None
+
+
+def test_session_owners_a_bounded_cache_and_the_fence_rule() -> None:
+    owners = SessionOwners(max_entries=2)
+    assert owners.get("a") == Owner(known=False)
+    owners.set("a", "acme")
+    owners.set("b", None)
+    assert owners.get("a") == Owner(known=True, tenant="acme")  # used: "b" is now the oldest
+    owners.set("c", "zeta")
+    assert owners.get("b").known is False and owners.get("a").known and len(owners) == 2
+    owners.drop("a")
+    assert owners.get("a").known is False
+    assert may_use("acme", "acme") and may_use(None, None)
+    assert not may_use("acme", None) and not may_use(None, "acme") and not may_use("acme", "zeta")
+    with pytest.raises(ValueError, match="max_entries"):
+        SessionOwners(max_entries=0)
+
+
+def test_a_session_the_front_does_not_know_is_fenced_by_its_policys_tenant() -> None:
+    """A session a driver opened (or one the front's state forgot): its tenant is read once from its
+    policy on the backend, remembered, and the rule applied; without keys nothing is fenced."""
+    from types import SimpleNamespace
+
+    from kvres.cluster.serve.service import OtherTenantsSessionError, Service
+
+    owners, stats_calls = SessionOwners(), []
+
+    class Handle:
+        def __init__(self, sid: str) -> None:
+            self.session_id = sid
+
+        def stats(self) -> dict[str, object]:
+            stats_calls.append(self.session_id)
+            return {"policy": {"tenant": {"drv-acme": "acme"}.get(self.session_id)}}
+
+    def session(sid: str) -> Handle:
+        if sid == "gone":
+            raise UnknownSessionError(sid)
+        return Handle(sid)
+
+    service = object.__new__(Service)
+    service.manager = SimpleNamespace(session=session)
+    service.state = SimpleNamespace(owner=owners.get, claim=owners.set)
+    service.keys = KeyCheck(key_digests([KEY]))
+    assert service.session("drv-acme", "acme").session_id == "drv-acme" and stats_calls == ["drv-acme"]
+    assert owners.get("drv-acme") == Owner(known=True, tenant="acme")
+    with pytest.raises(OtherTenantsSessionError, match="unknown session id 'drv-acme'"):
+        service.session("drv-acme", None)
+    assert stats_calls == ["drv-acme"]  # the second time from what the front remembered
+    with pytest.raises(OtherTenantsSessionError):
+        service.session("drv-none", "acme")
+    assert service.session("drv-none", None).session_id == "drv-none"
+    owners.set("drv-acme", "zeta")  # what a lease said of the owner wins over a second lookup
+    with pytest.raises(OtherTenantsSessionError):
+        service.session("drv-acme", "acme", Owner(known=True, tenant="zeta"))
+    with pytest.raises(UnknownSessionError):
+        service.session("gone", "acme")
+    service.keys = KeyCheck(())  # no keys: no identity, no fence
+    assert service.session("drv-acme", "anyone").session_id == "drv-acme"
 
 
 def test_records_count_sessions_and_persist() -> None:
