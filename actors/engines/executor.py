@@ -24,7 +24,8 @@ Primitives:
   scorer objects in ``kvres.policy.scorers``, the one scoring path. For recall, optionally:
   ``recall_attention`` (score cold blocks by a new turn's attention without importing them),
   ``prepare_recall`` (do the part of it that needs no turn ahead, while the backend is idle) and
-  ``exchange`` (evict and import many ranges as one change).
+  ``exchange`` (evict and import many ranges as one change). ``session_cells()``: the most KV cells
+  one session can hold where the engine bounds a session on its own (None by default).
 - ``RECALL_PREP_BYTES``: what prepared recalls may hold, all sessions of an executor together.
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
@@ -167,6 +168,11 @@ class EngineSessions(ABC):
 class Executor(EngineSessions):
     @abstractmethod
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None: ...
+
+    def session_cells(self) -> int | None:
+        """The most KV cells one session can hold in the engine, where the engine bounds a session
+        on its own (llama.cpp's split layout: its stream); None: only the backend's budget does."""
+        return None
 
     def share_prefix(self, source_id: str, session_id: str, n: int) -> None:
         """The empty session ``session_id`` takes the source's first ``n`` tokens with their KV,

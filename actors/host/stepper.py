@@ -14,8 +14,10 @@ Primitives:
   session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
   the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
   call no room can be made for waits while any other call runs (its session frees room when it
-  ends); when none runs, the waiting call that handed out the fewest tokens fails. A call that
-  fails is rolled back; a call that is done is committed, then answered.
+  ends); when none runs, the waiting call that handed out the fewest tokens fails. A prompt past
+  its session's context limit is refused before any of it goes in, and a generate ends there
+  ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
+  committed, then answered.
   ``open_on_engine`` and ``check_policy``: what opening a session takes on this engine (a session
   degraded to what the engine can run is reported once).
 
@@ -38,6 +40,7 @@ from ..engines.executor import Executor
 from ..generation import Generation, reply_text
 from .admission import check_kv_policy, report_degraded
 from .context import HostContext
+from .context_limit import check_prompt, session_limit
 from .durability import Durability
 from .errors import BackendFullError
 from .parking import Parking
@@ -130,13 +133,20 @@ class KVStepper:
                 if not admitted:
                     continue
                 s = self.ctx.sessions[job.session_id]
-            if self._nothing_to_generate(job, s):
+            if self._nothing_to_generate(job, s) or self._at_limit(job, s):
                 progressed = True
                 continue
             if job.feed and not self.costs.joins(finishing, min(self._want(job, s, incoming), capacity), rows):
                 continue  # its first token comes sooner in the next step than the others' would here
             if job.feed and not job.started:
                 held = None  # a recall may change what the session holds
+                try:
+                    check_prompt(self.ctx.config, self.executor, job.session_id, s.resident, len(job.feed),
+                                 self._limit(s))
+                except KvresError as exc:
+                    self.durability.fail(job, exc)
+                    progressed = True
+                    continue
                 job.started = True
                 self._share_prefix(job, s, busy, incoming)
                 try:
@@ -151,7 +161,7 @@ class KVStepper:
             try:
                 if held is None or not self.pressure.fits(s, n, held + sum(incoming.values())):
                     # room for the whole chunk ahead (a generate plans ahead like an append would)
-                    ahead = n if job.feed else s.residency.ahead(job.remaining)
+                    ahead = n if job.feed else self._ahead(job, s)
                     changed = self.pressure.make_room({**incoming, job.session_id: n},
                                                       ahead={job.session_id: ahead}, busy=busy)
                     held = None if changed else self.ctx.held()
@@ -219,6 +229,27 @@ class KVStepper:
         job.finish(None if job.remaining == 0 else KvresError(
             f"session {job.session_id!r} has no tokens yet: append a prompt first"))
         return True
+
+    def _limit(self, s: HostSession) -> int | None:
+        return session_limit(self.ctx.config, self.executor, s.residency)
+
+    def _at_limit(self, job: Job, s: HostSession) -> bool:
+        """A generate whose session holds its context limit ends here, as at ``max_tokens``
+        ("length"): no token can follow (its last one is in the log)."""
+        if job.kind != "generate" or job.feed or job.done:
+            return False
+        limit = self._limit(s)
+        if limit is None or s.resident < limit:
+            return False
+        job.remaining = 0
+        complete(self.ctx, self.durability, job)
+        return True
+
+    def _ahead(self, job: Job, s: HostSession) -> int:
+        """What a generate plans room for at once: never past the session's context limit."""
+        ahead = s.residency.ahead(job.remaining)
+        limit = self._limit(s)
+        return ahead if limit is None else max(1, min(ahead, limit - s.resident))
 
     def _admit(self, job: Job, busy: set[str], incoming: dict[str, int]) -> bool:
         """Bring a suspended session in for its job if a slot can be had (an idle session may be

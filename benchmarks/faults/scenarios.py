@@ -303,7 +303,8 @@ def planner_killed(c: FaultCluster, z: Sizes) -> Row:
 
 def append_past_budget(c: FaultCluster, z: Sizes) -> Row:
     """Not a death: an append of a session kvres may not evict runs past the backend budget after
-    some chunks were decoded. The driver sees the typed error; nothing of the call is committed."""
+    some chunks were decoded (a pinned session keeps half the budget; the session alone could hold
+    the call). The driver sees the typed error; nothing of the call is committed."""
     from kvres.actors.host.backend import BackendFullError
 
     p = prompt(z.prompt, 7)
@@ -312,13 +313,16 @@ def append_past_budget(c: FaultCluster, z: Sizes) -> Row:
     ref.append(p)
     want, base = _timed(lambda: ref.generate(z.tokens))
     ref.close()
+    pinned = c.manager.open_session(backend="bench", policy=plain.with_retention(pin=True))
+    pinned.append(prompt(KV_BUDGET // 2, 9)[1:])
     s = c.manager.open_session(backend="bench", policy=plain)
     s.append(p)
     error = "none"
     try:
-        s.append(prompt(KV_BUDGET + 100, 8)[1:])  # more than the whole budget: fails after some chunks
+        s.append(prompt(KV_BUDGET - len(p) - 10, 8)[1:])  # fits the session, not beside the pinned one
     except BackendFullError as exc:
         error = type(exc).__name__
+    pinned.close()
     t0 = time.monotonic()
     got, _, t1 = _next_answer(lambda: s.generate(z.tokens))
     row = Row("append past the backend budget (no kill)", error, _lost([s], [len(p) + len(got)]),

@@ -3,10 +3,12 @@
 Primitives:
 - ``ServedModel``: ``id`` (the model file's name without ``.gguf``; the file's parent folder's name
   joined with ``-`` where two files share a name), ``path``, ``backends`` (the backends that serve
-  it), ``n_ctx`` (the smallest context of those backends), ``anchor`` (a control token of the model,
+  it), ``n_ctx`` (the most tokens one of its sessions can hold on those backends, the smallest:
+  a backend's context, or where the sessions' policy keeps every token, its ``kv_budget_tokens``
+  and a split layout's stream where smaller; ``/v1/models``' ``context_length``), ``anchor`` (a control token of the model,
   read once from its file), ``local_decoder()`` (its vocabulary decoded in this process, where it
   can be), ``card()`` (the ``/v1/models`` entry).
-- ``ModelCatalog(backends)``: ``models``, ``resolve(name) -> (model, backend or None)``: a model
+- ``ModelCatalog(backends, keeps_every_token=True)``: ``models``, ``resolve(name) -> (model, backend or None)``: a model
   id (placement picks the backend) or a backend's name (that backend); anything else is a 404
   naming the ids offered. ``default`` is the first backend's model.
 """
@@ -72,8 +74,16 @@ def _model_id(path: Path, taken: set[str]) -> str:
     return f"{path.parent.name}-{base}"
 
 
+def session_context(backend: BackendConfig, keeps_every_token: bool) -> int:
+    """The most tokens one session can hold on ``backend`` (``kvres.actors.host.context_limit``):
+    its context (a split layout's stream: ``n_ctx / n_seq_max``), and with a policy that keeps every
+    token resident, the KV budget where smaller."""
+    per_session = backend.n_ctx // backend.n_seq_max if backend.kv_layout == "split" else backend.n_ctx
+    return min(per_session, backend.kv_budget_tokens) if keeps_every_token else per_session
+
+
 class ModelCatalog:
-    def __init__(self, backends: Sequence[BackendConfig]) -> None:
+    def __init__(self, backends: Sequence[BackendConfig], keeps_every_token: bool = True) -> None:
         if not backends:
             raise ValueError("a model catalog needs at least one backend")
         by_path: dict[Path, ServedModel] = {}
@@ -84,11 +94,12 @@ class ModelCatalog:
             model = by_path.get(path)
             if model is None:
                 created = int(path.stat().st_mtime) if path.exists() else 0
-                model = by_path[path] = ServedModel(_model_id(path, taken), path, n_ctx=b.n_ctx, created=created)
+                model = by_path[path] = ServedModel(_model_id(path, taken), path, created=created,
+                                                    n_ctx=session_context(b, keeps_every_token))
                 taken.add(model.id)
             model.backends.append(b.name)
             model.engines.add(b.engine)
-            model.n_ctx = min(model.n_ctx, b.n_ctx)
+            model.n_ctx = min(model.n_ctx, session_context(b, keeps_every_token))
         self.models = list(by_path.values())
         self.default = self.models[0]
         self._by_backend = {name: m for m in self.models for name in m.backends}

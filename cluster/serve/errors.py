@@ -6,7 +6,8 @@ Primitives:
 - ``SessionLockedError``: another request is running on the session (``409``, never queued).
 - ``api_error(exc) -> ApiError``: the status for any exception: bad input (pydantic's
   ``ValidationError`` naming the field, kvres's typed refusals, ``ValueError`` / ``TypeError``)
-  400, an unknown session or response 404, a session busy or already open 409, no backend that
+  400 (a prompt past what its session can hold: ``context_length_exceeded``), an unknown session or
+  response 404, a session busy or already open 409, no backend that
   can make room for it 429, an actor lost or restarting 503; anything else is a server fault, 500.
 """
 
@@ -27,7 +28,7 @@ from kvres.coldstore.errors import (
     InvalidSessionIdError,
     StoreLockedError,
 )
-from kvres.policy import KvresError, SessionExistsError, UnknownSessionError
+from kvres.policy import ContextLengthError, KvresError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import ActorLostError, BlockMismatchError, CapabilityError, ModelLoadError
 from kvres.policy.placement import PlacementError
 
@@ -95,6 +96,8 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
         return ApiError(429, message, type="rate_limit_error", code="tenant_quota")
     if isinstance(exc, (BackendFullError, PlacementError)):
         return ApiError(429, message, type="rate_limit_error", code="backend_full")
+    if isinstance(exc, ContextLengthError):
+        return ApiError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(exc, InvalidSessionIdError):
         return ApiError(400, message, param="session_id", code="invalid_session_id")
     if isinstance(exc, (ActorLostError, RayActorError, GetTimeoutError, ModelLoadError, ConnectError,

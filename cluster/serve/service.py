@@ -55,7 +55,8 @@ class Service:
                  max_workers: int = 64) -> None:
         self.namespace = namespace
         self.manager: SessionManager = connect(namespace=namespace, config=config)
-        self.catalog = ModelCatalog(self.manager.config.backends)
+        config = self.manager.config
+        self.catalog = ModelCatalog(config.backends, keeps_every_token=config.default_policy.kind == "none")
         self.state = ServeState(namespace)
         self.keys = KeyCheck(digests)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kvres-serve")

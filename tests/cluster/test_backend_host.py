@@ -11,7 +11,7 @@ import pytest
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.host.backend import BackendFullError, BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
-from kvres.policy import UnknownSessionError
+from kvres.policy import ContextLengthError, UnknownSessionError
 from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort, ReferenceExecutor
 
@@ -95,13 +95,29 @@ def test_idle_session_is_suspended_first_and_comes_back(stores) -> None:
     assert h.session_stats("busy")["state"] == "suspended"
 
 
-def test_backend_full_is_typed_and_loses_nothing(stores) -> None:
+def test_past_its_context_limit_is_typed_and_loses_nothing(stores) -> None:
     h = host(stores, budget=64)
     h.open_session("s", SessionPolicy())
     h.append("s", tokens(60))
-    with pytest.raises(BackendFullError, match="kv_budget_tokens=64"):
+    with pytest.raises(ContextLengthError, match=r"70 is past the 64 tokens .*kv_budget_tokens=64"):
         h.append("s", tokens(10))
     assert h.session_stats("s")["token_count"] == 60
+    reply = h.generate("s", 10)
+    assert reply.finish_reason == "length" and len(reply) == 4  # stopped at the limit, as at max_tokens
+
+
+def test_room_others_hold_is_a_typed_refusal_that_frees(stores) -> None:
+    h = host(stores, budget=64)
+    h.open_session("pinned", SessionPolicy().with_retention(pin=True))
+    h.append("pinned", tokens(30))
+    h.open_session("s", SessionPolicy())
+    h.append("s", tokens(30))
+    with pytest.raises(BackendFullError, match="kv_budget_tokens=64"):
+        h.append("s", tokens(10))  # within what s may hold, but the pinned session keeps its room
+    assert h.session_stats("s")["token_count"] == 30
+    h.close("pinned")
+    h.append("s", tokens(10))
+    assert h.session_stats("s")["token_count"] == 40
 
 
 def test_bad_input(stores) -> None:

@@ -13,6 +13,7 @@ import ray
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendFullError
 from kvres.cluster import SessionPolicy
+from kvres.policy import ContextLengthError
 
 from .conftest import kill, logged, only_store, wait_restarted
 
@@ -21,24 +22,29 @@ TURNS = ([1, *range(100, 260)], list(range(300, 500)), list(range(260, 300)))
 
 
 def test_an_append_that_fails_past_the_budget_commits_nothing(faulty) -> None:
-    """A session that kvres may not evict (kind "none") appends 1950 tokens onto 101 on a backend
-    of 2000: three 512-token chunks are decoded, the fourth does not fit. The call raises the
-    typed error, the token log is as it was, and the session continues as if the call had never
-    been made; repeating the call with its request id fails the same way and commits nothing."""
+    """A session that kvres may not evict (kind "none") appends 1850 tokens onto 101 on a backend
+    of 2000 where a pinned session keeps 900: within what the session may hold, so the call
+    starts, but the second 512-token chunk does not fit beside the pinned one. The call raises
+    the typed error, the token log is as it was, and the session continues as if the call had
+    never been made; repeating the call with its request id fails the same way and commits
+    nothing. Past what the session may hold at all (its context limit) the call is refused before
+    any chunk goes in."""
     policy = SessionPolicy(kind="none")
     ref = faulty.open_session(backend="f0", policy=policy)
     ref.append(PROMPT)
     want = ref.generate(16)
     ref.close()
 
+    pinned = faulty.open_session(backend="f0", policy=policy.with_retention(pin=True))
+    pinned.append([100 + (3 * i) % 400 for i in range(900)])
     s = faulty.open_session(backend="f0", policy=policy)
     s.append(PROMPT)
-    big = [100 + (7 * i) % 400 for i in range(1950)]
+    big = [100 + (7 * i) % 400 for i in range(1850)]
     with pytest.raises(BackendFullError, match="kv_budget_tokens=2000"):
         s.append(big)
     stats = s.stats()
     assert stats["token_count"] == len(PROMPT)
-    assert stats["peak_resident_tokens"] >= len(PROMPT) + 3 * 512  # chunks had landed before the failure
+    assert stats["peak_resident_tokens"] >= len(PROMPT) + 512  # a chunk had landed before the failure
     assert stats["counters"]["rollbacks"] == 1
     handle = faulty.backend_handle("f0")
     request = uuid.uuid4().hex
@@ -46,7 +52,11 @@ def test_an_append_that_fails_past_the_budget_commits_nothing(faulty) -> None:
         with pytest.raises(BackendFullError):
             ray.get(handle.append.remote(s.session_id, big, request))
     assert s.stats()["token_count"] == len(PROMPT)
+    with pytest.raises(ContextLengthError, match="2051 is past the 2000 tokens"):
+        s.append(big + big[:100])
+    assert s.stats()["token_count"] == len(PROMPT)
     assert s.generate(16) == want  # the next call works, with the fault-free continuation
+    pinned.close()
     s.close()
 
 

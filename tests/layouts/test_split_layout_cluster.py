@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvres.actors.engines.llama.errors import ContextFullError
 from kvres.cluster import SessionPolicy
+from kvres.policy import ContextLengthError
 
 PROMPT = [3 + (7 * i) % 200 for i in range(60)]
 
@@ -53,10 +53,13 @@ def test_a_call_past_a_split_sessions_stream_is_refused_and_commits_nothing(mana
     s = manager.open_session(backend="split")
     try:
         s.append(PROMPT)
-        with pytest.raises(ContextFullError, match="stream holds 256 KV cells"):
+        with pytest.raises(ContextLengthError, match=r"holds 60 tokens and the call brings 240 more: 300 is past the "
+                                                     r"256 tokens .* \(a session's KV stream of 256 cells"):
             s.append(PROMPT * 4)
         assert s.tokens() == PROMPT
         assert len(s.generate(4, ignore_eos=True)) == 4
+        reply = s.generate(400, ignore_eos=True)  # a reply stops at the stream's end, as at max_tokens
+        assert reply.finish_reason == "length" and len(reply) == 256 - 64 and len(s.tokens()) == 256
     finally:
         s.close()
 

@@ -251,9 +251,14 @@ def test_catalog_ids_and_backends(tmp_path) -> None:
     for p in (a, b):
         p.parent.mkdir()
         p.write_bytes(b"GGUF")
-    catalog = ModelCatalog([BackendConfig(name="x", model_path=a), BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
-                            BackendConfig(name="z", model_path=b)])
+    configs = [BackendConfig(name="x", model_path=a), BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
+               BackendConfig(name="z", model_path=b)]
+    catalog = ModelCatalog(configs, keeps_every_token=False)
     assert [(m.id, m.backends, m.n_ctx) for m in catalog.models] == [("m", ["x", "y"], 1024), ("b-m", ["z"], 4096)]
+    # what one session holds where its policy keeps every token: the KV budget, a split stream
+    split = BackendConfig(name="w", model_path=b, n_ctx=4096, n_seq_max=8, kv_budget_tokens=4000, kv_layout="split")
+    assert [m.n_ctx for m in ModelCatalog([*configs, split]).models] == [1000, 512]
+    assert [m.n_ctx for m in ModelCatalog([*configs, split], keeps_every_token=False).models] == [1024, 512]
     assert catalog.resolve("m")[1] is None and catalog.resolve("z") == (catalog.models[1], "z")
     with pytest.raises(ApiError) as err:
         catalog.resolve("other")

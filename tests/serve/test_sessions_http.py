@@ -202,3 +202,28 @@ def test_health_and_metrics_per_route(server) -> None:
     assert 'kvres_serve_inter_token_latency_seconds_count{route="/v1/chat/completions"}' in text
     assert 'kvres_serve_queue_depth{route="/v1/chat/completions"}' in text
     assert 'kvres_serve_requests_total{route="/v1/sessions/{id}",status="404"}' in text
+
+
+def test_a_prompt_past_what_a_session_holds_is_a_400_and_a_reply_stops_there(server) -> None:
+    """The server's backend keeps every token of a session resident within kv_budget_tokens=2000
+    (conftest): that is the context ``/v1/models`` states, a longer prompt is refused naming it,
+    and a reply that reaches it ends with finish_reason "length"."""
+    http = server.http()
+    card = next(m for m in http.get("/v1/models").json()["data"] if m["id"] == server.model)
+    assert card["context_length"] == 2000
+    body = {"model": server.model, "max_tokens": 50, "temperature": 0, "ignore_eos": True}
+    refused = http.post("/v1/completions", json={**body, "prompt": [5] * 2001})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "2001 is past the 2000 tokens" in error["message"]
+    too_long = http.post("/v1/completions", json={**body, "prompt": [5] * 10, "max_tokens": 2001})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+    ends = http.post("/v1/completions", json={**body, "prompt": [5] * 1990})
+    assert ends.status_code == 200, ends.text
+    assert ends.json()["usage"]["completion_tokens"] == 10 and ends.json()["choices"][0]["finish_reason"] == "length"
+    chunks = []
+    with http.stream("POST", "/v1/completions", json={**body, "prompt": [5] * 1995, "stream": True}) as streamed:
+        assert streamed.status_code == 200
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert not any("error" in c for c in chunks), chunks[-1]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

@@ -149,7 +149,7 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
     """Two turns (context, then the question) at a 25%-of-context resident budget: the question's
     turn brings the needle back from the cold store, where the same session without spilling
     (``spill=False``, which keeps kind "none") cannot even hold its context."""
-    from kvres.actors.host.backend import BackendFullError
+    from kvres.policy import ContextLengthError
 
     stats = _backend_stats(manager, "f16spill")
     decision = stats["tier_decision"]
@@ -164,7 +164,7 @@ def test_a_default_session_spills_and_recalls_the_needle(manager) -> None:
     kept = manager.open_session(backend="f16spill", policy=SessionPolicy(kind="none", spill=False))
     try:
         assert kept.stats()["policy"]["kind"] == "none"
-        with pytest.raises(BackendFullError):
+        with pytest.raises(ContextLengthError, match=f"kv_budget_tokens={RESIDENT}"):
             kept.append(tasks[0].prompt_ids)
     finally:
         kept.close()

@@ -242,6 +242,9 @@ class LlamaExecutor(SessionTable[Session], Executor):
     def capabilities(self) -> Capabilities:
         return self._caps
 
+    def session_cells(self) -> int | None:
+        return self._ops.cells_per_session if isinstance(self._ops, StreamOps) else None
+
     def kv_profile(self) -> LayerKVProfile:
         """KV bytes per token from the GGUF's layers (sliding-window ones included) and the KV types."""
         return profile_from_gguf(self.model_path, self.type_k, self.type_v)
