@@ -7,7 +7,9 @@ Primitives:
   ``previous_response_id`` continues from it: from the session's latest point, only the new input
   is appended; from an older one the session is forked there (``Session.fork``, then ``truncate``
   of the branch to the point), so a branch costs only its new tokens. ``instructions`` apply to the
-  response they come with (a system message first, as the specification says); ``store=false``
+  response they come with (a system message first, as the specification says): a continuation
+  whose instructions differ from the previous response's is rendered anew on a branch, so the
+  stored point is never rewritten; ``store=false``
   keeps nothing: a session it opened or forked is closed after the answer (so is one whose
   response failed or whose client left mid-stream).
 - ``stream=true``: the specification's events, in order: ``response.created``,
@@ -116,9 +118,11 @@ class _Call:
             if held < previous.length:
                 raise ApiError(409, f"session {previous.session_id!r} was rolled back past response {previous.id!r}",
                                param="previous_response_id", code="response_gone")
-            if held == previous.length:
+            if held == previous.length and (req.instructions or None) == (previous.response.get("instructions") or None):
                 return session, stack  # its latest point: only the new input is appended
-            branch = session.fork(_new_session_id())  # an older point: a branch from there
+            # an older point, or other instructions (they come first, so the whole conversation is
+            # rendered anew): a branch, and the stored point stays as it was for whoever continues it
+            branch = session.fork(_new_session_id())
             service.claim(branch.session_id, self.tenant)
         except BaseException:
             stack.close()

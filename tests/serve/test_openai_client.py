@@ -195,3 +195,23 @@ def test_errors_are_typed_and_name_the_value(server) -> None:
     wrong = openai.OpenAI(base_url=server.v1, api_key="not-the-key", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
+
+
+def test_a_continuation_with_other_instructions_leaves_the_stored_point_as_it_was(server) -> None:
+    """Instructions apply to one response and come first: a continuation without the previous
+    response's instructions renders the conversation anew, on a branch, so the stored response
+    still names what it held and continues from there with only its new tokens."""
+    client, http = server.client(), server.http()
+    first = client.responses.create(model=server.model, input="Question number 1: what next?", instructions="Be brief.",
+                                    max_output_tokens=6, temperature=0, extra_body=TEXT_ONLY)
+    held = http.get(f"/v1/sessions/{_session_of(first)}/tokens").json()["tokens"]
+    other = client.responses.create(model=server.model, input="Question number 2: what next?",
+                                    previous_response_id=first.id, max_output_tokens=6, temperature=0,
+                                    extra_body=TEXT_ONLY)
+    assert _session_of(other) != _session_of(first)
+    assert http.get(f"/v1/sessions/{_session_of(first)}/tokens").json()["tokens"] == held
+    same = client.responses.create(model=server.model, input="Question number 2: what next?", instructions="Be brief.",
+                                   previous_response_id=first.id, max_output_tokens=6, temperature=0,
+                                   extra_body=TEXT_ONLY)
+    assert _session_of(same) == _session_of(first)
+    assert same.usage.input_tokens_details.cached_tokens == first.model_extra["kvres"]["session_length"] == len(held)
