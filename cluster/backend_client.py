@@ -129,8 +129,10 @@ class BackendClient:
         return answer_
 
     def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-               messages: list[dict[str, Any]] | None = None) -> TokenStream:
-        return TokenStream(self, session_id, request, request_id, prompt, messages)
+               messages: list[dict[str, Any]] | None = None, follow: Follow | None = None) -> TokenStream:
+        """``follow``: where the session went when this backend does not know it (its handle's
+        ``_followed``): the stream starts there instead, once, before any token."""
+        return TokenStream(self, session_id, request, request_id, prompt, messages, follow)
 
     def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
                     messages: list[dict[str, Any]] | None = None) -> Any:
@@ -210,6 +212,9 @@ class BackendClient:
         return ref
 
 
+Follow = Callable[[], "BackendClient | None"]
+
+
 @dataclass
 class _StreamState:
     """What a stream's generator and its handle share (the generator holds this, not the handle,
@@ -223,6 +228,7 @@ class _StreamState:
     messages: list[dict[str, Any]] | None = None
     generation: Generation | None = None
     delivered: int = 0
+    follow: Follow | None = None
 
 
 class TokenStream:
@@ -233,8 +239,9 @@ class TokenStream:
     tokens, and those already handed out are skipped."""
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
-                 prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None) -> None:
-        self._state = _StreamState(client, session_id, request, request_id, prompt, messages)
+                 prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
+                 follow: Follow | None = None) -> None:
+        self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow)
         self._tokens = _run(self._state)
 
     def __iter__(self) -> Iterator[int]:
@@ -268,8 +275,9 @@ class TokenStream:
 
 def _run(state: _StreamState) -> Generator[int, None, None]:
     client = state.client = state.client.routed(state.session_id)
+    attempt, followed = 1, False
     try:
-        for attempt in (1, 2):
+        while True:
             produced = 0
             try:
                 for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
@@ -283,12 +291,19 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                         state.delivered = produced
                         yield int(item)
                 return
+            except UnknownSessionError:
+                moved = None if followed or state.delivered or state.follow is None else state.follow()
+                if moved is None:
+                    raise
+                followed, client = True, moved  # another handle migrated the session: it starts there
+                state.client = client
             except (RayActorError, ActorUnschedulableError) as exc:
                 if attempt == 2:
                     raise BackendLostError(
                         f"backend {client.name!r} died twice during one stream ({type(exc).__name__}); "
                         f"{state.delivered} tokens were handed out and not committed: repeat the call"
                     ) from None
+                attempt += 1
                 try:
                     client.revive()
                 except NodeLostError:  # lost with its node: the session moves, the stream goes on there

@@ -9,7 +9,8 @@ Primitives:
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``; a context manager that closes it.
 
 Calls go through the backend's typed client (``BackendClient``); errors raised by the actors
-arrive as their kvres types. Each call carries a request id, so a call repeated after a backend
+arrive as their kvres types. A handle follows its session when another handle (of this driver or
+another) migrated it: a call its old backend does not know goes where the planner's directory says. Each call carries a request id, so a call repeated after a backend
 died is never applied twice.
 """
 
@@ -17,18 +18,20 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kvres.actors.chat_template import messages_of
 from kvres.actors.engines.sampling import SamplingParams
 from kvres.actors.generation import Generation, GenerationRequest
-from kvres.policy import ArgumentError, RangeError
+from kvres.policy import ArgumentError, RangeError, UnknownSessionError
 from kvres.policy.tokens import token_ids
 
 from .backend_client import BackendClient, TokenStream
 from .planner_client import PlannerClient
+
+T = TypeVar("T")
 
 
 class SessionManager(Protocol):
@@ -61,6 +64,26 @@ class Session:
         self.backend = client.name
         return client
 
+    def _call(self, op: Callable[[], T]) -> T:
+        """``op`` on the backend serving the session. Where that backend does not know the session
+        and the planner's directory says it lives elsewhere now (another handle migrated it), the
+        handle follows it and ``op`` runs there once more (the first backend applied nothing)."""
+        try:
+            return op()
+        except UnknownSessionError:
+            if self._followed() is None:
+                raise
+            return op()
+
+    def _followed(self) -> BackendClient | None:
+        """The client of the backend the session moved to, the handle now pointing there; None
+        where it did not move."""
+        now = self._manager.planner_client.where(self.session_id)
+        if now is None or now == self.backend:
+            return None
+        self.backend = now
+        return self._backend
+
     def append(self, tokens_or_text: str | Sequence[int]) -> list[int]:
         """Append token ids, or text (tokenized by the backend's model); returns the token ids.
         All of them are committed or none; if the backend dies during the call it is repeated
@@ -69,9 +92,10 @@ class Session:
         if isinstance(tokens_or_text, bytes):
             raise ArgumentError(f"append takes text (str) or token ids, got bytes {tokens_or_text[:40]!r}")
         if isinstance(tokens_or_text, str):
-            return self._backend.append_text(self.session_id, tokens_or_text, request)
+            text = tokens_or_text
+            return self._call(lambda: self._backend.append_text(self.session_id, text, request))
         tokens = token_ids(tokens_or_text)
-        self._backend.append(self.session_id, tokens, request)
+        self._call(lambda: self._backend.append(self.session_id, tokens, request))
         return tokens
 
     def generate(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
@@ -84,7 +108,8 @@ class Session:
         presence_penalty, penalty_last_n, grammar, json_schema, logprobs). Returns a
         ``Generation``: the token ids, with ``finish_reason``, ``text`` and ``logprobs``."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.generate(self.session_id, request, uuid.uuid4().hex, _prompt(prompt))
+        request_id, given = uuid.uuid4().hex, _prompt(prompt)
+        return self._call(lambda: self._backend.generate(self.session_id, request, request_id, given))
 
     def stream(self, max_tokens: int, temperature: float = 0.0, seed: int | None = None, *,
                stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
@@ -96,7 +121,7 @@ class Session:
         neither); ``finish_reason`` and ``generation`` say how it ended. If the backend dies
         midway the stream goes on from the same request once it is back."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, _prompt(prompt))
+        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, _prompt(prompt), follow=self._followed)
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
                     seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
@@ -106,7 +131,7 @@ class Session:
         turn is in); ``generation.prompt_tokens`` counts what was appended."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
         checked = [m.model_dump() for m in messages_of(messages)]
-        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked)
+        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked, follow=self._followed)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
@@ -117,18 +142,18 @@ class Session:
         model ends it. ``text`` is the reply, to add to ``messages`` as
         ``{"role": "assistant", "content": reply.text}`` for the next turn."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        checked = [m.model_dump() for m in messages_of(messages)]
-        return self._backend.chat(self.session_id, checked, request, uuid.uuid4().hex)
+        checked, request_id = [m.model_dump() for m in messages_of(messages)], uuid.uuid4().hex
+        return self._call(lambda: self._backend.chat(self.session_id, checked, request, request_id))
 
     def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Render ``messages`` with the model's chat template (with the generation prompt) and
         append what the session does not hold yet; returns how many tokens that was."""
-        checked = [m.model_dump() for m in messages_of(messages)]
-        return self._backend.append_messages(self.session_id, checked, uuid.uuid4().hex)
+        checked, request_id = [m.model_dump() for m in messages_of(messages)], uuid.uuid4().hex
+        return self._call(lambda: self._backend.append_messages(self.session_id, checked, request_id))
 
     def tokens(self) -> list[int]:
         """The session's token log (the source of truth): everything appended and generated."""
-        return self._backend.tokens(self.session_id)
+        return self._call(lambda: self._backend.tokens(self.session_id))
 
     def text(self) -> str:
         """The token log as text (the model's control tokens included)."""
@@ -137,7 +162,7 @@ class Session:
     def truncate(self, length: int) -> int:
         """Keep the first ``length`` tokens of the log; the rest leave the log and the KV
         (resident, parked or spilled) as if they had never been appended. Returns the length."""
-        return self._backend.truncate(self.session_id, length)
+        return self._call(lambda: self._backend.truncate(self.session_id, length))
 
     def rollback(self, count: int) -> int:
         """Drop the last ``count`` tokens (``truncate``); returns the log's new length."""
@@ -151,7 +176,7 @@ class Session:
     def fork(self, new_id: str | None = None) -> Session:
         """A new session on the same backend that starts from this one's state (its KV shared
         or copied by the engine) and continues independently."""
-        return self._manager.fork(self, new_id)
+        return self._call(lambda: self._manager.fork(self, new_id))
 
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Write the session (its log, policy, last logits and KV) to ``path``, authenticated with
@@ -159,7 +184,7 @@ class Session:
         same model of this cluster. The session runs on. Returns the path written."""
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentError(f"path must be a str or a path, got {type(path).__name__} {path!r}")
-        data = self._backend.export(self.session_id)
+        data = self._call(lambda: self._backend.export(self.session_id))
         target = Path(path)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_bytes(data)
@@ -167,19 +192,19 @@ class Session:
         return target
 
     def suspend(self) -> None:
-        self._backend.suspend(self.session_id)
+        self._call(lambda: self._backend.suspend(self.session_id))
 
     def resume(self) -> int:
         """Bring the session back; returns how many tokens had to be recomputed."""
-        return self._backend.resume(self.session_id)
+        return self._call(lambda: self._backend.resume(self.session_id))
 
     def migrate(self, backend: str) -> None:
         """Move to another backend (on another node where there is one); KV travels through the
         cold store, nothing is lost if the target refuses it."""
-        self._manager.migrate(self, backend)
+        self._call(lambda: self._manager.migrate(self, backend))
 
     def stats(self) -> dict[str, Any]:
-        return self._backend.session_stats(self.session_id)
+        return self._call(lambda: self._backend.session_stats(self.session_id))
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Token ids as text (``special``: the model's control tokens as their text too); ids
@@ -189,7 +214,7 @@ class Session:
         return self._backend.detokenize(token_ids(tokens), special)
 
     def close(self) -> None:
-        self._backend.close(self.session_id)
+        self._call(lambda: self._backend.close(self.session_id))
         self._manager.planner_client.forget(self.session_id)
 
     def __enter__(self) -> Session:

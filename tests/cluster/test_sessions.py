@@ -191,6 +191,26 @@ def test_migration_across_engines_recomputes_from_the_token_log(manager) -> None
     session.close()
 
 
+def test_a_handle_follows_its_session_when_another_handle_migrates_it(manager) -> None:
+    """Two handles of one session (as two drivers hold them): after one migrates it, the other's
+    calls and streams go where the session is now, and its answers are the same tokens."""
+    twin = manager.open_session(backend="b0")
+    twin.append(PROMPT)
+    want = list(twin.generate(12, ignore_eos=True))
+    twin.close()
+    session = manager.open_session(backend="b0")
+    session.append(PROMPT)
+    stale, streaming = manager.session(session.session_id), manager.session(session.session_id)
+    session.migrate("b1")
+    assert list(stale.generate(6, ignore_eos=True)) == want[:6] and stale.backend == "b1"
+    assert list(streaming.stream(6, ignore_eos=True)) == want[6:] and streaming.backend == "b1"
+    session.migrate("b0")
+    assert stale.stats()["backend"] == "b0" and len(stale.tokens()) == len(PROMPT) + 12
+    stale.close()
+    with pytest.raises(UnknownSessionError):  # closed: nowhere to follow it
+        session.tokens()
+
+
 @pytest.mark.parametrize("scorer", ["snapkv", "h2o"])
 def test_scored_session_stays_under_budget_with_sinks_and_recent_kept(manager, scorer) -> None:
     """Scores decide what stays: the scored session keeps other blocks than the same session under
