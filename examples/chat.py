@@ -7,6 +7,8 @@ Ctrl-D (end of input). Piped input works the same, one turn per line:
 The model is the project's default chat model unless ``--model`` names another GGUF with a chat
 template. ``Session.chat`` renders the whole conversation with the model's own template and
 prefills only what the session does not hold yet: each turn costs its own tokens, not the history's.
+When the conversation outgrows what the session can hold (``ContextLengthError``: the backend's
+KV budget), its oldest turns are left out, the system message kept, and the turn is sent again.
 With ``RAY_ADDRESS`` (or ``--address``) the loop runs on that standing cluster and leaves its
 actors running; without one it starts an embedded Ray that ends with the script.
 """
@@ -19,6 +21,8 @@ import sys
 from collections.abc import Iterator
 
 from kvres.cluster import BackendConfig, KvresConfig, connect
+from kvres.cluster.session_handle import Session
+from kvres.policy import ContextLengthError
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -35,6 +39,20 @@ def _lines(interactive: bool) -> Iterator[str]:
         if not interactive:
             print(f"> {line}")
         yield line
+
+
+def _reply(session: Session, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> str:
+    """The reply to the conversation's last turn; past what the session holds, the oldest turn
+    (after a system message) is left out until it fits."""
+    while True:
+        try:
+            return session.chat(messages, max_tokens=max_tokens, temperature=temperature).text or ""
+        except ContextLengthError:
+            first = 1 if messages[0]["role"] == "system" else 0
+            if len(messages) - first < 2:
+                raise  # the turn alone is too long
+            del messages[first: first + 2 if messages[first + 1]["role"] == "assistant" else first + 1]
+            print("(the conversation outgrew the session: its oldest turn is left out)", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -55,9 +73,9 @@ def main() -> None:
         with manager.open_session() as session:
             for line in _lines(sys.stdin.isatty()):
                 messages.append({"role": "user", "content": line})
-                reply = session.chat(messages, max_tokens=args.max_tokens, temperature=args.temperature)
-                messages.append({"role": "assistant", "content": reply.text or ""})
-                print(reply.text, flush=True)
+                reply = _reply(session, messages, args.max_tokens, args.temperature)
+                messages.append({"role": "assistant", "content": reply})
+                print(reply, flush=True)
     finally:
         if embedded:
             manager.shutdown()

@@ -61,6 +61,21 @@ def test_chat_example_answers_each_piped_line() -> None:
     assert all("".join(reply).strip() for reply in replies), out.stdout  # every turn answered
 
 
+def test_chat_example_leaves_out_the_oldest_turns_past_what_the_session_holds() -> None:
+    """A conversation longer than the default backend's KV budget (2048 tokens): once it no longer
+    fits, the oldest turns are left out (said on stderr) and every turn is still answered."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "the", "big", "red", "dog", "near", "an", "old", "tree"]
+    turns = [" ".join(words[(i + j) % len(words)] for j in range(60)) for i in range(30)]
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "chat.py"), "--max-tokens", "48"],
+        input="".join(f"{line}\n" for line in turns), capture_output=True, text=True, timeout=600, env=_env(),
+        cwd=REPO_ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("\n> ") + out.stdout.startswith("> ") == len(turns), out.stdout[-2000:]
+    assert "its oldest turn is left out" in out.stderr, out.stderr[-2000:]
+
+
 def _stop_ray_started_in(temp_dir: str) -> None:
     """Kill, as ``ray stop --force`` does, the processes of the Ray cluster started with
     ``temp_dir`` and their descendants (workers rename themselves), by pid: ``ray stop`` would stop
