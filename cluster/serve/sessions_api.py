@@ -43,6 +43,7 @@ from .service import Service
 
 router = APIRouter()
 MAX_SESSION_FILE = 1 << 30
+LIST_TIMEOUT_S = 30.0  # a backend's stats for the fenced list
 
 
 class ForkBody(BaseModel):
@@ -73,8 +74,15 @@ def _listed(service: Service, tenant: str | None) -> list[Session]:
     sessions = service.manager.sessions()
     if not service.fenced:
         return sessions
-    refs = [service.manager.backend(name).stats_ref() for name in sorted({s.backend for s in sessions})]
-    owning = {sid: row.get("tenant") for stats in ray.get(refs) for sid, row in stats["sessions"].items()}
+    refs = []
+    for name in sorted({s.backend for s in sessions}):
+        with contextlib.suppress(Exception):  # a backend lost: its sessions' tenants are unknown, not listed
+            refs.append(service.manager.backend(name).stats_ref())
+    owning: dict[str, str | None] = {}
+    for ref in refs:  # sent together, read one by one
+        with contextlib.suppress(Exception):  # down or restarting: as above
+            owning.update((sid, row.get("tenant"))
+                          for sid, row in ray.get(ref, timeout=LIST_TIMEOUT_S)["sessions"].items())
     return [s for s in sessions if s.session_id in owning and may_use(owning[s.session_id], tenant)]
 
 

@@ -19,8 +19,9 @@ from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.engines.llama import LlamaExecutor
 from kvres.actors.engines.llama.errors import ContextFullError
 from kvres.actors.engines.llama.stream_ops import all_streams, one_stream
+from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
-from kvres.policy import CapabilityError, Range
+from kvres.policy import CapabilityError, ContextLengthError, Range
 from tests.conftest import local_host, shared_model_path
 
 PROMPT = [3 + (7 * i) % 200 for i in range(60)]
@@ -152,11 +153,13 @@ def test_a_call_past_a_sessions_stream_is_refused_by_the_host_and_commits_nothin
     host = _host(tmp_path, "split")  # 1024 cells over 2 streams: 512 each, within the 1000-token budget
     host.open_session("s")
     host.append("s", PROMPT)
-    with pytest.raises(ContextFullError, match="stream holds 512 KV cells"):
+    with pytest.raises(ContextLengthError, match=r"520 is past the 512 tokens .*KV stream of 512 cells"):
         host.append("s", [5] * 460)
     assert host.tokens("s") == PROMPT and host.session_stats("s")["resident_tokens"] == len(PROMPT)
     host.append("s", [5] * 400)
     assert len(host.tokens("s")) == len(PROMPT) + 400
+    reply = host.generate("s", GenerationRequest(max_tokens=100, ignore_eos=True))  # stops at the stream's end
+    assert reply.finish_reason == "length" and len(host.tokens("s")) == 512
 
 
 def _sessions_taking_turns(ex: LlamaExecutor) -> dict[str, Any]:
