@@ -9,9 +9,9 @@ Primitives:
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``; a context manager that closes it.
 
 Calls go through the backend's typed client (``BackendClient``); errors raised by the actors
-arrive as their kvres types. A handle follows its session when another handle (of this driver or
-another) migrated it: a call its old backend does not know goes where the planner's directory says. Each call carries a request id, so a call repeated after a backend
-died is never applied twice.
+arrive as their kvres types. Each call carries a request id, so a call repeated after a backend
+died is never applied twice. A handle follows its session when another handle (of this driver or
+another) migrated it: a call its old backend does not know goes where the planner's directory says.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from kvres.actors.chat_template import messages_of
 from kvres.actors.engines.sampling import SamplingParams
 from kvres.actors.generation import Generation, GenerationRequest
-from kvres.policy import ArgumentError, RangeError, UnknownSessionError
+from kvres.policy import ArgumentError, KvresError, RangeError, UnknownSessionError
 from kvres.policy.tokens import token_ids
 
 from .backend_client import BackendClient, TokenStream
@@ -78,7 +78,10 @@ class Session:
     def _followed(self) -> BackendClient | None:
         """The client of the backend the session moved to, the handle now pointing there; None
         where it did not move."""
-        now = self._manager.planner_client.where(self.session_id)
+        try:
+            now = self._manager.planner_client.where(self.session_id)
+        except KvresError:  # the planner is away: the backend's answer stands
+            return None
         if now is None or now == self.backend:
             return None
         self.backend = now

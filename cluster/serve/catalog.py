@@ -3,14 +3,14 @@
 Primitives:
 - ``ServedModel``: ``id`` (the model file's name without ``.gguf``; the file's parent folder's name
   joined with ``-`` where two files share a name), ``path``, ``backends`` (the backends that serve
-  it), ``n_ctx`` (the most tokens one of its sessions can hold on those backends, the smallest:
-  a backend's context, or where the sessions' policy keeps every token, its ``kv_budget_tokens``
-  and a split layout's stream where smaller; ``/v1/models``' ``context_length``), ``anchor`` (a control token of the model,
-  read once from its file), ``local_decoder()`` (its vocabulary decoded in this process, where it
-  can be), ``card()`` (the ``/v1/models`` entry).
-- ``ModelCatalog(backends, keeps_every_token=True)``: ``models``, ``resolve(name) -> (model, backend or None)``: a model
-  id (placement picks the backend) or a backend's name (that backend); anything else is a 404
-  naming the ids offered. ``default`` is the first backend's model.
+  it), ``n_ctx`` (the most tokens one of its sessions can hold on those backends, the smallest: a
+  backend's context, or where the sessions' policy keeps every token, its ``kv_budget_tokens`` and
+  a split layout's stream where smaller; ``/v1/models``' ``context_length``), ``anchor`` (a control
+  token of the model, read once from its file), ``local_decoder()`` (its vocabulary decoded in this
+  process, where it can be), ``card()`` (the ``/v1/models`` entry).
+- ``ModelCatalog(backends, keeps_every_token=True)``: ``models``, ``resolve(name) -> (model,
+  backend or None)``: a model id (placement picks the backend) or a backend's name (that backend);
+  anything else is a 404 naming the ids offered. ``default`` is the first backend's model.
 """
 
 from __future__ import annotations

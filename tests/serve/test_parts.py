@@ -251,7 +251,8 @@ def test_catalog_ids_and_backends(tmp_path) -> None:
     for p in (a, b):
         p.parent.mkdir()
         p.write_bytes(b"GGUF")
-    configs = [BackendConfig(name="x", model_path=a), BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
+    configs = [BackendConfig(name="x", model_path=a),
+               BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
                BackendConfig(name="z", model_path=b)]
     catalog = ModelCatalog(configs, keeps_every_token=False)
     assert [(m.id, m.backends, m.n_ctx) for m in catalog.models] == [("m", ["x", "y"], 1024), ("b-m", ["z"], 4096)]
