@@ -3,7 +3,8 @@
 Primitives:
 - ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
   ``append_many`` (several sessions' tokens in one engine step; a loop over ``append`` unless the
-  engine batches across sessions), ``token_log``, ``resident_ranges``, ``close_session``,
+  engine batches across sessions), ``append_many_first(first, rest, between)`` (one step whose
+  ``first`` items' logits reach ``between`` as soon as the engine has them), ``token_log``, ``resident_ranges``, ``close_session``,
   ``tokenize(text, add_bos=True, special=False)`` (``special``: control-token text becomes their
   ids), ``detokenize(tokens, special=False)`` (``special``: control tokens render as their text;
   an id outside ``[0, n_vocab)`` raises ``TokenIdError``), ``n_vocab``, ``truncate(session_id,
@@ -101,6 +102,16 @@ class EngineSessions(ABC):
         """``append`` for several sessions (each at most once); an engine that can decode them in
         one batch overrides this. Items before a failing one stay appended."""
         return [self.append(session_id, tokens) for session_id, tokens in items]
+
+    def append_many_first(self, first: Sequence[tuple[str, Sequence[int]]], rest: Sequence[tuple[str, Sequence[int]]],
+                          between: Callable[[list[Logits]], None]) -> list[Logits]:
+        """``append_many(first + rest)``, where ``between`` gets the ``first`` items' logits as soon
+        as they are known: before ``rest`` is decoded where the engine decodes the two apart (this
+        loop; llama.cpp's split layout, whose prompts and one-token decodes never share a pass),
+        after it where one pass takes them all."""
+        done = self.append_many(first)
+        between(done)
+        return done + self.append_many(rest)
 
     @abstractmethod
     def token_log(self, session_id: str) -> list[int]: ...

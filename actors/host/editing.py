@@ -30,6 +30,7 @@ from .errors import SessionBusyError
 from .parking import Parking
 from .pressure import Pressure
 from .recall import Recall
+from .scheduler import Job
 from .sessions import HostSession
 from .stepper import generation_of
 from .store_ports import ColdRef
@@ -53,14 +54,30 @@ class Editing:
     recall: Recall
 
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
+        ending = self._cancel(session_id, request_id, keep)
+        if isinstance(ending, Job):
+            ending.wait()  # its next step puts its token in the log; the call ends with it
+            assert isinstance(ending.answer, Generation)
+            return ending.answer
+        return ending
+
+    def _cancel(self, session_id: str, request_id: str | None, keep: int | None) -> Generation | Job | None:
+        """The cancelled call's answer; or the call itself where its one token is handed out, kept,
+        and not in the log yet (``Job.pending``): that call ends once its next step has put it in."""
         ctx = self.ctx
         with ctx.lock:
             s = ctx.sessions.get(session_id)
             jobs = [j for j in ctx.loop.pending(session_id)
                     if j.kind == "generate" and (request_id is None or j.request_id == request_id)]
+            if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
+                job = jobs[0]
+                job.remaining, job.finish_reason, job.stopped_by = 0, "cancelled", None
+                ctx.loop.poke()
+                return job
             if s is None or not jobs or not ctx.loop.withdraw(jobs[0]):
                 return None  # it ended (and was committed) already, or never ran here
             job = jobs[0]
+            job.pending = None  # a token handed out and not kept never reaches the log
             if job.feed:  # left before its prompt was in: the call commits nothing, prompt included
                 self.durability.roll_back(session_id)
                 job.finish_reason, job.stopped_by, job.remaining = "cancelled", None, 0

@@ -135,6 +135,7 @@ class Job:
     finish_reason: FinishReason = "length"
     stopped_by: str | int | None = None  # the stop id or string that ended it
     start_length: int = -1  # the session's log length when its first token came (-1: not yet)
+    pending: int | None = None  # generate: a token handed out and not yet in the log (its next step decodes it)
     answer: object = None  # what the call answers, once it is committed
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)

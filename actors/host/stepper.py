@@ -8,9 +8,10 @@ Primitives:
   prompt) adds a chunk (a turn's first step recalls its cold blocks first; beside other prompts
   that end in the step only where ``costs``, a ``StepCosts`` fitted to the steps run, says that
   gives their first tokens sooner), a generating job one sampled token, handed
-  out as soon as it is sampled (so a turn's first token comes in the step after its prompt's last
-  chunk, before that step's decode); room is made for each (``Pressure.make_room``, counting
-  what the jobs before it bring); then one ``executor.append_many`` for the whole batch, and each
+  out as soon as it is sampled (a turn's first token as soon as its prompt's last chunk has its
+  logits: ``append_many_first`` runs a step's prompts first, and on an engine that runs them apart
+  from the decodes hands it out before those run; the session's next step decodes it); room is made for each (``Pressure.make_room``, counting
+  what the jobs before it bring); then one ``executor.append_many_first`` for the whole batch, and each
   session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
   the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
   call no room can be made for waits while any other call runs (its session frees room when it
@@ -175,6 +176,8 @@ class KVStepper:
             if job.feed:
                 toks = job.feed[:n]
                 finishing += n == len(job.feed)
+            elif job.pending is not None:  # handed out when its prompt's pass ended
+                toks, job.pending = [job.pending], None
             else:
                 toks = [self._sample(job, s)]
                 self._emit(job, toks[0])  # out before the decode: it is chosen, and the log takes it
@@ -221,13 +224,14 @@ class KVStepper:
         ctx.refresh_resident(sid)
         s.peak = max(s.peak, s.resident)
 
-    @staticmethod
-    def _nothing_to_generate(job: Job, s: HostSession) -> bool:
+    def _nothing_to_generate(self, job: Job, s: HostSession) -> bool:
         """A generate with nothing left to generate, or before any prompt, is finished here."""
-        if job.kind != "generate" or job.feed or (job.remaining and s.last_logits is not None):
+        if job.kind != "generate" or job.feed or job.pending is not None or (job.remaining and s.last_logits is not None):
             return False
-        job.finish(None if job.remaining == 0 else KvresError(
-            f"session {job.session_id!r} has no tokens yet: append a prompt first"))
+        if job.remaining == 0:  # max_tokens=0: answered (no tokens), and committed like any call
+            complete(self.ctx, self.durability, job)
+        else:
+            job.finish(KvresError(f"session {job.session_id!r} has no tokens yet: append a prompt first"))
         return True
 
     def _limit(self, s: HostSession) -> int | None:
@@ -236,8 +240,8 @@ class KVStepper:
     def _at_limit(self, job: Job, s: HostSession) -> bool:
         """A generate whose session holds its context limit ends here, as at ``max_tokens``
         ("length"): no token can follow (its last one is in the log)."""
-        if job.kind != "generate" or job.feed or job.done:
-            return False
+        if job.kind != "generate" or job.feed or job.done or job.pending is not None:
+            return False  # (a token handed out goes in: it was sampled only below the limit)
         limit = self._limit(s)
         if limit is None or s.resident < limit:
             return False
@@ -316,13 +320,41 @@ class KVStepper:
         if s.ranking.pending_rows(len(self.executor.token_log(job.session_id))) + coming > SCORE_ROWS:
             self.pressure.observe(job.session_id)
 
+    def _hand_out_first_tokens(self, prompts: list[tuple[Job, list[int]]], logits: list[np.ndarray]) -> None:
+        """Each generate whose prompt ended in this step samples its first token from the prompt's
+        logits and hands it out now, before the step's decodes run where the engine runs them apart
+        (``append_many_first``), not when the next step starts; the session's next step decodes it
+        (``Job.pending``). A prompt that fills its session's context limit gets none (it ends there)."""
+        for (job, toks), lg in zip(prompts, logits, strict=True):
+            if job.kind != "generate" or len(toks) < len(job.feed) or job.remaining <= 0 or job.done:
+                continue
+            s = self.ctx.sessions.get(job.session_id)
+            if s is None:
+                continue
+            limit = self._limit(s)
+            if limit is not None and s.resident + len(toks) >= limit:
+                continue
+            s.last_logits = lg
+            try:
+                token = self._sample(job, s)
+            except Exception:  # the next step samples it again, and fails the call the usual way
+                continue
+            self._emit(job, token)
+            job.pending = token
+
     def _run(self, batch: list[tuple[Job, list[int]]], incoming: dict[str, int]) -> None:
-        """One ``append_many`` for the batch; then logits, counters, compression, completion."""
+        """One ``append_many_first`` for the batch (its prompts first, their first tokens handed out
+        as soon as their logits are in); then logits, counters, compression, completion."""
         ctx = self.ctx
-        prompt_tokens = sum(len(toks) for job, toks in batch if job.feed)
+        prompts = [(job, toks) for job, toks in batch if job.feed]
+        batch = prompts + [(job, toks) for job, toks in batch if not job.feed]
+        prompt_tokens = sum(len(toks) for _, toks in prompts)
         started = time.perf_counter()
         try:
-            logits = self.executor.append_many([(job.session_id, toks) for job, toks in batch])
+            logits = self.executor.append_many_first(
+                [(job.session_id, toks) for job, toks in prompts],
+                [(job.session_id, toks) for job, toks in batch[len(prompts):]],
+                lambda first: self._hand_out_first_tokens(prompts, first))
         except Exception as exc:
             for job, _ in batch:
                 ctx.refresh_resident(job.session_id)
@@ -343,7 +375,7 @@ class KVStepper:
             s.peak = max(s.peak, s.resident)
             if job.feed:
                 del job.feed[: len(toks)]
-                done = not job.feed and (job.kind == "append" or job.remaining == 0)
+                done = not job.feed and (job.kind == "append" or (job.remaining == 0 and job.pending is None))
             else:
                 done = job.remaining == 0
             try:

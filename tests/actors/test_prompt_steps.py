@@ -36,13 +36,13 @@ def _host(tmp_path: Path, costs: StepCosts | None) -> tuple[BackendHost, list[li
     if costs is not None:
         host._engine.costs = costs
     steps: list[list[int]] = []
-    inner = host.executor.append_many
+    inner = host.executor.append_many_first
 
-    def spy(items):  # the token count of each item of each engine step
-        steps.append([len(tokens) for _, tokens in items])
-        return inner(items)
+    def spy(first, rest, between):  # the token count of each item of each engine step
+        steps.append([len(tokens) for _, tokens in [*first, *rest]])
+        return inner(first, rest, between)
 
-    host.executor.append_many = spy  # type: ignore[method-assign]
+    host.executor.append_many_first = spy  # type: ignore[method-assign]
     return host, steps
 
 

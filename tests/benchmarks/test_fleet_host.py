@@ -65,13 +65,13 @@ def test_the_slot_goes_to_the_session_needed_last(tmp_path: Path, monkeypatch: p
 def test_a_shared_system_prompt_is_taken_from_a_live_session_not_prefilled(tmp_path: Path) -> None:
     host = _host(tmp_path)
     decoded: list[int] = []
-    append_many = host.executor.append_many
+    append_many_first = host.executor.append_many_first
 
-    def counting(items):  # type: ignore[no-untyped-def]
-        decoded.append(sum(len(t) for _, t in items))
-        return append_many(items)
+    def counting(first, rest, between):  # type: ignore[no-untyped-def]
+        decoded.append(sum(len(t) for _, t in [*first, *rest]))
+        return append_many_first(first, rest, between)
 
-    host.executor.append_many = counting  # type: ignore[method-assign]
+    host.executor.append_many_first = counting  # type: ignore[method-assign]
     prompt = [int(t) for t in range(20, 80)]  # 60 tokens, the shared system prompt
     host.open_session("a")
     host.append("a", prompt + [5, 6, 7])

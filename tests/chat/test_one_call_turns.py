@@ -35,13 +35,17 @@ def test_a_prompt_given_to_generate_equals_append_then_generate(manager, backend
         assert stream.generation.length == len(one.tokens())
 
 
-def test_a_stream_left_after_three_tokens_keeps_its_prompt_and_three(manager) -> None:
+@pytest.mark.parametrize("taken", [1, 3])
+def test_a_stream_left_after_its_first_tokens_keeps_its_prompt_and_them(manager, taken: int) -> None:
+    """(Left after one: the first token is handed out before the session's next step puts it in
+    the log; leaving then keeps it all the same.)"""
     with manager.open_session(backend="b0") as s:
         s.append(PROMPT)
         stream = s.stream(200, ignore_eos=True, prompt=TURN)
-        first = [next(stream) for _ in range(3)]
+        first = [next(stream) for _ in range(taken)]
         stream.close()
         assert s.tokens() == PROMPT + TURN + first
+        assert stream.generation is not None and list(stream.generation) == first
 
 
 def test_chat_stream_equals_chat(manager) -> None:
@@ -64,3 +68,15 @@ def test_a_reply_text_keeps_its_first_tokens_leading_space(manager) -> None:
             log = s.tokens()
             before = s.detokenize(log[: len(log) - len(reply)])
             assert s.detokenize(log) == before + reply.text
+
+
+@pytest.mark.parametrize("backend", ["b0", "ov"])
+def test_max_tokens_zero_answers_no_tokens_and_appends_only_the_prompt(manager, backend: str) -> None:
+    with manager.open_session(backend=backend) as s:
+        s.append(PROMPT)
+        reply = s.generate(0)
+        assert list(reply) == [] and reply.finish_reason == "length" and s.tokens() == PROMPT
+        reply = s.generate(0, prompt=TURN)
+        assert list(reply) == [] and reply.prompt_tokens == len(TURN) and s.tokens() == PROMPT + TURN
+        assert list(s.stream(0)) == [] and s.tokens() == PROMPT + TURN
+        assert len(s.generate(3, ignore_eos=True)) == 3  # and the session goes on

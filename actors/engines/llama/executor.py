@@ -7,7 +7,8 @@ Primitives:
   device; None: llama.cpp's default; ``swa_full``: llama.cpp's full-size cache for windowed layers
   instead of the small one; ``kv_layout="split"``: one KV stream per session, below), an
   ``kvres.actors.engines.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
-  ``append``, ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
+  ``append``, ``append_many_first`` (a step's prompts in passes of their own in the split layout), ``token_log``,
+  ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``prepare_recall``, ``exchange``, ``tokenize``, ``detokenize``, ``close_session``, ``kv_profile``,
   ``claim_decode_threads`` / ``reserve_decode_threads`` (which thread decodes with ``n_threads``,
@@ -72,7 +73,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -359,6 +360,21 @@ class LlamaExecutor(SessionTable[Session], Executor):
         """Continuous batching: every session whose tokens continue its sequence is decoded in the
         same ``llama_decode`` batches (up to ``n_batch`` tokens each); the others (after a
         position gap) go through ``append`` one by one. All or nothing for the batched ones."""
+        return self._append_many(items, 0, None)
+
+    def append_many_first(self, first: Sequence[tuple[str, Sequence[int]]], rest: Sequence[tuple[str, Sequence[int]]],
+                          between: Callable[[list[npt.NDArray[np.float32]]], None]) -> list[npt.NDArray[np.float32]]:
+        """``append_many(first + rest)`` with ``between`` given the ``first`` items' logits as soon as
+        they are known. In the split layout a prompt chunk and one-token decodes never share a
+        micro-batch (llama.cpp cuts a step's micro-batches to equal token counts per stream), so the
+        ``first`` items are decoded in a ``llama_decode`` of their own, then ``between`` runs, then the
+        ``rest``: a step costs what it did, and a prompt's logits come before the others' decodes.
+        In the unified layout they share one pass (``between`` runs after it). Each part is all or
+        nothing; a failing ``rest`` leaves ``first`` appended."""
+        return self._append_many([*first, *rest], len(first), between)
+
+    def _append_many(self, items: Sequence[tuple[str, Sequence[int]]], n_first: int,
+                     between: Callable[[list[npt.NDArray[np.float32]]], None] | None) -> list[npt.NDArray[np.float32]]:
         with self._lock:
             checked = [(self._get(sid), sid, self._check_tokens(toks)) for sid, toks in items]
             if len({sid for _, sid, _ in checked}) != len(checked):
@@ -378,16 +394,21 @@ class LlamaExecutor(SessionTable[Session], Executor):
                     batch.append(i)
                 else:
                     out[i] = self.append(sid, toks)
-            if batch:
-                if isinstance(self._ops, StreamOps) and self._ops.spare is not None:
-                    # refused before any stream moves: a move's copies are done by the decode that follows it
-                    self._ops.check_places([(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos)
-                                            for i in batch])
-                    self._gather([checked[i] for i in batch])
-                logits = self._ops.place_many(
-                    [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in batch])
-                for i, lg in zip(batch, logits, strict=True):
-                    out[i] = checked[i][0].appended(checked[i][2], lg)
+            if batch and isinstance(self._ops, StreamOps) and self._ops.spare is not None:
+                # refused before any stream moves: a move's copies are done by the decode that follows it
+                self._ops.check_places([(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos)
+                                        for i in batch])
+                self._gather([checked[i] for i in batch])  # the whole step's sessions, before either part
+            apart = between is not None and isinstance(self._ops, StreamOps)
+            parts = [[i for i in batch if i < n_first], [i for i in batch if i >= n_first]] if apart else [batch]
+            for k, part in enumerate(parts):
+                if part:
+                    logits = self._ops.place_many(
+                        [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in part])
+                    for i, lg in zip(part, logits, strict=True):
+                        out[i] = checked[i][0].appended(checked[i][2], lg)
+                if between is not None and k == len(parts) - 1 - int(apart):
+                    between([lg for lg in out[:n_first] if lg is not None])
             return [lg for lg in out if lg is not None]
 
     def _gather(self, placing: Sequence[tuple[Session, str, list[int]]]) -> None:
