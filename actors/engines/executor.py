@@ -4,7 +4,8 @@ Primitives:
 - ``EngineSessions``: what every engine offers: ``capabilities``, ``open_session``, ``append``,
   ``append_many`` (several sessions' tokens in one engine step; a loop over ``append`` unless the
   engine batches across sessions), ``append_many_first(first, rest, between)`` (one step whose
-  ``first`` items' logits reach ``between`` as soon as the engine has them), ``token_log``, ``resident_ranges``, ``close_session``,
+  ``first`` items' logits reach ``between`` as soon as the engine has them), ``token_log``,
+  ``resident_ranges``, ``close_session``,
   ``tokenize(text, add_bos=True, special=False)`` (``special``: control-token text becomes their
   ids), ``detokenize(tokens, special=False)`` (``special``: control tokens render as their text;
   an id outside ``[0, n_vocab)`` raises ``TokenIdError``), ``n_vocab``, ``truncate(session_id,

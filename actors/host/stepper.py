@@ -7,14 +7,14 @@ Primitives:
   prefilled (``_share_prefix``); a job with tokens to feed (an append, or a generate given its
   prompt) adds a chunk (a turn's first step recalls its cold blocks first; beside other prompts
   that end in the step only where ``costs``, a ``StepCosts`` fitted to the steps run, says that
-  gives their first tokens sooner), a generating job one sampled token, handed
-  out as soon as it is sampled (a turn's first token as soon as its prompt's last chunk has its
-  logits: ``append_many_first`` runs a step's prompts first, and on an engine that runs them apart
-  from the decodes hands it out before those run; the session's next step decodes it); room is made for each (``Pressure.make_room``, counting
-  what the jobs before it bring); then one ``executor.append_many_first`` for the whole batch, and each
-  session's logits, counters and scoring after it (``_score``: compression, a prompt larger than
-  the free room ranked by its own last tokens, H2O's rows taken before one capture overflows). A
-  call no room can be made for waits while any other call runs (its session frees room when it
+  gives their first tokens sooner), a generating job one sampled token, handed out as soon as
+  it is sampled (a turn's first one as soon as its prompt's last chunk has its logits: on an
+  engine that decodes a step's prompts apart from its decodes, before those run; the session's
+  next step decodes it); room is made for each (``Pressure.make_room``, counting what the jobs
+  before it bring); then one ``executor.append_many_first`` for the whole batch (its prompts
+  first), and each session's logits, counters and scoring after it (``_score``: compression, a
+  prompt larger than the free room ranked by its own last tokens, H2O's rows taken before one
+  capture overflows). A call no room can be made for waits while any other call runs (its session frees room when it
   ends); when none runs, the waiting call that handed out the fewest tokens fails. A prompt past
   its session's context limit is refused before any of it goes in, and a generate ends there
   ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
@@ -226,7 +226,8 @@ class KVStepper:
 
     def _nothing_to_generate(self, job: Job, s: HostSession) -> bool:
         """A generate with nothing left to generate, or before any prompt, is finished here."""
-        if job.kind != "generate" or job.feed or job.pending is not None or (job.remaining and s.last_logits is not None):
+        if job.kind != "generate" or job.feed or job.pending is not None or (
+                job.remaining and s.last_logits is not None):
             return False
         if job.remaining == 0:  # max_tokens=0: answered (no tokens), and committed like any call
             complete(self.ctx, self.durability, job)

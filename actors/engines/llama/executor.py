@@ -399,17 +399,27 @@ class LlamaExecutor(SessionTable[Session], Executor):
                 self._ops.check_places([(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos)
                                         for i in batch])
                 self._gather([checked[i] for i in batch])  # the whole step's sessions, before either part
-            apart = between is not None and isinstance(self._ops, StreamOps)
-            parts = [[i for i in batch if i < n_first], [i for i in batch if i >= n_first]] if apart else [batch]
-            for k, part in enumerate(parts):
-                if part:
-                    logits = self._ops.place_many(
-                        [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in part])
-                    for i, lg in zip(part, logits, strict=True):
-                        out[i] = checked[i][0].appended(checked[i][2], lg)
-                if between is not None and k == len(parts) - 1 - int(apart):
-                    between([lg for lg in out[:n_first] if lg is not None])
+            # the split layout never decodes a prompt and one-token decodes in one pass: first ones first
+            early = between if isinstance(self._ops, StreamOps) else None
+            head = [i for i in batch if i < n_first] if early is not None else []
+            self._place(checked, out, head)
+            if early is not None:
+                early([lg for lg in out[:n_first] if lg is not None])
+            self._place(checked, out, batch[len(head):])
+            if between is not None and early is None:
+                between([lg for lg in out[:n_first] if lg is not None])
             return [lg for lg in out if lg is not None]
+
+    def _place(self, checked: Sequence[tuple[Session, str, list[int]]],
+               out: list[npt.NDArray[np.float32] | None], indices: Sequence[int]) -> None:
+        """The items at ``indices`` (each at its sequence's end) in one ``place_many``, their logits
+        into ``out``."""
+        if not indices:
+            return
+        logits = self._ops.place_many(
+            [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in indices])
+        for i, lg in zip(indices, logits, strict=True):
+            out[i] = checked[i][0].appended(checked[i][2], lg)
 
     def _gather(self, placing: Sequence[tuple[Session, str, list[int]]]) -> None:
         """A split layout's step runs a pass over the weights per run of consecutive streams
