@@ -14,10 +14,10 @@ Primitives:
   before it bring); then one ``executor.append_many_first`` for the whole batch (its prompts
   first), and each session's logits, counters and scoring after it (``_score``: compression, a
   prompt larger than the free room ranked by its own last tokens, H2O's rows taken before one
-  capture overflows). A call no room can be made for waits while any other call runs (its session frees room when it
-  ends); when none runs, the waiting call that handed out the fewest tokens fails. A prompt past
-  its session's context limit is refused before any of it goes in, and a generate ends there
-  ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
+  capture overflows). A call no room can be made for waits while any other call runs (its
+  session frees room when it ends); when none runs, the waiting call that handed out the fewest
+  tokens fails. A prompt past its session's context limit is refused before any of it goes in,
+  and a generate ends there ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
   committed, then answered.
   ``open_on_engine`` and ``check_policy``: what opening a session takes on this engine (a session
   degraded to what the engine can run is reported once).

@@ -7,8 +7,8 @@ Primitives:
   device; None: llama.cpp's default; ``swa_full``: llama.cpp's full-size cache for windowed layers
   instead of the small one; ``kv_layout="split"``: one KV stream per session, below), an
   ``kvres.actors.engines.executor.Executor``: ``capabilities``, ``open_session(session_id, tokens=())``,
-  ``append``, ``append_many_first`` (a step's prompts in passes of their own in the split layout), ``token_log``,
-  ``resident_ranges``, ``evict_range``, ``admit_range``,
+  ``append``, ``append_many_first`` (a step's prompts in passes of their own in the split
+  layout), ``token_log``, ``resident_ranges``, ``evict_range``, ``admit_range``,
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``prepare_recall``, ``exchange``, ``tokenize``, ``detokenize``, ``close_session``, ``kv_profile``,
   ``claim_decode_threads`` / ``reserve_decode_threads`` (which thread decodes with ``n_threads``,
