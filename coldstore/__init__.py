@@ -7,8 +7,9 @@ Primitives:
 - ``BlockKey`` and ``validate_session_id`` (keys.py): (session id, token range, fingerprint).
 - ``ColdStore`` with ``PutResult`` and ``Tier`` (interface.py): the one cold-store interface, with
   batched calls.
-- ``RamTier`` (ram_tier.py), ``DiskTier`` (disk_tier.py, atomic writes from fileio.py, its folder
-  checked by ``private_dir`` from safe_dir.py), ``TieredStore`` and ``StoreStats`` (tiered.py).
+- ``BlockTier`` and ``Evicted`` (tier.py): the one tier interface, with the bookkeeping the tiers
+  share; ``RamTier`` (ram_tier.py), ``DiskTier`` (disk_tier.py, atomic writes from fileio.py, its
+  folder checked by ``private_dir`` from safe_dir.py); ``TieredStore`` and ``StoreStats`` (tiered.py).
 - The ``ColdStoreError`` family (errors.py).
 """
 
@@ -39,6 +40,7 @@ from .interface import ColdStore, PutResult, Tier
 from .keys import MAX_SESSION_ID_LEN, BlockKey, validate_fingerprint, validate_session_id
 from .ram_tier import RamTier, ram_cost
 from .safe_dir import private_dir
+from .tier import BlockTier, Evicted
 from .tiered import StoreStats, TieredStore
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "BlockFingerprintError",
     "BlockKey",
     "BlockLengthError",
+    "BlockTier",
     "BlockTooLargeError",
     "BlockVersionError",
     "ColdStore",
@@ -59,6 +62,7 @@ __all__ = [
     "DiskReadError",
     "DiskTier",
     "DiskWriteError",
+    "Evicted",
     "InvalidKeyError",
     "InvalidSecretError",
     "InvalidSessionIdError",

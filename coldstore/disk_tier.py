@@ -1,12 +1,14 @@
 """Disk tier: one encoded block per file, atomic writes, an LRU index rebuilt from the files.
 
 Primitives:
-- ``DiskTier(path, budget_bytes, fsync=True, defer_dir_sync=True, secret=None)``:
-  ``put(block) -> list[BlockKey]`` (blocks dropped to make room, coldest first), ``get(key)``,
-  ``pop(key)``, ``delete(key)``, ``keys()``, ``keys_for_session(session_id)``, ``session_ids()``,
-  ``drop_session(session_id)``, ``used_bytes``, ``budget_bytes``, ``flush()``, ``close()``,
-  ``destroy()`` (delete every block and the folder); ``startup_dropped`` / ``startup_discarded``
-  tell what start-up removed (over budget / damaged).
+- ``DiskTier(path, budget_bytes, fsync=True, defer_dir_sync=True, secret=None)``: a ``BlockTier``
+  (tier.py); ``put(block, priority=0) -> list[Evicted]`` (blocks dropped to make room, coldest
+  first, each with no block: its file is gone; ``priority`` is not used, the disk drops by recency
+  only), ``get(key)``, ``pop(key)``, ``delete(key)``, ``cost(block)`` (the file's bytes),
+  ``drop_session(session_id)``, ``flush()``, ``close()``, ``destroy()`` (delete every block and the
+  folder), ``file_path(key)``, and the shared bookkeeping (``keys()``,
+  ``keys_for_session(session_id)``, ``session_ids()``, ``used_bytes``, ``budget_bytes``, ...);
+  ``startup_dropped`` / ``startup_discarded`` tell what start-up removed (over budget / damaged).
 
 Layout under ``path`` (created 0700 and checked by ``safe_dir.private_dir``: a symlink, another
 user's folder, one open to group or others, or one inside a folder others can change is refused
@@ -44,7 +46,7 @@ import os
 import re
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,6 +61,7 @@ from .codec import (
     block_from_parts,
     decode_head,
     encode_head,
+    encoded_size,
     head_length,
     head_size,
     payload_view,
@@ -76,24 +79,23 @@ from .errors import (
 from .fileio import AtomicFileWriter, pwrite_all, start_writeback
 from .keys import BlockKey, validate_session_id
 from .safe_dir import private_dir
+from .tier import BlockTier, Evicted
 
 _FILE_RE = re.compile(r"(\d+)-(\d+)\.([A-Za-z0-9_-]+)\.kvb")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 OVERLAP_CHECKSUM_MIN_BYTES = 1 << 20
 
 
-class DiskTier:
+class DiskTier(BlockTier):
     """Encoded blocks in files under ``path``, within ``budget_bytes`` of file bytes."""
 
     def __init__(
         self, path: str | os.PathLike[str], budget_bytes: int, *, fsync: bool = True,
         defer_dir_sync: bool = True, secret: bytes | None = None,
     ) -> None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise ValueError(f"DiskTier budget_bytes must be an int >= 0, got {budget_bytes!r}")
+        super().__init__(budget_bytes)
         self._secret = check_secret(secret)
         self.path = private_dir(path)
-        self.budget_bytes = budget_bytes
         self.fsync = fsync
         self._hasher: ThreadPoolExecutor | None = None  # checksums big payloads beside their tag
         self._lock_fd: int | None = os.open(
@@ -117,35 +119,18 @@ class DiskTier:
             raise
         self._writer = AtomicFileWriter(self._tmp_dir, fsync=fsync, defer_dir_sync=defer_dir_sync)
         self._index: OrderedDict[BlockKey, int] = OrderedDict()  # LRU order, value = file bytes
-        self._used = 0
         self.startup_discarded: list[str] = []
-        self.startup_dropped: list[BlockKey] = []
         self._rebuild()
 
     # ---- bookkeeping -------------------------------------------------------------------------
 
     @property
-    def used_bytes(self) -> int:
-        return self._used
+    def _held(self) -> Collection[BlockKey]:
+        return self._index
 
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
-
-    def keys(self) -> list[BlockKey]:
-        return list(self._index)
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(self.keys())
-
-    def keys_for_session(self, session_id: str) -> list[BlockKey]:
-        validate_session_id(session_id)
-        return sorted(k for k in self._index if k.session_id == session_id)
-
-    def session_ids(self) -> set[str]:
-        return {k.session_id for k in self._index}
+    def cost(self, block: KVBlock) -> int:
+        """Bytes of the block's file (validates its header fields)."""
+        return encoded_size(block)
 
     def file_path(self, key: BlockKey) -> Path:
         """Where ``key`` is (or would be) stored; every component is validated by BlockKey."""
@@ -281,8 +266,9 @@ class DiskTier:
 
     # ---- operations --------------------------------------------------------------------------
 
-    def put(self, block: KVBlock) -> list[BlockKey]:
-        """Store ``block`` durably; return the keys dropped (coldest first) to stay in budget.
+    def put(self, block: KVBlock, priority: int = 0) -> list[Evicted]:
+        """Store ``block`` durably; return the blocks dropped (coldest first, keys only) to stay in
+        budget. ``priority`` is accepted as every tier does and not used: the disk drops by recency.
 
         Raises ``BlockTooLargeError`` when the file would exceed the whole budget, and
         ``DiskFullError`` / ``DiskWriteError`` when the write fails (the tier is then unchanged).
@@ -309,7 +295,7 @@ class DiskTier:
         self._index[key] = size
         for victim in victims:
             self._delete(victim)
-        return victims
+        return [Evicted(victim, None) for victim in victims]
 
     def _block_filler(self, block: KVBlock, payload: memoryview, head_len: int) -> Callable[[int], None]:
         """A ``fill(fd)`` writing header and payload without concatenating them."""
@@ -372,9 +358,7 @@ class DiskTier:
     def drop_session(self, session_id: str) -> list[BlockKey]:
         """Delete every block of ``session_id``; return their keys."""
         self._check_open()
-        keys = self.keys_for_session(session_id)
-        for key in keys:
-            self._delete(key)
+        keys = super().drop_session(session_id)
         self._rmdir_if_empty(self._blocks_dir / session_id)
         return keys
 

@@ -3,10 +3,12 @@
 Primitives:
 - ``ram_cost(block) -> int``: the bytes a block is billed for (payload + a per-token and per-block
   overhead for its header fields).
-- ``RamTier(budget_bytes, copy_payloads=False)``:
-  ``put(block, priority=0) -> list[KVBlock]`` (the blocks evicted to make room, coldest first),
-  ``get(key)`` (marks it recently used), ``peek(key)``, ``pop(key)``, ``delete(key)``,
-  ``keys()``, ``keys_for_session(session_id)``, ``used_bytes``, ``budget_bytes``.
+- ``RamTier(budget_bytes, copy_payloads=False)``: a ``BlockTier`` (tier.py);
+  ``put(block, priority=0) -> list[Evicted]`` (the blocks evicted to make room, coldest first,
+  each handed back with its key), ``get(key)`` (marks it recently used), ``peek(key)``,
+  ``pop(key)``, ``delete(key)``, ``pop_coldest()``, ``cost(block)`` (``ram_cost``), ``flush()``
+  and ``close()`` (nothing to do), and the shared bookkeeping (``keys()``,
+  ``keys_for_session(session_id)``, ``used_bytes``, ``budget_bytes``, ...).
 
 Blocks are stored as given: no encoding, no checksum. With ``copy_payloads=False`` the tier keeps
 the caller's payload object (``bytes``, or a buffer the caller promises not to change); with
@@ -23,14 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection
 
 import numpy as np
 
 from .block import KVBlock
 from .codec import payload_view
 from .errors import BlockTooLargeError
-from .keys import BlockKey, validate_session_id
+from .keys import BlockKey
+from .tier import BlockTier, Evicted
 
 BLOCK_OVERHEAD_BYTES = 256
 PER_TOKEN_OVERHEAD_BYTES = 16
@@ -53,44 +56,24 @@ def _owned_copy(payload: bytes | bytearray | memoryview) -> memoryview:
     return owned.data
 
 
-class RamTier:
+class RamTier(BlockTier):
     """Blocks in host RAM under ``budget_bytes``."""
 
     def __init__(self, budget_bytes: int, *, copy_payloads: bool = False) -> None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise ValueError(f"RamTier budget_bytes must be an int >= 0, got {budget_bytes!r}")
-        self.budget_bytes = budget_bytes
+        super().__init__(budget_bytes)
         self.copy_payloads = copy_payloads
-        self._used = 0
         # priority -> key -> (block, cost); each OrderedDict is in LRU order (oldest first).
         self._buckets: dict[int, OrderedDict[BlockKey, tuple[KVBlock, int]]] = {}
         self._priority: dict[BlockKey, int] = {}
 
     @property
-    def used_bytes(self) -> int:
-        return self._used
+    def _held(self) -> Collection[BlockKey]:
+        return self._priority
 
-    def __len__(self) -> int:
-        return len(self._priority)
+    def cost(self, block: KVBlock) -> int:
+        return ram_cost(block)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._priority
-
-    def keys(self) -> list[BlockKey]:
-        return list(self._priority)
-
-    def __iter__(self) -> Iterator[BlockKey]:
-        return iter(self.keys())
-
-    def keys_for_session(self, session_id: str) -> list[BlockKey]:
-        validate_session_id(session_id)
-        return sorted(k for k in self._priority if k.session_id == session_id)
-
-    def fits(self, block: KVBlock) -> bool:
-        """Whether ``block`` could be held at all (its cost is within the budget)."""
-        return ram_cost(block) <= self.budget_bytes
-
-    def put(self, block: KVBlock, priority: int = 0) -> list[KVBlock]:
+    def put(self, block: KVBlock, priority: int = 0) -> list[Evicted]:
         """Store ``block`` (replacing one with the same key); return the blocks evicted, coldest first."""
         key = BlockKey.of(block)
         cost = ram_cost(block)
@@ -101,7 +84,7 @@ class RamTier:
         if self.copy_payloads and not isinstance(block.payload, bytes):
             block = dataclasses.replace(block, payload=_owned_copy(block.payload))
         self._remove(key)
-        evicted: list[KVBlock] = []
+        evicted: list[Evicted] = []
         while self._used + cost > self.budget_bytes:
             evicted.append(self._evict_one())
         self._buckets.setdefault(priority, OrderedDict())[key] = (block, cost)
@@ -130,9 +113,15 @@ class RamTier:
     def delete(self, key: BlockKey) -> bool:
         return self._remove(key) is not None
 
+    def flush(self) -> None:
+        """Nothing to make durable: RAM is volatile."""
+
+    def close(self) -> None:
+        """Nothing to release besides the blocks."""
+
     def pop_coldest(self) -> KVBlock | None:
         """Remove and return the block that would be evicted next, or None when empty."""
-        return self._evict_one() if self._priority else None
+        return self._evict_one().block if self._priority else None
 
     def _remove(self, key: BlockKey) -> KVBlock | None:
         priority = self._priority.pop(key, None)
@@ -145,7 +134,7 @@ class RamTier:
         self._used -= cost
         return block
 
-    def _evict_one(self) -> KVBlock:
+    def _evict_one(self) -> Evicted:
         priority = min(self._buckets)
         bucket = self._buckets[priority]
         key, (block, cost) = bucket.popitem(last=False)
@@ -153,4 +142,4 @@ class RamTier:
             del self._buckets[priority]
         del self._priority[key]
         self._used -= cost
-        return block
+        return Evicted(key, block)

@@ -1,9 +1,9 @@
 """Tiered store: host RAM in front of disk, with rolling spill and byte budgets on both.
 
 Primitives:
-- ``TieredStore(ram, disk=None, promote_on_get=False)`` and ``TieredStore.open(ram_budget_bytes,
-  disk_path=None, disk_budget_bytes=0, ..., secret=None)`` (``secret`` keys the disk tier's block
-  tags):
+- ``TieredStore(ram, disk=None, promote_on_get=False)`` over any ``BlockTier`` (tier.py), and
+  ``TieredStore.open(ram_budget_bytes, disk_path=None, disk_budget_bytes=0, ..., secret=None)``
+  (a ``RamTier`` in front of a ``DiskTier``; ``secret`` keys the disk tier's block tags):
   ``put(block, priority=0) -> PutResult``, ``get(key, promote=None)``,
   ``get_range(session_id, token_range, fingerprint)`` (refuses a block of another fingerprint),
   ``delete(key)``, ``list_session(session_id)``, ``session_ids()``, ``drop_session(session_id)``,
@@ -41,7 +41,8 @@ from .disk_tier import DiskTier
 from .errors import BlockCorruptError, BlockFingerprintError, BlockTooLargeError, DiskWriteError
 from .interface import ColdStore, PutResult, Tier
 from .keys import BlockKey, validate_fingerprint, validate_session_id
-from .ram_tier import RamTier, ram_cost
+from .ram_tier import RamTier
+from .tier import BlockTier, Evicted
 
 logger = logging.getLogger("kvres.coldstore")
 
@@ -90,8 +91,8 @@ class TieredStore(ColdStore):
 
     def __init__(
         self,
-        ram: RamTier,
-        disk: DiskTier | None = None,
+        ram: BlockTier,
+        disk: BlockTier | None = None,
         *,
         promote_on_get: bool = False,
         max_drop_log: int = 100_000,
@@ -138,9 +139,7 @@ class TieredStore(ColdStore):
     def destroy(self) -> int:
         """Remove every block of both tiers and the disk tier's folder (see ``DiskTier.destroy``),
         closing the store; return how many blocks were removed."""
-        count = len(self.ram)
-        for key in self.ram:
-            self.ram.delete(key)
+        count = self.ram.destroy()
         if self.disk is not None:
             count += self.disk.destroy()
         return count
@@ -159,14 +158,14 @@ class TieredStore(ColdStore):
         else:
             if self.disk is None:
                 raise BlockTooLargeError(
-                    f"block {key} costs {ram_cost(block)} bytes; the RAM budget is "
+                    f"block {key} costs {self.ram.cost(block)} bytes; the RAM budget is "
                     f"{self.ram.budget_bytes} and there is no disk tier"
                 )
             try:
                 dropped = self.disk.put(block)
             except BlockTooLargeError as exc:
                 raise BlockTooLargeError(
-                    f"block {key} fits neither tier: it costs {ram_cost(block)} bytes in RAM "
+                    f"block {key} fits neither tier: it costs {self.ram.cost(block)} bytes in RAM "
                     f"(budget {self.ram.budget_bytes}); {exc}"
                 ) from exc
             except DiskWriteError as exc:  # a full disk: the block is not kept, and says so
@@ -176,21 +175,22 @@ class TieredStore(ColdStore):
                 self._record_drops([key])
                 return PutResult(key, "disk", (), (key,), (str(exc),))
             self.ram.delete(key)
-            moves = _Moves(dropped=list(dropped))
+            moves = _Moves(dropped=[out.key for out in dropped])
             tier = "disk"
         self._counters.puts += 1
         self._record_drops(moves.dropped)
         return PutResult(key, tier, tuple(moves.spilled), tuple(moves.dropped), tuple(moves.errors))
 
-    def _spill(self, evicted: list[KVBlock]) -> _Moves:
+    def _spill(self, evicted: list[Evicted]) -> _Moves:
+        """Move what RAM evicted to disk; what cannot go there is dropped."""
         moves = _Moves()
-        for block in evicted:
-            key = BlockKey.of(block)
-            if self.disk is None:
+        for out in evicted:
+            key = out.key
+            if self.disk is None or out.block is None:
                 moves.dropped.append(key)
                 continue
             try:
-                moves.dropped.extend(self.disk.put(block))
+                moves.dropped.extend(dropped.key for dropped in self.disk.put(out.block))
             except BlockTooLargeError:
                 moves.dropped.append(key)
                 continue
@@ -269,7 +269,7 @@ class TieredStore(ColdStore):
 
     def session_ids(self) -> set[str]:
         """Every session with a block in either tier."""
-        ids = {key.session_id for key in self.ram}
+        ids = self.ram.session_ids()
         return ids | self.disk.session_ids() if self.disk is not None else ids
 
     def list_session(self, session_id: str) -> list[BlockKey]:
@@ -288,10 +288,7 @@ class TieredStore(ColdStore):
     def drop_session(self, session_id: str) -> int:
         """Remove every block of ``session_id`` from both tiers; return how many."""
         validate_session_id(session_id)
-        keys = self.ram.keys_for_session(session_id)
-        for key in keys:
-            self.ram.delete(key)
-        count = len(keys)
+        count = len(self.ram.drop_session(session_id))
         if self.disk is not None:
             count += len(self.disk.drop_session(session_id))
         return count

@@ -50,6 +50,7 @@ from kvres.actors.metrics import STORE_EVENTS, RayMetrics
 from kvres.coldstore import (
     BlockKey,
     ColdStore,
+    DiskTier,
     KVBlock,
     PutResult,
     Tier,
@@ -167,7 +168,8 @@ class ColdStoreServer(ColdStore):
 
     def disk_folder(self) -> str | None:
         """The disk tier's folder, None without one (where a backend measures disk reads)."""
-        return None if self._store.disk is None else str(self._store.disk.path)
+        disk = self._store.disk
+        return str(disk.path) if isinstance(disk, DiskTier) else None
 
     def session_ids(self) -> list[str]:
         """Every session with a block here, sorted."""

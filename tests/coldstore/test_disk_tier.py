@@ -18,6 +18,7 @@ from kvres.coldstore import (
     DiskFullError,
     DiskTier,
     DiskWriteError,
+    Evicted,
     StoreLockedError,
     encoded_size,
 )
@@ -163,8 +164,8 @@ def test_budget_drops_coldest_and_reports_them(tmp_path: Path) -> None:
         for b in blocks[:3]:
             assert disk.put(b) == []
         assert disk.get(BlockKey.of(blocks[0])) is not None  # now most recent
-        assert disk.put(blocks[3]) == [BlockKey.of(blocks[1])]
-        assert disk.put(blocks[4]) == [BlockKey.of(blocks[2])]
+        assert disk.put(blocks[3]) == [Evicted(BlockKey.of(blocks[1]), None)]
+        assert disk.put(blocks[4]) == [Evicted(BlockKey.of(blocks[2]), None)]
         assert disk.used_bytes == 3 * size
         assert not disk.file_path(BlockKey.of(blocks[1])).exists()
         with pytest.raises(BlockTooLargeError, match=f"budget is {3 * size}"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvres.coldstore import BlockKey, BlockTooLargeError, RamTier, ram_cost
+from kvres.coldstore import BlockKey, BlockTooLargeError, Evicted, RamTier, ram_cost
 
 from .helpers import make_block
 
@@ -20,7 +20,7 @@ def test_budget_holds_and_lru_goes_first() -> None:
         assert ram.put(b) == []
     assert ram.get(BlockKey.of(blocks[0])) is blocks[0]  # 0 is now the most recent
     evicted = ram.put(blocks[3])
-    assert evicted == [blocks[1]]
+    assert evicted == [Evicted(BlockKey.of(blocks[1]), blocks[1])]
     assert ram.used_bytes == 3 * one <= ram.budget_bytes
     assert [k.token_range.start for k in ram.keys_for_session("sess-1")] == [0, 8, 12]
 
@@ -34,7 +34,7 @@ def test_low_priority_is_evicted_before_recency() -> None:
     ram.put(cheap, priority=0)
     ram.get(BlockKey.of(cheap))
     newcomer = make_block(bytes(KIB), start=8)
-    assert ram.put(newcomer, priority=1) == [cheap]
+    assert ram.put(newcomer, priority=1) == [Evicted(BlockKey.of(cheap), cheap)]
     assert ram.pop_coldest() is newcomer  # priority 1 < 5
     assert ram.pop_coldest() is pinned
     assert ram.pop_coldest() is None and ram.used_bytes == 0
