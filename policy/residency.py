@@ -21,7 +21,7 @@ Primitives:
   them; ``make_residency(kind, scorer=, aggregation=, **shape)``: the factory, the one place a
   kind or a scorer name (``kvres.policy.scorers.SCORERS``) becomes an object.
 - ``EngineNeed``: which engines can run a session (``Residency.engine_need``, what placement asks).
-- ``Ranking``: what ranks a session's blocks when it is cut or recalls (``ranking_for``): its
+- ``Ranking``: what ranks a session's blocks when it is cut or recalls (``Residency.ranking``): its
   ``scorer``, ``block_scores(source, ranges)`` and, for H2O, the running accumulator (every query
   row counted once: ``observe``, ``pending_rows``, ``rows_seen``); ``by_attention_window``: SnapKV,
   the ranking a recall's scoring pass can use.
