@@ -1,12 +1,15 @@
 """Backend and session configuration (pydantic), the plain data the backend actors run on.
 
 Primitives:
-- ``SessionPolicy``: none / streaming (sink + recent) / scored (H2O or SnapKV) / engine (let an
-  openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM aggregation),
-  block size, resident budget, spill (keep evicted blocks in the cold store) or drop; ``strict``:
-  refuse at open what the backend cannot run as asked (by default a session degrades to the weaker
-  policy the engine can run, ``kvres.policy.degrade``). The helpers ``streaming``, ``scored`` and
-  ``engine`` take every field their kind uses. Retention, the owner's say in what is kept
+- ``SessionPolicy``: none / streaming (sink + recent) / scored (SnapKV, H2O or KeyNorm) / engine
+  (let an openvino-genai backend evict with its own CacheEvictionConfig, SUM or NORM_SUM
+  aggregation), block size, resident budget, spill (keep evicted blocks in the cold store) or drop;
+  ``strict``: refuse at open what the backend cannot run as asked (by default a session degrades
+  to the weaker policy the engine can run, ``kvres.policy.degrade``). The helpers ``streaming``,
+  ``scored`` and ``engine_evicts`` take every field their kind uses. ``residency``: the residency
+  object the policy stands for (``kvres.policy.residency.make_residency``), what everything after
+  the configuration asks; the kind and scorer names are ``kvres.policy``'s (``PolicyKind``,
+  ``ScorerName``). Retention, the owner's say in what is kept
   (``with_retention``): ``priority`` (suspended and evicted for others' room later than lower
   ones), ``pin`` (never, within the backend's ``max_pinned_tokens``), ``idle_suspend_s`` (parked
   after that long without a call) and ``ttl_s`` (closed after that long without a call); ``tenant``,
@@ -36,6 +39,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvres.policy.kv_types import KVType, flash_attn_for
+from kvres.policy.residency import Aggregation, PolicyKind, Residency, make_residency
+from kvres.policy.scorers import ScorerName
 
 DEFAULT_KV_MEMORY_RESERVE = 256 * 1024 * 1024  # compute buffers and the rest of the process
 TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
@@ -44,9 +49,9 @@ TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
 class SessionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["none", "streaming", "scored", "engine"] = "none"
-    scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv"  # kind="scored": kvres.policy.scorers
-    aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM"  # kind="engine" only
+    kind: PolicyKind = "none"
+    scorer: ScorerName = "snapkv"  # kind="scored": kvres.policy.scorers
+    aggregation: Aggregation = "NORM_SUM"  # kind="engine" only
     block_size: int = Field(16, ge=1, le=4096)
     budget_tokens: int | None = Field(None, ge=1)
     sink_tokens: int = Field(4, ge=0)
@@ -65,7 +70,7 @@ class SessionPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _budget_fits_protected(self) -> SessionPolicy:
-        if self.kind == "none":
+        if self.residency.keeps_every_token:
             return self
         if self.budget_tokens is None:
             raise ValueError(f"budget_tokens is required for a {self.kind!r} policy")
@@ -77,6 +82,16 @@ class SessionPolicy(BaseModel):
                 f"({self.block_size}) = {floor}"
             )
         return self
+
+    @property
+    def residency(self) -> Residency:
+        """The residency object this policy stands for: the one place a ``SessionPolicy`` becomes
+        one (degraded to what an engine can run by ``kvres.policy.degrade.effective_residency``)."""
+        return make_residency(
+            self.kind, scorer=self.scorer, aggregation=self.aggregation, sink_tokens=self.sink_tokens,
+            recent_tokens=self.recent_tokens, block_size=self.block_size, budget_tokens=self.budget_tokens,
+            rebase=self.rebase, spill=self.spill, observation_window=self.observation_window,
+        )
 
     def with_retention(self, priority: int | None = None, pin: bool | None = None,
                        idle_suspend_s: float | None = None, ttl_s: float | None = None,
@@ -98,15 +113,15 @@ class SessionPolicy(BaseModel):
                    observation_window=observation_window, spill_cap_bytes=spill_cap_bytes, strict=strict)
 
     @classmethod
-    def engine(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
-               aggregation: Literal["SUM", "NORM_SUM"] = "NORM_SUM") -> SessionPolicy:
+    def engine_evicts(cls, budget_tokens: int, sink_tokens: int = 4, recent_tokens: int = 64,
+                      aggregation: Aggregation = "NORM_SUM") -> SessionPolicy:
         """Let the engine evict (openvino-genai backends): its CacheEvictionConfig keeps
         ``sink_tokens`` + ``recent_tokens`` and the highest-scoring blocks up to the budget."""
         return cls(kind="engine", budget_tokens=budget_tokens, sink_tokens=sink_tokens,
                    recent_tokens=recent_tokens, aggregation=aggregation)
 
     @classmethod
-    def scored(cls, budget_tokens: int, scorer: Literal["snapkv", "h2o", "keynorm"] = "snapkv",
+    def scored(cls, budget_tokens: int, scorer: ScorerName = "snapkv",
                sink_tokens: int = 4, recent_tokens: int = 64, block_size: int = 16,
                spill: bool = True, observation_window: int = 16, rebase: bool = True,
                spill_cap_bytes: int | None = None, strict: bool = False) -> SessionPolicy:

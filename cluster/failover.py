@@ -29,9 +29,9 @@ import logging
 from typing import Any, Protocol
 
 from kvres.actors.default_model import default_model_path
+from kvres.actors.engines.registry import engine_spec
 from kvres.actors.host.journal import RayJournal, SessionRecord
 from kvres.actors.host.store_ports import node_dead
-from kvres.actors.residency import residency_for
 from kvres.policy import UnknownSessionError
 from kvres.policy.errors import NodeLostError, SessionExistsError
 from kvres.policy.placement import LoadReport, PlacementError
@@ -55,6 +55,7 @@ class _Manager(Protocol):
 def seeds(config: KvresConfig) -> list[LoadReport]:
     return [
         LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
+                   engine_evicts=engine_spec(b.engine).engine_evicts,
                    model=str(b.model_path or default_model_path()), node=b.node_id or "")
         for b in config.backends
     ]
@@ -112,10 +113,10 @@ class Failover:
         if where != lost:
             return where  # moved already (by another call, or another driver)
         record = self.record_of(session_id, lost)
-        residency = residency_for(record.policy)
+        residency = record.policy.residency
         try:
             target = planner.rehome(session_id, lost, self._model(lost), residency.engine_need,
-                                    residency.bounded_tokens or 0, seeds(self._manager.config))
+                                    residency.enforced_budget_tokens or 0, seeds(self._manager.config))
         except PlacementError as exc:
             raise NodeLostError(f"backend {lost!r} is lost with node {self._lost.get(lost, '?')} (dead) and no live "
                                 f"backend can take session {session_id!r}: {exc}") from None

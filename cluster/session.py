@@ -44,7 +44,6 @@ from kvres.actors.metrics import label_secret
 from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
-from kvres.actors.residency import residency_for
 from kvres.actors.settings import read_settings
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session
@@ -279,11 +278,11 @@ class SessionManager:
         reported yet counts as empty; so does a call that finds the planner without them (it was
         restarted)."""
         seeded = seeds(self.config)
-        residency = residency_for(policy)
+        residency = policy.residency
         planner = self.planner_client
         args = (session_id, None if model is None else os.fspath(model),
                 PlacementPolicy.of(placement, self.config.placement.policy()), residency.engine_need,
-                residency.bounded_tokens or 0)
+                residency.enforced_budget_tokens or 0)
         try:
             placed = planner.place(*args, [] if getattr(self, "_placement_seeded", False) else seeded)
         except PlacementError:

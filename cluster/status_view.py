@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvres.actors.config import SessionPolicy
-from kvres.actors.residency import residency_for
 
 BAR_WIDTH = 64
 TIER_ORDER = {"ram": 0, "disk": 1}
@@ -60,7 +59,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 def policy_summary(policy: Mapping[str, Any], effective: str | None = None, degraded: str | None = None) -> str:
     """The policy asked; where the backend degraded it, what runs instead and why."""
-    asked = residency_for(SessionPolicy.model_validate(dict(policy))).describe()
+    asked = SessionPolicy.model_validate(dict(policy)).residency.describe()
     if not degraded:
         return asked
     return f"{effective} (degraded from: {asked}; because {degraded})"

@@ -1,8 +1,8 @@
 """Degrade gracefully: a residency policy an engine cannot run as asked becomes the weaker one it can.
 
 Primitives:
-- ``Gate``: one requirement the engine does not meet: ``capability`` (a ``Capabilities`` field,
-  or ``"cold_store"``) and ``reason`` (one line for people).
+- ``Gate``: one requirement the engine does not meet: ``capability`` (a ``Requirement``: a
+  ``Capabilities`` field name, or ``"cold_store"``) and ``reason`` (one line for people).
 - ``unmet_gates(residency, caps, cold_store) -> tuple[Gate, ...]``: what the engine (and the
   backend's cold store) lacks for the policy as asked, in the order ``degrade`` relaxes it.
 - ``degrade(residency, caps, cold_store=True) -> Residency``: the policy that runs. Capability
@@ -11,30 +11,38 @@ Primitives:
   window); no position shift: gaps kept (``rebase=False``); no cold store or no KV export: evicted
   blocks are dropped (``spill=False``). Each relaxation keeps every other field; the result's
   ``degraded`` says why (empty when the policy runs as asked).
+- ``effective_residency(asked, caps, cold_store, strict=False, addressed=True) -> Residency``: what
+  a session runs: ``asked`` degraded to what the engine can run, or exactly as asked for a
+  ``strict`` policy (the host refuses it at open where the engine falls short) and on an engine
+  kvres does not address (``addressed=False``: one that evicts by itself runs the policy or
+  refuses it at open).
 
 Pure: the host decides when to use it (``SessionPolicy(strict=True)`` refuses instead).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
-from .capabilities import Capabilities
+from .capabilities import Capabilities, CapabilityName
 from .residency import NoEviction, Residency, Streaming
 
-_SCORE_INPUTS = {"attention_capture": "attention probabilities", "key_access": "the resident keys as floats"}
+Requirement = CapabilityName | Literal["cold_store"]
+_SCORE_INPUTS: Mapping[Requirement, str] = {"attention_capture": "attention probabilities",
+                                            "key_access": "the resident keys as floats"}
 
 
 @dataclass(frozen=True)
 class Gate:
-    capability: str
+    capability: Requirement
     reason: str
 
 
 def _shape(residency: Residency) -> dict[str, Any]:
     """The fields every residency policy shares (what a weaker policy inherits)."""
-    return {f.name: getattr(residency, f.name) for f in fields(Residency) if f.init and f.name != "name"}
+    return {f.name: getattr(residency, f.name) for f in fields(Residency) if f.init}
 
 
 def unmet_gates(residency: Residency, caps: Capabilities, cold_store: bool = True) -> tuple[Gate, ...]:
@@ -66,7 +74,7 @@ def degrade(residency: Residency, caps: Capabilities, cold_store: bool = True) -
     if gates[0].capability == "remove_middle":
         return NoEviction(**{**shape, "degraded": why})
     out: Residency = residency
-    names = {g.capability for g in gates}
+    names: set[Requirement] = {g.capability for g in gates}
     if residency.own_scorer() is not None and names & set(_SCORE_INPUTS):
         out = Streaming(**shape)
     if "position_shift" in names:
@@ -74,3 +82,10 @@ def degrade(residency: Residency, caps: Capabilities, cold_store: bool = True) -
     if names & {"kv_export", "cold_store"}:
         out = replace(out, spill=False)
     return replace(out, degraded=why)
+
+
+def effective_residency(asked: Residency, caps: Capabilities, cold_store: bool, *, strict: bool = False,
+                        addressed: bool = True) -> Residency:
+    """``addressed``: kvres addresses the engine's KV (an engine that evicts by itself runs a
+    policy as asked, or refuses it at open: that is the wrong engine, not a missing gate)."""
+    return asked if strict or not addressed else degrade(asked, caps, cold_store)

@@ -2,7 +2,8 @@
 
 Primitives:
 - ``LoadReport``: what a backend pushes to the planner: name, node and its labels, model (path and
-  id), engine, budget, resident and free tokens, live and suspended sessions, ``n_seq_max``, and
+  id), engine (its name, and ``engine_evicts``: whether it evicts by itself, from the engine's
+  spec), budget, resident and free tokens, live and suspended sessions, ``n_seq_max``, and
   ``at``, the backend's wall clock when it measured all that.
 - ``ReportLimiter(min_interval_s, change_fraction, heartbeat_s)``: when a backend pushes:
   ``offer(report, now) -> bool`` (push now?), ``held(now) -> LoadReport | None`` (a report held
@@ -16,13 +17,14 @@ Primitives:
   not reported yet: empty), ``report``, ``place(session_id, model, placement, ...)``,
   ``forget_session``, ``loads()``, ``totals()``.
 - ``choose_backend(loads, model, placement, need, demand_tokens) -> str`` (``loads``: any
-  ``Load``, a report plus pending placements) and ``serves(report, model)``: the pure choice.
+  ``Load``, a report plus pending placements), ``serves(report, model)`` and ``runs(report,
+  need)``: the pure choice.
 - ``PlacementError``, ``LoadReportError``.
 
 Sessions of a model go only to backends of that model (``model`` matches a backend's model path,
 its file name, or its model id), and only to backends whose engine can run the session's policy
-(``EngineNeed``: a policy the engine evicts by itself needs openvino-genai; one kvres evicts needs
-any other engine).
+(``EngineNeed``: a policy the engine evicts by itself needs an engine that does,
+``LoadReport.engine_evicts``; one kvres evicts needs any other engine).
 A session placed since a backend's last report counts against it (its budget as demand, one
 sequence slot) until a report measured after the placement arrives, so a burst of openings
 spreads out even when reports lag. A placement is one pass over the backends in the view, in pure
@@ -42,7 +44,6 @@ from .residency import EngineNeed
 
 PlacementKind = Literal["least_loaded", "pack", "label"]
 PLACEMENT_KINDS: tuple[str, ...] = ("least_loaded", "pack", "label")
-ENGINE_MANAGED = "openvino-genai"  # the engine that evicts by itself
 
 
 class LoadReportError(KvresError, ValueError):
@@ -63,7 +64,8 @@ class LoadReport:
     n_seq_max: int = 1
     model: str = ""  # the model file's path, as the backend was configured
     model_id: str | None = None  # SHA-256 of the model file, when the backend knows it
-    engine: str = "llama"
+    engine: str = ""  # the engine's name ("" unknown)
+    engine_evicts: bool = False  # the engine evicts by itself (kvres does not address its KV)
     node: str = ""  # the Ray node id ("" unknown)
     labels: Mapping[str, str] = field(default_factory=dict)  # the node's labels
     at: float = 0.0  # the backend's wall clock when measured; 0: never measured (a seed)
@@ -220,7 +222,7 @@ def runs(report: LoadReport, need: EngineNeed) -> bool:
     """Whether the backend's engine can run a session that needs ``need``."""
     if need is EngineNeed.ANY:
         return True
-    return (report.engine == ENGINE_MANAGED) == (need is EngineNeed.ENGINE_MANAGED)
+    return report.engine_evicts == (need is EngineNeed.ENGINE_MANAGED)
 
 
 class Load(Protocol):
@@ -288,8 +290,9 @@ def _no_backend(
         return PlacementError(f"no backend serves model {model!r}; backends serve {served}")
     pool = [r for r in pool if runs(r, need)]
     if not pool:
+        which = "only one that evicts by itself" if need is EngineNeed.ENGINE_MANAGED else "not one that evicts by itself"
         return PlacementError(f"no backend of model {model!r} runs a session that needs an {need.value} engine "
-                              f"({'only' if need is EngineNeed.ENGINE_MANAGED else 'not'} {ENGINE_MANAGED} can)")
+                              f"({which} can)")
     labelled = [r for r in pool if all(r.labels.get(k) == v for k, v in placement.labels.items())]
     if not labelled:
         seen = {r.backend: dict(r.labels) for r in pool}

@@ -1,19 +1,27 @@
 """Residency policies: what a session keeps resident, one small object per policy (the kvpress style).
 
 Primitives:
-- ``Residency``: the base, a frozen object built once when a session opens. Its fields are the
-  window's shape (``sink_tokens``, ``recent_tokens``, ``block_size``, ``budget_tokens``, ``rebase``,
-  ``spill``, ``observation_window``) and ``degraded`` (why it runs instead of a stronger policy
-  the engine could not run, ``kvres.policy.degrade``; empty when it runs as asked); it says what
-  it needs (``needs_scores``, ``requirements``) and decides: ``evicts`` (kvres plans this
-  session's evictions), ``compresses`` (it is cut to its budget by scores after a prefill, not
-  planned chunk by chunk), ``chunk(remaining)`` (the most an append prefills in one step),
-  ``ahead(remaining)`` (what a generate plans room for), ``stream_policy()``,
-  ``engine_eviction()``, ``describe()`` (one line for people).
+- ``Residency``: the base, a frozen object built once when a session opens. ``kind`` is what a
+  ``SessionPolicy`` calls it. Its fields are the window's shape (``sink_tokens``,
+  ``recent_tokens``, ``block_size``, ``budget_tokens``: the resident budget the policy names,
+  ``rebase``, ``spill``, ``observation_window``) and ``degraded`` (why it runs instead of a
+  stronger policy the engine could not run, ``kvres.policy.degrade``; empty when it runs as
+  asked); it says what it needs (``requirements``: ``Capabilities`` field names) and decides:
+  ``evicts`` (kvres plans this session's evictions), ``keeps_every_token`` (nothing evicts from
+  it, neither kvres nor the engine), ``planned_budget_tokens`` (the budget kvres plans it to) and
+  ``enforced_budget_tokens`` (the budget kvres or the engine holds it to), ``compresses`` (it is
+  cut to its budget by scores after a prefill, not planned chunk by chunk), ``chunk(remaining)``
+  (the most an append prefills in one step), ``ahead(remaining)`` (what a generate plans room
+  for), ``stream_policy()``, ``engine_eviction()`` (an ``EngineEviction``: what an engine that
+  evicts by itself is told), ``describe()`` (one line for people).
 - ``NoEviction``, ``Streaming``, ``Scored`` (SnapKV, H2O or KeyNorm), ``EngineEvicts`` (the engine
   evicts inside each request).
+- ``PolicyKind`` and ``Aggregation``: the values ``SessionPolicy.kind`` and
+  ``SessionPolicy.aggregation`` take; ``RESIDENCIES``: kind -> residency class, the one table of
+  them; ``make_residency(kind, scorer=, aggregation=, **shape)``: the factory, the one place a
+  kind or a scorer name (``kvres.policy.scorers.SCORERS``) becomes an object.
 - ``EngineNeed``: which engines can run a session (``Residency.engine_need``, what placement asks).
-- ``Ranking``: what ranks a session's blocks when it is cut or recalls (``ranking_for``): its
+- ``Ranking``: what ranks a session's blocks when it is cut or recalls (``Residency.ranking``): its
   ``scorer``, ``block_scores(source, ranges)`` and, for H2O, the running accumulator (every query
   row counted once: ``observe``, ``pending_rows``, ``rows_seen``); ``by_attention_window``: SnapKV,
   the ranking a recall's scoring pass can use.
@@ -21,24 +29,28 @@ Primitives:
   ``resident_tokens``).
 - ``recall_scorer(caps)``: what ranks the blocks of a session that has no scorer of its own.
 
-Pure: no engine, no I/O. The backend host asks these objects; no code outside the factory that
-builds them compares policy kinds or scorer names.
+Pure: no engine, no I/O. The backend host asks these objects; no code compares policy kinds or
+scorer names (``tests/policy/test_vocabulary.py`` checks it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from .capabilities import Capabilities
+from .capabilities import Capabilities, CapabilityName
 from .planner import StreamPolicy
 from .ranges import Range
-from .scorers import H2O, KeyCapture, KeyNorm, Scorer, SnapKV
+from .scorers import KeyCapture, KeyNorm, Scorer, ScorerInput, ScorerName, SnapKV, scorer_for
 from .scoring import AttentionCapture, H2OAccumulator, block_scores
+
+PolicyKind = Literal["none", "streaming", "scored", "engine"]  # the keys of RESIDENCIES
+Aggregation = Literal["SUM", "NORM_SUM"]  # how an engine that evicts by itself sums block scores
+_SCORER_CAPABILITY: Mapping[ScorerInput, CapabilityName] = {"attention": "attention_capture", "keys": "key_access"}
 
 
 class ScoreSource(Protocol):
@@ -69,12 +81,12 @@ class Ranking:
 
     @property
     def by_attention_window(self) -> bool:
-        return isinstance(self.scorer, SnapKV)
+        return self.scorer.by_attention_window
 
     @property
     def accumulates(self) -> bool:
         """It must see every call's rows, even when nothing is cut (H2O)."""
-        return isinstance(self.scorer, H2O)
+        return self.scorer.accumulates
 
     def pending_rows(self, log_length: int) -> int:
         """Rows processed since the accumulator's last capture (0 for a ranking that does not
@@ -136,7 +148,19 @@ class EngineNeed(Enum):
 
 
 @dataclass(frozen=True)
+class EngineEviction:
+    """What an engine that evicts by itself is told: the protected window (``stream``), the
+    session's budget and how block scores are summed."""
+
+    stream: StreamPolicy
+    budget_tokens: int
+    aggregation: Aggregation
+
+
+@dataclass(frozen=True)
 class Residency:
+    kind: ClassVar[PolicyKind] = "none"  # what a SessionPolicy calls it
+    keeps_every_token: ClassVar[bool] = False  # nothing evicts from it (neither kvres nor the engine)
     sink_tokens: int = 4
     recent_tokens: int = 64
     block_size: int = 16
@@ -144,14 +168,19 @@ class Residency:
     rebase: bool = True
     spill: bool = True
     observation_window: int = 16
-    name: str = "none"
     degraded: str = ""  # why this runs instead of the policy asked (``kvres.policy.degrade``); "" as asked
     evicts: bool = field(default=False, init=False)  # kvres plans this session's evictions
     compresses: bool = field(default=False, init=False)  # cut to budget by scores after a prefill
 
+    @classmethod
+    def configured(cls, shape: Mapping[str, Any], scorer: ScorerName, aggregation: Aggregation) -> Residency:
+        """This kind of policy with the window ``shape`` (``Residency``'s fields), and the scorer or
+        the aggregation where the kind uses them (``make_residency``)."""
+        return cls(**shape)
+
     @property
-    def budget(self) -> int | None:
-        """The session's own resident budget, where kvres enforces one."""
+    def planned_budget_tokens(self) -> int | None:
+        """The session's own resident budget, where kvres plans its evictions to it, else None."""
         return self.budget_tokens if self.evicts else None
 
     @property
@@ -159,7 +188,7 @@ class Residency:
         return EngineNeed.KVRES_ADDRESSED if self.evicts else EngineNeed.ANY
 
     @property
-    def bounded_tokens(self) -> int | None:
+    def enforced_budget_tokens(self) -> int | None:
         """The most the session keeps resident where its policy bounds it (kvres's eviction or
         the engine's), else None."""
         return self.budget_tokens if self.evicts else None
@@ -190,28 +219,30 @@ class Residency:
         scorer = self.own_scorer() or recall_scorer(caps, self.observation_window)
         return None if scorer is None else Ranking(scorer, self.observation_window)
 
-    def requirements(self) -> tuple[str, ...]:
+    def requirements(self) -> tuple[CapabilityName, ...]:
         """Capabilities (``Capabilities`` field names) the engine must have: evicting from the
         middle, and closing the gaps where ``rebase`` (keeping them moves no cell)."""
         if not self.evicts:
             return ()
         return ("remove_middle", "position_shift") if self.rebase else ("remove_middle",)
 
-    def engine_eviction(self) -> tuple[StreamPolicy, int, str] | None:
-        """What an engine that evicts by itself is told (stream policy, budget, aggregation)."""
+    def engine_eviction(self) -> EngineEviction | None:
+        """What an engine that evicts by itself is told (None: kvres evicts, or nothing does)."""
         return None
 
     def describe(self) -> str:
         """One line for people (``kvres inspect``)."""
         parked = "spilled to the cold store" if self.spill else "dropped"
         positions = "positions re-based" if self.rebase else "position gaps kept"
-        return (f"{self.name}, budget {self.budget_tokens} tokens, sinks {self.sink_tokens}, recent "
+        return (f"{self.kind}, budget {self.budget_tokens} tokens, sinks {self.sink_tokens}, recent "
                 f"{self.recent_tokens}, blocks of {self.block_size}, evicted blocks {parked}, {positions}")
 
 
 @dataclass(frozen=True)
 class NoEviction(Residency):
     """Everything stays resident (spilled or suspended only as a whole)."""
+
+    keeps_every_token: ClassVar[bool] = True
 
     def describe(self) -> str:
         return "none (keep every token resident)"
@@ -222,7 +253,7 @@ class Streaming(Residency):
     """Sinks + the recent window, evicted step by step; an append prefills in chunks of at most
     half the evictable room, so the window never overflows within a step."""
 
-    name: str = "streaming"
+    kind: ClassVar[PolicyKind] = "streaming"
     evicts: bool = field(default=True, init=False)
 
     def chunk(self, remaining: int) -> int:
@@ -237,10 +268,15 @@ class Scored(Residency):
     """Compress after prefill: prefilled whole (in chunks as large as the free room), then cut to
     the budget by the scorer."""
 
-    name: str = "scored"
+    kind: ClassVar[PolicyKind] = "scored"
     scorer: Scorer = field(default_factory=SnapKV)
     evicts: bool = field(default=True, init=False)
     compresses: bool = field(default=True, init=False)
+
+    @classmethod
+    def configured(cls, shape: Mapping[str, Any], scorer: ScorerName, aggregation: Aggregation) -> Residency:
+        made = cls(**shape)
+        return replace(made, scorer=scorer_for(scorer, made.observation_window))
 
     def ahead(self, remaining: int) -> int:
         return 1
@@ -249,39 +285,58 @@ class Scored(Residency):
         return self.scorer
 
     def describe(self) -> str:
-        return super().describe().replace(self.name, f"scored by {self.scorer.name}", 1)
+        return super().describe().replace(self.kind, f"scored by {self.scorer.name}", 1)
 
-    def requirements(self) -> tuple[str, ...]:
-        needs = {"attention": "attention_capture", "keys": "key_access"}[self.scorer.needs]
-        return (needs, *super().requirements())
+    def requirements(self) -> tuple[CapabilityName, ...]:
+        return (_SCORER_CAPABILITY[self.scorer.needs], *super().requirements())
 
 
 @dataclass(frozen=True)
 class EngineEvicts(Residency):
-    """The engine evicts inside each request (openvino-genai's CacheEvictionConfig)."""
+    """The engine evicts inside each request (OpenVINO GenAI's CacheEvictionConfig)."""
 
-    name: str = "engine"
-    aggregation: str = "NORM_SUM"
+    kind: ClassVar[PolicyKind] = "engine"
+    aggregation: Aggregation = "NORM_SUM"
+
+    @classmethod
+    def configured(cls, shape: Mapping[str, Any], scorer: ScorerName, aggregation: Aggregation) -> Residency:
+        return cls(**shape, aggregation=aggregation)
 
     @property
     def engine_need(self) -> EngineNeed:
         return EngineNeed.ENGINE_MANAGED
 
     @property
-    def bounded_tokens(self) -> int | None:
+    def enforced_budget_tokens(self) -> int | None:
         return self.budget_tokens
 
     def ranking(self, caps: Capabilities) -> Ranking | None:
         return None
 
-    def engine_eviction(self) -> tuple[StreamPolicy, int, str] | None:
-        return StreamPolicy(True, self.sink_tokens, self.recent_tokens), self.budget_tokens or 0, self.aggregation
+    def engine_eviction(self) -> EngineEviction | None:
+        return EngineEviction(StreamPolicy(True, self.sink_tokens, self.recent_tokens), self.budget_tokens or 0,
+                              self.aggregation)
 
     def describe(self) -> str:
         return (f"engine-managed ({self.aggregation}), budget {self.budget_tokens} tokens, sinks "
                 f"{self.sink_tokens}, recent {self.recent_tokens}")
 
 
+RESIDENCIES: Mapping[str, type[Residency]] = {cls.kind: cls for cls in (NoEviction, Streaming, Scored, EngineEvicts)}
+
+
+def make_residency(kind: str, *, scorer: ScorerName = "snapkv", aggregation: Aggregation = "NORM_SUM",
+                   **shape: Any) -> Residency:
+    """The residency object a policy of ``kind`` stands for: ``shape`` the window's fields
+    (``Residency``'s), ``scorer`` (kind "scored") and ``aggregation`` (kind "engine") where the kind
+    uses them. ``SessionPolicy.residency`` calls it."""
+    residency = RESIDENCIES.get(kind)
+    if residency is None:
+        raise ValueError(f"unknown policy kind {kind!r}; known: {', '.join(RESIDENCIES)}")
+    return residency.configured(shape, scorer, aggregation)
+
+
 __all__ = [
-    "EngineEvicts", "EngineNeed", "NoEviction", "Ranking", "Residency", "Scored", "ScoreSource", "Streaming", "recall_scorer",
+    "RESIDENCIES", "Aggregation", "EngineEviction", "EngineEvicts", "EngineNeed", "NoEviction", "PolicyKind", "Ranking",
+    "Residency", "Scored", "ScoreSource", "Streaming", "make_residency", "recall_scorer",
 ]

@@ -1,10 +1,12 @@
 """Scorers: which keys a scored session keeps, as small frozen policy objects (the kvpress pattern).
 
 Primitives:
-- ``Scorer``: the base; ``needs`` says what input it scores (``"attention"``: an
-  ``AttentionCapture`` of the last queries; ``"keys"``: a ``KeyCapture`` of the resident keys);
-  ``score(capture) -> one float per key`` (higher = keep); ``block_scores(capture, ranges)``: summed
-  per block, the planner's input.
+- ``Scorer``: the base; ``name`` is what a ``SessionPolicy`` calls it; ``needs`` says what input
+  it scores (``"attention"``: an ``AttentionCapture`` of the last queries; ``"keys"``: a
+  ``KeyCapture`` of the resident keys); ``accumulates`` (it must see every row a session processes:
+  H2O) and ``by_attention_window`` (it ranks by the last queries' attention: SnapKV, what a
+  recall's scoring pass can use); ``score(capture) -> one float per key`` (higher = keep);
+  ``block_scores(capture, ranges)``: summed per block, the planner's input.
 - ``SnapKV(window=16, kernel=7, pool="max")``: attention the keys receive from the last ``window``
   queries (the observation window: the end of the prompt, e.g. the question), summed over layers,
   heads and rows, pooled so a hit's neighbours stay with it (Li et al. 2024).
@@ -14,14 +16,15 @@ Primitives:
   score is minus its norm, averaged over layers and KV heads (Devoto et al. 2024). Works with
   flash attention and on engines without an attention capture.
 - ``KeyCapture(keys, key_positions)``: resident keys ``(n_layer, n_kv_head, n_key, head_dim)``.
-- ``scorer_for(name, window, kernel=7)``: the object a ``SessionPolicy.scorer`` name stands for.
+- ``ScorerName``: the names a ``SessionPolicy.scorer`` may take; ``SCORERS``: name -> scorer class,
+  the one table of them; ``scorer_for(name, window, kernel=7)``: the object a name stands for.
 
 Everything here is pure numpy: the backends, the benchmarks and the tests call the same objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -32,6 +35,7 @@ from .ranges import Range
 from .scoring import AttentionCapture, FloatArray, block_scores, key_mass, pool_1d
 
 ScorerInput = Literal["attention", "keys"]
+ScorerName = Literal["snapkv", "h2o", "keynorm"]  # the keys of SCORERS
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,15 @@ Capture = AttentionCapture | KeyCapture
 @dataclass(frozen=True)
 class Scorer:
     needs: ClassVar[ScorerInput] = "attention"
-    name: ClassVar[str] = ""  # what a SessionPolicy calls it
+    name: ClassVar[ScorerName]  # what a SessionPolicy calls it
+    accumulates: ClassVar[bool] = False  # must see every row a session processes (H2O)
+    by_attention_window: ClassVar[bool] = False  # ranks by the last queries' attention (SnapKV)
+
+    @classmethod
+    def with_window(cls, window: int, kernel: int) -> Scorer:
+        """This scorer for a session whose observation window is ``window`` rows (only SnapKV
+        reads it)."""
+        return cls()
 
     def score(self, capture: Capture) -> FloatArray:
         raise NotImplementedError
@@ -72,7 +84,8 @@ class Scorer:
 
 @dataclass(frozen=True)
 class SnapKV(Scorer):
-    name: ClassVar[str] = "snapkv"
+    name: ClassVar[ScorerName] = "snapkv"
+    by_attention_window: ClassVar[bool] = True
     window: int = 16
     kernel: int = 7
     pool: Literal["max", "avg"] = "max"
@@ -83,6 +96,10 @@ class SnapKV(Scorer):
         if self.kernel < 1 or self.kernel % 2 == 0:
             raise ValueError(f"SnapKV kernel must be odd and >= 1, got {self.kernel}")
 
+    @classmethod
+    def with_window(cls, window: int, kernel: int) -> Scorer:
+        return cls(window, kernel)
+
     def score(self, capture: Capture) -> FloatArray:
         probs = self._attention(capture).probs
         return pool_1d(key_mass(probs[..., -self.window :, :]), self.kernel, self.pool)
@@ -90,7 +107,8 @@ class SnapKV(Scorer):
 
 @dataclass(frozen=True)
 class H2O(Scorer):
-    name: ClassVar[str] = "h2o"
+    name: ClassVar[ScorerName] = "h2o"
+    accumulates: ClassVar[bool] = True
 
     def score(self, capture: Capture) -> FloatArray:
         return key_mass(self._attention(capture).probs)
@@ -99,7 +117,7 @@ class H2O(Scorer):
 @dataclass(frozen=True)
 class KeyNorm(Scorer):
     needs: ClassVar[ScorerInput] = "keys"
-    name: ClassVar[str] = "keynorm"
+    name: ClassVar[ScorerName] = "keynorm"
 
     def score(self, capture: Capture) -> FloatArray:
         if not isinstance(capture, KeyCapture):
@@ -109,14 +127,11 @@ class KeyNorm(Scorer):
         return out
 
 
-SCORERS = ("snapkv", "h2o", "keynorm")
+SCORERS: Mapping[str, type[Scorer]] = {cls.name: cls for cls in (SnapKV, H2O, KeyNorm)}
 
 
 def scorer_for(name: str, window: int, kernel: int = 7) -> Scorer:
-    if name == "snapkv":
-        return SnapKV(window, kernel)
-    if name == "h2o":
-        return H2O()
-    if name == "keynorm":
-        return KeyNorm()
-    raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORERS)}")
+    scorer = SCORERS.get(name)
+    if scorer is None:
+        raise ValueError(f"unknown scorer {name!r}; known: {', '.join(SCORERS)}")
+    return scorer.with_window(window, kernel)

@@ -9,7 +9,8 @@ Primitives:
   ``recall_probe(executor, placement)`` the ``ProbeEngine`` its recall costs are measured with,
   None when it takes no measured costs (it reads every cold block); ``tier_probe(config, placement)``
   the ``ProbeEngine`` T*'s probes measure with before the executor exists (the backend's own
-  threads and offload: ``llama_threads(config)``).
+  threads and offload: ``llama_threads(config)``); ``engine_evicts`` whether it evicts by itself
+  (kvres does not address its KV: what a ``LoadReport`` tells placement).
 - ``ENGINES``: "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
   ``UnknownEngineError`` naming the name and the known ones).
 - llama.cpp's cache as the llama executor creates it: ``llama_cache_cells(config)`` (one unified
@@ -62,6 +63,7 @@ class EngineSpec:
     kv_tier_choice: bool = False
     recall_probe: Callable[[AnyExecutor, Placement], ProbeEngine] | None = None
     tier_probe: Callable[[BackendConfig, Placement], ProbeEngine] | None = None
+    engine_evicts: bool = False
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------
@@ -171,7 +173,8 @@ ENGINES: Mapping[str, EngineSpec] = {
     "llama": EngineSpec("llama", _llama_build, _llama_profiles, _llama_kv_device, cache_cells=llama_cache_cells,
                         kv_tier_choice=True, recall_probe=_llama_recall_probe, tier_probe=_llama_tier_probe),
     "openvino": EngineSpec("openvino", _openvino_build, _openvino_profiles, _openvino_kv_device),
-    "openvino-genai": EngineSpec("openvino-genai", _genai_build, _openvino_profiles, _openvino_kv_device),
+    "openvino-genai": EngineSpec("openvino-genai", _genai_build, _openvino_profiles, _openvino_kv_device,
+                                 engine_evicts=True),
 }
 
 

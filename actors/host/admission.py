@@ -22,7 +22,6 @@ from kvres.policy.degrade import unmet_gates
 from kvres.policy.residency import Residency
 
 from ..config import SessionPolicy
-from ..residency import residency_for
 from .context import HostContext
 from .sessions import HostSession
 
@@ -43,9 +42,9 @@ def check_kv_policy(ctx: HostContext, policy: SessionPolicy, residency: Residenc
             f"policy kind {policy.kind!r} needs an engine that evicts by itself (engine='openvino-genai'); "
             f"backend {ctx.name!r} runs {config.engine!r}"
         )
-    if residency.budget is not None and residency.budget > config.kv_budget_tokens:
+    if residency.planned_budget_tokens is not None and residency.planned_budget_tokens > config.kv_budget_tokens:
         raise ValueError(
-            f"session budget_tokens={residency.budget} exceeds backend {ctx.name!r} "
+            f"session budget_tokens={residency.planned_budget_tokens} exceeds backend {ctx.name!r} "
             f"kv_budget_tokens={config.kv_budget_tokens}"
         )
     gates = unmet_gates(residency, ctx.executor.capabilities(), ctx.store is not None)
@@ -86,4 +85,4 @@ def report_degraded(ctx: HostContext, session_id: str, s: HostSession) -> None:
     ctx.metrics.count("degraded", ctx.name, session_id)
     log.warning("session %r on backend %r (%s, type_k=%s) runs [%s] instead of the policy asked [%s]: %s",
                 session_id, ctx.name, ctx.config.engine, ctx.config.type_k, r.describe(),
-                residency_for(s.policy).describe(), r.degraded)
+                s.policy.residency.describe(), r.degraded)

@@ -14,11 +14,11 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 from kvres.policy import KvresError
+from kvres.policy.degrade import effective_residency
 
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
 from ..metrics import Metrics
-from ..residency import effective_residency
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .scheduler import StepLoop, WaitCountingLock
 from .sessions import HostSession
@@ -59,8 +59,8 @@ class HostContext:
         """A session of ``policy`` (degraded to what the engine can run unless strict), empty or
         carrying ``record``'s counters, cold blocks, logits and exactness (``parked``: suspended
         with that record)."""
-        residency = effective_residency(policy, self.executor.capabilities(), self.store is not None,
-                                        self.kv is not None)
+        residency = effective_residency(policy.residency, self.executor.capabilities(), self.store is not None,
+                                        strict=policy.strict, addressed=self.kv is not None)
         s = HostSession(policy, residency, residency.ranking(self.executor.capabilities()), self.tick())
         if record is not None:
             s.counters, s.cold = dict(record.counters), list(record.cold)

@@ -26,7 +26,7 @@ from ..engines.executor import Executor
 
 
 def session_limit(config: BackendConfig, executor: Executor, residency: Residency) -> int | None:
-    if residency.bounded_tokens is not None:
+    if residency.enforced_budget_tokens is not None:
         return None
     cells = executor.session_cells()
     return config.kv_budget_tokens if cells is None else min(config.kv_budget_tokens, cells)

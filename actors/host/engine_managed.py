@@ -43,7 +43,7 @@ class ManagedStepper:
         self.executor.open_session(session_id, tokens)
         eviction = s.residency.engine_eviction()
         if eviction is not None:
-            self.executor.set_eviction(session_id, *eviction)
+            self.executor.set_eviction(session_id, eviction.stream, eviction.budget_tokens, eviction.aggregation)
 
     def step(self, jobs: list[Job]) -> bool:
         for job in jobs:

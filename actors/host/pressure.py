@@ -85,7 +85,7 @@ class Pressure:
             last_used=s.last_used,
             active=active,
             incoming_tokens=incoming,
-            budget_tokens=r.budget,
+            budget_tokens=r.planned_budget_tokens,
             stream_policy=r.stream_policy(),
             evictable=r.evicts,
             block_size=r.block_size,
@@ -176,7 +176,7 @@ class Pressure:
         for sid, s in live:
             if s.scored_now and sid in incoming:
                 continue  # compressed after its chunk, not before: only the backend budget binds
-            budget = s.residency.budget
+            budget = s.residency.planned_budget_tokens
             if budget is not None and s.resident + incoming.get(sid, 0) > budget:
                 return True
         return False
@@ -190,7 +190,7 @@ class Pressure:
             return False
         if quota_of(self.ctx, s.policy.tenant) is not None:
             return False  # its tenant's quota binds too: needs_plan looks
-        budget = s.residency.budget
+        budget = s.residency.planned_budget_tokens
         if s.scored_now or budget is None:
             return True
         return s.resident + n <= budget

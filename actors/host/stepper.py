@@ -201,7 +201,7 @@ class KVStepper:
         always decoded (its logits start the turn). Where the engine cannot, or no room can be
         made, they are prefilled as usual."""
         ctx, sid = self.ctx, job.session_id
-        if len(job.feed) <= SHARE_MIN_TOKENS or s.residency.budget is not None or s.scored_now \
+        if len(job.feed) <= SHARE_MIN_TOKENS or s.residency.planned_budget_tokens is not None or s.scored_now \
                 or self.executor.token_log(sid):
             return
         feed = np.asarray(job.feed[:-1])

@@ -17,6 +17,7 @@ import time
 from typing import Any, Protocol
 
 from kvres.actors.config import BackendConfig
+from kvres.actors.engines.registry import engine_spec
 from kvres.policy.placement import LoadReport, ReportLimiter
 
 logger = logging.getLogger("kvres.placement")
@@ -32,6 +33,7 @@ class LoadReporter:
 
         self._config = config
         self._model = model
+        self._engine_evicts = engine_spec(config.engine).engine_evicts
         self._node = node_id
         self._namespace = namespace
         self._limiter = ReportLimiter()
@@ -52,6 +54,7 @@ class LoadReporter:
             backend=self._config.name, budget_tokens=self._config.kv_budget_tokens,
             resident_tokens=resident, live_sessions=live, suspended_sessions=suspended,
             n_seq_max=self._config.n_seq_max, model=self._model, engine=self._config.engine,
+            engine_evicts=self._engine_evicts,
             node=self._node, labels=self._labels, at=time.time(),
         )
 

@@ -30,8 +30,6 @@ their gaps there.
 from __future__ import annotations
 
 from kvres.actors.config import SessionPolicy
-from kvres.actors.residency import residency_for
-from kvres.policy.residency import NoEviction
 from kvres.policy.tiering import TierDecision, TieringError
 
 SPILL_SINK_TOKENS = 4
@@ -53,7 +51,7 @@ def session_policy_for_tier(
     ``resident_budget_tokens`` is the backend's resident budget (its ``kv_budget_tokens``, which
     the decision set). Fields of the window the asked-for policy set explicitly are kept."""
     asked = policy if policy is not None else SessionPolicy()
-    if decision is None or not decision.spills or not isinstance(residency_for(asked), NoEviction) or not asked.spill:
+    if decision is None or not decision.spills or not asked.residency.keeps_every_token or not asked.spill:
         return asked
     fields = asked.model_fields_set
 

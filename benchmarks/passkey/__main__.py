@@ -17,7 +17,7 @@ gaps kept), blocks of 4, recent window = the question + 2, SnapKV window = the q
 also ``snapkv-3x``: SnapKV on a second llama backend whose whole budget is a third of the prompt (128
 of 384 tokens), so the prompt is compressed while it still comes in, ranked each time by the
 prompt's own last tokens (its question), decoded in a scoring pass after the resident ones; on genai
-``full`` and ``genai`` (``SessionPolicy.engine``: its own NORM_SUM eviction, where its 32-token
+``full`` and ``genai`` (``SessionPolicy.engine_evicts``: its own NORM_SUM eviction, where its 32-token
 blocks and 96-token floor fit in the budget). And the scoring cost (``cost.py``): a 350-token
 prompt at a 25% budget, then ``generate(512)``, medians of 5, as ratios to streaming's. Each
 backend runs its sessions one at a time (the three backends side by side): concurrent scored

@@ -6,7 +6,7 @@ Primitives:
   (``kind="scored"``, compress after prefill, position gaps kept); llama.cpp also ``snapkv-3x``
   (``OVERSIZE``: SnapKV on a backend whose whole budget, ``oversize_room``, is a third of the
   prompt, so the prompt is scored while it still comes in, by its own last tokens); openvino-genai:
-  ``full`` and ``genai`` (its own eviction, ``SessionPolicy.engine``, NORM_SUM).
+  ``full`` and ``genai`` (its own eviction, ``SessionPolicy.engine_evicts``, NORM_SUM).
 - ``backend_configs(model, engines, threads, n_tokens=384)``: one ``BackendConfig`` per engine,
   named after it (``backend_name(engine, method)``), and the small-room backend of ``OVERSIZE``.
 - ``policy_for(method, task, fraction, cfg) -> SessionPolicy | None``: the session policy of a
@@ -90,18 +90,18 @@ def policy_for(method: str, task: pt.PasskeyTask, fraction: float, cfg: EvalConf
     recent = cfg.recent_tokens(task)
     if method == "genai":
         cache = genai_budget(budget)
-        return None if cache is None or cache >= task.n_tokens else SessionPolicy.engine(cache, cfg.sink_tokens, recent)
+        return None if cache is None or cache >= task.n_tokens else SessionPolicy.engine_evicts(cache, cfg.sink_tokens, recent)
     if method == OVERSIZE:
         if budget > oversize_room(task.n_tokens) - cfg.block_size:
             return None  # the session's budget must leave the small backend room to compress into
-        method, kind = "snapkv", "scored"
+        method, kind, scorer = "snapkv", "scored", "snapkv"
     elif method == "streaming":
-        kind = "streaming"
+        kind, scorer = "streaming", "snapkv"
     elif method in SCORED:
-        kind = "scored"
+        kind, scorer = "scored", method
     else:
         raise ValueError(f"unknown method {method!r}; known: full, streaming, {', '.join(SCORED)}, genai")
-    return SessionPolicy(kind=kind, scorer=method if kind == "scored" else "snapkv", budget_tokens=budget,
+    return SessionPolicy(kind=kind, scorer=scorer, budget_tokens=budget,
                          sink_tokens=cfg.sink_tokens, recent_tokens=recent, block_size=cfg.block_size,
                          observation_window=cfg.observation_window(task), rebase=method in cfg.rebase,
                          spill=False)

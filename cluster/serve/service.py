@@ -56,7 +56,7 @@ class Service:
         self.namespace = namespace
         self.manager: SessionManager = connect(namespace=namespace, config=config)
         config = self.manager.config
-        self.catalog = ModelCatalog(config.backends, keeps_every_token=config.default_policy.kind == "none")
+        self.catalog = ModelCatalog(config.backends, keeps_every_token=config.default_policy.residency.keeps_every_token)
         self.state = ServeState(namespace)
         self.keys = KeyCheck(digests)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kvres-serve")

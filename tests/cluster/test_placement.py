@@ -112,7 +112,7 @@ def test_a_failed_opening_leaves_nothing_pending(manager) -> None:
 
 
 def test_the_real_cluster_places_by_model_engine_and_policy(manager) -> None:
-    engine = manager.open_session(policy=SessionPolicy.engine(96, recent_tokens=32))
+    engine = manager.open_session(policy=SessionPolicy.engine_evicts(96, recent_tokens=32))
     assert engine.backend == "genai"
     spread = [manager.open_session(model=shared_model_path().name) for _ in range(3)]
     assert len({s.backend for s in spread}) == 3

@@ -244,7 +244,7 @@ def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
         s.append(PROMPT)
     assert plain.generate(16) == llama.generate(16)
     long_prompt = PROMPT + list(range(3, 203))
-    evicting = manager.open_session(backend="genai", policy=SessionPolicy.engine(96, recent_tokens=32))
+    evicting = manager.open_session(backend="genai", policy=SessionPolicy.engine_evicts(96, recent_tokens=32))
     uncapped = manager.open_session(backend="genai")
     for s in (evicting, uncapped):
         s.append(long_prompt)
@@ -254,7 +254,7 @@ def test_let_the_engine_evict_on_openvino_genai(manager) -> None:
     with pytest.raises(ValueError, match="kind 'streaming' is not possible"):
         manager.open_session(backend="genai", policy=SessionPolicy.streaming(128, recent_tokens=32))
     with pytest.raises(ValueError, match="needs an engine that evicts by itself"):
-        manager.open_session(backend="b0", policy=SessionPolicy.engine(96, recent_tokens=32))
+        manager.open_session(backend="b0", policy=SessionPolicy.engine_evicts(96, recent_tokens=32))
     evicting.suspend()
     evicting.resume()
     assert len(evicting.generate(4)) == 4

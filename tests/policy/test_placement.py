@@ -73,7 +73,8 @@ def test_sessions_of_a_model_go_only_to_backends_of_that_model() -> None:
 
 
 def test_engine_kinds_and_session_size_narrow_the_choice() -> None:
-    pool = loads(report("llama", 0), report("genai", 0, engine="openvino-genai"), report("tiny", 0, budget=100))
+    pool = loads(report("llama", 0), report("genai", 0, engine="openvino-genai", engine_evicts=True),
+                 report("tiny", 0, budget=100))
     assert choose_backend(pool, MODEL, need=EngineNeed.ENGINE_MANAGED) == "genai"
     assert choose_backend(pool, MODEL, need=EngineNeed.KVRES_ADDRESSED) == "llama"
     assert choose_backend(pool, MODEL, need=EngineNeed.KVRES_ADDRESSED, demand_tokens=1000) == "llama"

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from kvres.actors.config import SessionPolicy
-from kvres.actors.residency import residency_for
 from kvres.policy import Capabilities, Range
 from kvres.policy.residency import EngineEvicts, EngineNeed, NoEviction, Scored, Streaming
 from kvres.policy.scorers import H2O, KeyCapture, KeyNorm, SnapKV
@@ -19,46 +18,46 @@ NO_SCORES = Capabilities(remove_middle=True, position_shift=False)
 
 
 def test_each_policy_kind_becomes_its_object() -> None:
-    assert isinstance(residency_for(SessionPolicy()), NoEviction)
-    assert isinstance(residency_for(SessionPolicy.streaming(128)), Streaming)
-    scored = residency_for(SessionPolicy.scored(128, "h2o"))
+    assert isinstance(SessionPolicy().residency, NoEviction)
+    assert isinstance(SessionPolicy.streaming(128).residency, Streaming)
+    scored = SessionPolicy.scored(128, "h2o").residency
     assert isinstance(scored, Scored) and isinstance(scored.scorer, H2O)
-    assert isinstance(residency_for(SessionPolicy.engine(128)), EngineEvicts)
+    assert isinstance(SessionPolicy.engine_evicts(128).residency, EngineEvicts)
 
 
 def test_what_each_policy_decides() -> None:
-    streaming = residency_for(SessionPolicy.streaming(132, sink_tokens=4, recent_tokens=64))
-    assert streaming.evicts and not streaming.compresses and streaming.budget == 132
+    streaming = SessionPolicy.streaming(132, sink_tokens=4, recent_tokens=64).residency
+    assert streaming.evicts and not streaming.compresses and streaming.planned_budget_tokens == 132
     assert streaming.chunk(1000) == (132 - 4 - 64) // 2 and streaming.ahead(1000) == 32
-    scored = residency_for(SessionPolicy.scored(128))
+    scored = SessionPolicy.scored(128).residency
     assert scored.compresses and scored.chunk(1000) == 1000 and scored.ahead(1000) == 1
-    none = residency_for(SessionPolicy())
-    assert not none.evicts and none.budget is None and none.chunk(1000) == 1000
-    engine = residency_for(SessionPolicy.engine(128))
-    assert engine.budget is None and engine.bounded_tokens == 128
+    none = SessionPolicy().residency
+    assert not none.evicts and none.planned_budget_tokens is None and none.chunk(1000) == 1000
+    engine = SessionPolicy.engine_evicts(128).residency
+    assert engine.planned_budget_tokens is None and engine.enforced_budget_tokens == 128
     assert engine.engine_eviction() is not None and streaming.engine_eviction() is None
     assert [p.engine_need for p in (none, streaming, scored, engine)] == [
         EngineNeed.ANY, EngineNeed.KVRES_ADDRESSED, EngineNeed.KVRES_ADDRESSED, EngineNeed.ENGINE_MANAGED]
 
 
 def test_requirements_name_the_capabilities() -> None:
-    assert residency_for(SessionPolicy()).requirements() == ()
-    assert residency_for(SessionPolicy.streaming(128)).requirements() == ("remove_middle", "position_shift")
-    gaps = residency_for(SessionPolicy(kind="streaming", budget_tokens=128, rebase=False))
+    assert SessionPolicy().residency.requirements() == ()
+    assert SessionPolicy.streaming(128).residency.requirements() == ("remove_middle", "position_shift")
+    gaps = SessionPolicy(kind="streaming", budget_tokens=128, rebase=False).residency
     assert gaps.requirements() == ("remove_middle",)
-    assert residency_for(SessionPolicy.scored(128, "keynorm")).requirements()[0] == "key_access"
-    assert residency_for(SessionPolicy.scored(128)).requirements()[0] == "attention_capture"
+    assert SessionPolicy.scored(128, "keynorm").residency.requirements()[0] == "key_access"
+    assert SessionPolicy.scored(128).residency.requirements()[0] == "attention_capture"
 
 
 def test_the_ranking_follows_the_scorer_and_the_engine() -> None:
-    scored = residency_for(SessionPolicy.scored(128, "keynorm"))
+    scored = SessionPolicy.scored(128, "keynorm").residency
     ranking = scored.ranking(NO_SCORES)
     assert ranking is not None and isinstance(ranking.scorer, KeyNorm)  # its own scorer, whatever the engine
-    streaming = residency_for(SessionPolicy.streaming(128))
+    streaming = SessionPolicy.streaming(128).residency
     recall = streaming.ranking(FULL)
     assert recall is not None and isinstance(recall.scorer, SnapKV) and recall.by_attention_window
     assert streaming.ranking(NO_SCORES) is None  # nothing could rank its blocks
-    assert residency_for(SessionPolicy.engine(128)).ranking(FULL) is None
+    assert SessionPolicy.engine_evicts(128).residency.ranking(FULL) is None
 
 
 class _Source:
@@ -83,7 +82,7 @@ class _Source:
 
 
 def test_h2o_counts_every_row_once_and_forgets_on_reset() -> None:
-    ranking = residency_for(SessionPolicy.scored(128, "h2o")).ranking(FULL)
+    ranking = SessionPolicy.scored(128, "h2o").residency.ranking(FULL)
     assert ranking is not None and ranking.accumulates
     source = _Source(8)
     first = ranking.block_scores(source, [Range(0, 4), Range(4, 8)])
@@ -98,6 +97,6 @@ def test_h2o_counts_every_row_once_and_forgets_on_reset() -> None:
 
 @pytest.mark.parametrize("scorer", ["snapkv", "h2o", "keynorm"])
 def test_a_scored_policy_keeps_the_scorer_it_names(scorer: str) -> None:
-    residency = residency_for(SessionPolicy.scored(128, scorer))  # type: ignore[arg-type]
+    residency = SessionPolicy.scored(128, scorer).residency  # type: ignore[arg-type]
     assert isinstance(residency, Scored)
     assert type(residency.scorer).__name__.lower() == scorer
