@@ -1,6 +1,7 @@
 """The layers: policy <- coldstore <- actors <- cluster, with no import pointing up (lazy ones
-included), kvres.testing above the engines but below the drivers, no I/O in policy, and no import
-cycle among the modules of a package (sub-packages included).
+included), kvres.testing above the engines but below the drivers, no I/O in policy, no import
+cycle among the modules of a package (sub-packages included) nor between sub-packages (each
+package's top level one node, each direct sub-package another), and no module over 600 lines.
 
 Every module is parsed (not imported), so an import inside a function counts as much as one at the
 top of a file."""
