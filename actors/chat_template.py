@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from kvres.policy import KvresError
 
-from .engines.chat_source import ChatTemplateSource
+from .chat_source import ChatTemplateSource
 
 
 class ChatTemplateError(KvresError, ValueError):

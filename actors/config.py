@@ -21,8 +21,8 @@ Primitives:
   ``flash_attn`` (None: on, except for the split layout on the CPU), threads, GPUs and device
   placement (``n_gpu_layers``, ``openvino_device``); the KV budget in memory instead of tokens
   (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device or host memory, less
-  ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves
-  ``n_ctx`` and ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.sizing.kv_budget``), and an
+  ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves ``n_ctx`` and
+  ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.backend_setup.kv_budget``), and an
   explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them; ``max_pinned_tokens``, what pinned
   sessions may hold under their pins; ``tenant_quotas``, per tenant label.
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from .engines.sampling import SamplingParams
+from .sampling import SamplingParams
 
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
 MAX_STOP_STRINGS = 16

@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from kvres.actors.backend_setup.engine_registry import engine_spec
 from kvres.actors.default_model import default_model_path
-from kvres.actors.engines.registry import engine_spec
 from kvres.actors.host.journal import RayJournal, SessionRecord
 from kvres.actors.host.store_ports import node_dead
 from kvres.policy import UnknownSessionError

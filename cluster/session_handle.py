@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from kvres.actors.chat_template import messages_of
-from kvres.actors.engines.sampling import SamplingParams
 from kvres.actors.generation import Generation, GenerationRequest
+from kvres.actors.sampling import SamplingParams
 from kvres.policy import ArgumentError, KvresError, RangeError, UnknownSessionError
 from kvres.policy.tokens import token_ids
 

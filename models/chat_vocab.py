@@ -156,9 +156,9 @@ class ChatTokenizer:
     """llama.cpp's tokenizer of a GGUF, loaded with ``vocab_only`` (no weights)."""
 
     def __init__(self, gguf_path: str | Path) -> None:
-        from kvres.actors.engines.llama.engine import _llama  # llama_cpp, its log routed to logging
+        from kvres.actors.engines.llama.library import load_llama  # llama_cpp, its log routed to logging
 
-        ll = self._ll = _llama()
+        ll = self._ll = load_llama()
         path = Path(gguf_path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF not found: {path}")

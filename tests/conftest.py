@@ -43,7 +43,7 @@ _hosts: list[Any] = []  # made by local_host: closed after each test, no engine 
 def local_host(config: Any, cold_dir: Path | None, **options: Any) -> Any:
     """A ``BackendHost`` for ``config`` (its model) with a RAM + disk cold store in ``cold_dir`` (None:
     no store), ``options`` passed on; shut down after the test."""
-    from kvres.actors.engines.registry import make_executor
+    from kvres.actors.backend_setup.engine_registry import make_executor
     from kvres.actors.host.backend import BackendHost
     from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
     from kvres.testing import LocalStorePort

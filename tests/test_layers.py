@@ -1,6 +1,7 @@
 """The layers: policy <- coldstore <- actors <- cluster, with no import pointing up (lazy ones
-included), kvres.testing above the engines but below the drivers, no I/O in policy, and no import
-cycle among the modules of a package (sub-packages included).
+included), kvres.testing above the engines but below the drivers, no I/O in policy, no import
+cycle among the modules of a package (sub-packages included) nor between sub-packages (each
+package's top level one node, each direct sub-package another), and no module over 600 lines.
 
 Every module is parsed (not imported), so an import inside a function counts as much as one at the
 top of a file."""
@@ -223,3 +224,84 @@ def test_the_cycle_checker_finds_a_lazy_cycle_through_a_sub_package(tmp_path: Pa
     assert graph["kvres.cluster"] == {"kvres.cluster.a": 1}
     assert graph["kvres.cluster.c"] == {"kvres.cluster.sub.b": 1, "kvres.cluster.a": 2}
     assert _cycles(graph) == [["kvres.cluster.a", "kvres.cluster.sub.b", "kvres.cluster.a"]]
+
+
+# ---- cycles between sub-packages --------------------------------------------------------------
+
+MAX_MODULE_LINES = 600
+
+
+def _packages(root: Path) -> set[str]:
+    """Every package and sub-package of the five (the folders holding an ``__init__.py``)."""
+    return {_module_name(p, package) for package in PACKAGES for p in (root / package).rglob("__init__.py")}
+
+
+def _group_of(module: str, packages: set[str]) -> str:
+    """The node a module belongs to: its package's direct sub-package (``kvres.actors.engines``
+    holds ``engines.llama`` too), else the package's top level (``kvres.actors``)."""
+    sub = ".".join(module.split(".")[:3])
+    return sub if sub in packages and sub.count(".") == 2 else ".".join(module.split(".")[:2])
+
+
+def _group_graph(root: Path | None = None) -> dict[str, dict[str, list[str]]]:
+    """node -> {node it imports: ["path:line", ...]}, over the modules of all five packages."""
+    global ROOT
+    saved, ROOT = ROOT, root or ROOT
+    try:
+        packages = _packages(ROOT)
+        paths = {_module_name(p, package): (p, package) for package in PACKAGES for p in _modules(package)}
+        graph: dict[str, dict[str, list[str]]] = {}
+        for name, (path, package) in paths.items():
+            here = _group_of(name, packages)
+            edges = graph.setdefault(here, {})
+            for line, target in _module_edges(path, package, set(paths)):
+                there = _group_of(target, packages)
+                if there != here:
+                    graph.setdefault(there, {})
+                    edges.setdefault(there, []).append(f"{path.relative_to(ROOT)}:{line}")
+        return graph
+    finally:
+        ROOT = saved
+
+
+def _describe_groups(cycle: list[str], graph: dict[str, dict[str, list[str]]]) -> str:
+    return "\n".join(f"  {a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:], strict=False))
+
+
+def test_no_import_cycle_between_sub_packages() -> None:
+    """Each package's top level and each of its sub-packages is one node (``kvres.actors``,
+    ``kvres.actors.engines``, ``kvres.actors.sizing``, ``kvres.cluster.serve``, ...): the imports
+    between them point one way, lazy ones included."""
+    graph = _group_graph()
+    cycles = _cycles({node: dict.fromkeys(edges, 0) for node, edges in graph.items()})
+    cycles += [[a, b, a] for a in sorted(graph) for b in sorted(graph[a])  # and every pair importing each other
+               if a < b and a in graph[b] and [a, b, a] not in cycles and [b, a, b] not in cycles]
+    assert not cycles, "import cycles between sub-packages (imports inside functions count):\n" + "\n".join(
+        f"{' -> '.join(c)}\n{_describe_groups(c, graph)}" for c in cycles
+    )
+
+
+def test_the_sub_package_checker_finds_a_lazy_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "actors"
+    for sub in ("engines", "sizing"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("X = 1\n")
+    (pkg / "engines" / "spec.py").write_text("from ..config import X\n\ndef f():\n    from ..sizing import budget\n")
+    (pkg / "sizing" / "budget.py").write_text("from kvres.actors.engines.spec import f\n")
+    graph = _group_graph(tmp_path)
+    assert graph["kvres.actors.engines"] == {"kvres.actors": ["actors/engines/spec.py:1"],
+                                             "kvres.actors.sizing": ["actors/engines/spec.py:4"]}
+    assert graph["kvres.actors.sizing"] == {"kvres.actors.engines": ["actors/sizing/budget.py:1"]}
+    simple = {node: dict.fromkeys(edges, 0) for node, edges in graph.items()}
+    assert _cycles(simple) == [["kvres.actors.engines", "kvres.actors.sizing", "kvres.actors.engines"]]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_600_lines(package: str) -> None:
+    long = [(path.relative_to(ROOT), n) for path in _modules(package)
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job):\n" + "\n".join(
+        f"  {path}: {n} lines" for path, n in long
+    )

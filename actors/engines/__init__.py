@@ -1,1 +1,1 @@
-"""kvres.actors.engines.registry."""
+"""kvres.actors.engines: the executor contract and the engines behind it (``llama``, ``openvino``)."""

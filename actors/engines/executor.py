@@ -66,6 +66,8 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.chat_source import ChatTemplateSource
+from kvres.actors.sampling import Sampler, SamplingParams, TokenSampler
 from kvres.coldstore.block import KVBlock
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.capacity import LayerKVProfile
@@ -74,9 +76,6 @@ from kvres.policy.planner import Plan, StreamPolicy
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
-
-from .chat_source import ChatTemplateSource
-from .sampling import Sampler, SamplingParams, TokenSampler
 
 Logits = npt.NDArray[np.float32]
 

@@ -45,9 +45,9 @@ from kvres.policy.tokens import TokenIdError, token_ids
 
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
-from ..engines.sampling import SamplingParams
 from ..generation import Generation, GenerationRequest, StopRule
 from ..metrics import COUNTERS, Metrics, NullMetrics
+from ..sampling import SamplingParams
 from .chat import Chat
 from .context import HostContext
 from .durability import Durability

@@ -49,8 +49,8 @@ from typing import Literal
 
 from kvres.policy.errors import KvresError
 
-from ..engines.sampling import Sampler
 from ..generation import FinishReason, GenerationRequest, StopRule
+from ..sampling import Sampler
 
 _END = object()
 IDLE_GRACE_S = 0.01

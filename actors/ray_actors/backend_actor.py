@@ -1,7 +1,7 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.engines.registry``),
+- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.backend_setup``),
   finds this node's cold store by name, starts measuring its recall costs in the background where
   its engine takes them and can shift positions
   (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
@@ -36,10 +36,11 @@ from typing import Any
 
 import ray
 
+from kvres.actors.backend_setup.engine_registry import engine_spec, make_executor
+from kvres.actors.backend_setup.kv_config import resolve_kv_tier
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
-from kvres.actors.engines.registry import engine_spec, make_executor, resolve_kv_tier
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
 from kvres.actors.host.journal import RayJournal

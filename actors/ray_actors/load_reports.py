@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from kvres.actors.backend_setup.engine_registry import engine_spec
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.registry import engine_spec
 from kvres.policy.placement import LoadReport, ReportLimiter
 
 logger = logging.getLogger("kvres.placement")

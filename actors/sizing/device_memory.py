@@ -50,9 +50,9 @@ def host_memory(meminfo: Path = Path("/proc/meminfo")) -> DeviceMemory:
 def _ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     import llama_cpp
 
-    from kvres.actors.engines.llama.engine import _llama
+    from kvres.actors.engines.llama.library import load_llama
 
-    _llama()  # backends registered
+    load_llama()  # backends registered
     lib = Path(llama_cpp.__file__).parent / "lib"
     reg, base = ctypes.CDLL(str(lib / "libggml.so")), ctypes.CDLL(str(lib / "libggml-base.so"))
     reg.ggml_backend_dev_count.restype = ctypes.c_size_t

@@ -4,7 +4,8 @@ Primitives:
 - ``ProbeEngine(n_threads=1, n_gpu_layers=0, main_gpu=None)``: how the probes run the model (a
   backend's own decode threads and offload); ``key`` names it in the probe cache.
   ``ONE_THREAD_CPU`` is the default: a probe inside a process that serves decodes on one thread,
-  since only one thread per process may decode with more (``kvres.actors.engines.llama.engine``).
+  since only one thread per process may decode with more
+  (``kvres.actors.engines.llama.decode_threads``).
 - ``probe_context(model_path, n_ctx, n_batch=512, engine=ONE_THREAD_CPU)``: a ``ProbeContext``
   (one model + context of two sequences: 0 the probe's, 1 the scratch for export / re-admission),
   closed on exit: ``tokens(n)``, ``decode``, ``rm``, ``export(p0, p1)``, ``admit(blob)``.

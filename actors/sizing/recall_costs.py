@@ -23,7 +23,7 @@ Primitives:
   offload without a second decoding thread in its process.
 
 The probes run in a child process because only one thread per process may decode with more than
-one thread (``kvres.actors.engines.llama.engine``): the backend's step loop is that thread.
+one thread (``kvres.actors.engines.llama.decode_threads``): the backend's step loop is that thread.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class ServedModel:
         and keeps llama.cpp from dropping the next token's leading space (``turns.InContext``). None
         where the file cannot be read here (another node's path) or names neither."""
         if self._anchor is None:
-            from kvres.actors.engines.chat_source import tokenizer_meta
+            from kvres.actors.chat_source import tokenizer_meta
 
             try:
                 meta = tokenizer_meta(self.path)

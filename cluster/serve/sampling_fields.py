@@ -33,8 +33,8 @@ from pydantic import (
     field_validator,
 )
 
-from kvres.actors.engines.sampling import SEED_LIMIT, SamplingParams
 from kvres.actors.generation import GenerationRequest
+from kvres.actors.sampling import SEED_LIMIT, SamplingParams
 
 from .errors import api_error, bad_request
 

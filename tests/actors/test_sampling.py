@@ -1,11 +1,11 @@
-"""The numpy sampler (``kvres.actors.engines.sampling.TokenSampler``) and the executors' default sampler."""
+"""The numpy sampler (``kvres.actors.sampling.TokenSampler``) and the executors' default sampler."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kvres.actors.engines.sampling import SamplingParams, TokenSampler, log_softmax_at
+from kvres.actors.sampling import SamplingParams, TokenSampler, log_softmax_at
 from kvres.policy import CapabilityError
 from kvres.testing import ReferenceExecutor
 

@@ -10,8 +10,8 @@ from typing import Any
 import openvino as ov
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.sizing.device_placement import ALL_LAYERS, Placement, assigned_gpu_ids, placement_for
 
 

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import (
+    ENGINES,
+    UnknownEngineError,
+    engine_spec,
+    llama_cache_cells,
+    make_executor,
+)
+from kvres.actors.backend_setup.kv_budget import kv_device_memory
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.engine_specs import llama_cache_cells
-from kvres.actors.engines.registry import ENGINES, UnknownEngineError, engine_spec, make_executor
 from kvres.actors.sizing.device_placement import Placement
-from kvres.actors.sizing.kv_budget import kv_device_memory
 from kvres.actors.sizing.llama_probes import ProbeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +59,6 @@ def test_no_engine_name_branches_outside_the_registry() -> None:
     there is none anywhere, the specs are looked up by name."""
     pattern = re.compile(r"\bengine\s*[!=]=\s*[\"']")
     found = [f"{p.relative_to(ROOT)}:{i}" for folder in ("actors", "cluster", "policy", "coldstore", "testing", "tests")
-             for p in (ROOT / folder).rglob("*.py") if p.name not in ("registry.py", "engine_specs.py")
+             for p in (ROOT / folder).rglob("*.py") if p.name != "engine_registry.py"
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line) and "config." in line]
     assert found == []

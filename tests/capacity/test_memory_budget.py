@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import make_executor
+from kvres.actors.backend_setup.kv_budget import kv_profiles, memory_budget, resolve_kv_memory
+from kvres.actors.backend_setup.kv_config import resolve_kv_tier
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import write_tiny_model
-from kvres.actors.engines.engine_specs import LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, llama_context_cells
-from kvres.actors.engines.registry import make_executor, resolve_kv_tier
+from kvres.actors.engines.llama import cache_shape
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.actors.sizing import kv_tier_choice
 from kvres.actors.sizing.device_memory import DeviceMemory, host_memory, llama_devices
 from kvres.actors.sizing.device_placement import Placement
-from kvres.actors.sizing.kv_budget import kv_profiles, memory_budget, resolve_kv_memory
 from kvres.policy.backend_planner import plan_backend
 from kvres.policy.capacity import CapacityError
 from kvres.testing import LocalStorePort
@@ -83,7 +84,7 @@ def test_llama_backend_by_memory(stories_model: Path, store: LocalStorePort) -> 
     cells = executor._ctx.n_cells  # type: ignore[union-attr]
     executor.close()  # type: ignore[union-attr]
     report = parse_kv_log(lines, cells)
-    assert cells == llama_context_cells(tuned.n_ctx) == 768
+    assert cells == cache_shape.context_cells(tuned.n_ctx) == 768
     assert report.buffer_bytes == pytest.approx(cells * STORIES_F16, rel=0.01) and report.buffer_bytes <= memory
     _serve(tuned, stories_model, store, memory)
 
@@ -106,13 +107,12 @@ def test_executor_allocation_matches_llama_cpp_for_a_windowed_model(tmp_path: Pa
     cells = executor._ctx.n_cells  # type: ignore[union-attr]
     executor.close()  # type: ignore[union-attr]
     allocation, resident = kv_profiles(config, model)
-    assert cells == llama_context_cells(1000) == 1024
+    assert cells == cache_shape.context_cells(1000) == 1024
     assert allocation.kv_bytes_for_context(cells) == pytest.approx(parse_kv_log(lines, cells).buffer_bytes, rel=0.01)
     assert resident.window_cap == 3 * 128  # three sessions, each its own window
-    from kvres.actors.engines.llama import executor as llama_executor
-
-    assert (llama_executor._RESERVED_CELLS, llama_executor._RESERVED_SEQS) == (LLAMA_RESERVED_CELLS,
-                                                                              LLAMA_RESERVED_SEQS)
+    # the executor's context and sizing's prices both come from cache_shape
+    assert (cache_shape.RESERVED_CELLS, cache_shape.RESERVED_SEQS) == (2, 1)
+    assert cache_shape.context_request(1000, 3, "unified") == (1002, 7)
 
 
 def test_fraction_of_free_memory_less_weights_and_reserve(stories_model: Path) -> None:
@@ -166,7 +166,7 @@ def test_tstar_budget_is_the_memory_budget(tmp_path: Path, monkeypatch: pytest.M
     assert decision is not None and decision.budget_bytes == 700_000
     assert (tuned.type_k, tuned.type_v) == (decision.chosen.type_k, decision.chosen.type_v) != ("f16", "f16")
     allocation, _ = kv_profiles(tuned, model)
-    assert allocation.kv_bytes_for_context(llama_context_cells(tuned.n_ctx)) <= 700_000
+    assert allocation.kv_bytes_for_context(cache_shape.context_cells(tuned.n_ctx)) <= 700_000
 
 
 def test_token_configured_backend_with_f16_fitting_is_unchanged(stories_model: Path,

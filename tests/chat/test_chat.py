@@ -4,9 +4,9 @@ session's log equal to the template rendered over the whole conversation."""
 
 from __future__ import annotations
 
+from kvres.actors.chat_source import read_chat_template
 from kvres.actors.chat_template import render_chat
 from kvres.actors.default_model import default_model_path
-from kvres.actors.engines.chat_source import read_chat_template
 
 QUESTIONS = ["what is 2 plus 3?", "repeat: red blue green", "what comes after 7?", "spell cat", "what is 4 plus 4?"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost, SessionBusyError
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer

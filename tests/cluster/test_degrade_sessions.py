@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import write_tiny_model
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.cluster.status_view import render_inspect

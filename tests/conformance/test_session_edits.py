@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvres.actors.engines.sampling import SamplingParams
+from kvres.actors.sampling import SamplingParams
 from kvres.policy import Range, RangeError, SessionExistsError
 from kvres.policy.tokens import TokenIdError
 

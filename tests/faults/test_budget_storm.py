@@ -10,8 +10,8 @@ import random
 import threading
 from pathlib import Path
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendFullError, BackendHost, SessionBusyError
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.policy import ContextLengthError

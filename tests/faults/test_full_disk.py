@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer

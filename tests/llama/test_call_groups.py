@@ -17,7 +17,7 @@ from kvres.actors.engines.llama.engine import (
     LlamaModel,
     call_groups,
 )
-from kvres.actors.engines.llama.errors import ContextFullError
+from kvres.actors.engines.llama.llama_errors import ContextFullError
 
 from .conftest import story_tokens
 

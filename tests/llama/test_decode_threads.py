@@ -1,4 +1,4 @@
-"""One thread per process decodes with its context's ``n_threads`` (``engine.claim_decode_threads``):
+"""One thread per process decodes with its context's ``n_threads`` (``decode_threads.claim_decode_threads``):
 a decode from any other live thread runs on one thread, so libgomp starts no second team of
 worker threads (two teams on few cores slow every decode 2-3x, docs/notes.md), and gives the same
 logits.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.engines.llama import engine
+from kvres.actors.engines.llama import decode_threads
 from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 
 PASSKEY = Path(__file__).resolve().parents[2] / "models" / "passkey.gguf"
@@ -52,7 +52,7 @@ def _decode_in_a_named_thread(
         try:
             Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
             if claim:
-                engine.claim_decode_threads()
+                decode_threads.claim_decode_threads()
             ctx.seq_rm(seq, -1, -1)
             out["logits"] = ctx.decode(TOKENS, 0, seq)
             out["started"] = _named(name) - 1
@@ -79,7 +79,7 @@ def ctx() -> Iterator[LlamaContext]:
     try:
         yield context
     finally:
-        engine.claim_decode_threads()  # the test thread decodes with n_threads again, as before
+        decode_threads.claim_decode_threads()  # the test thread decodes with n_threads again, as before
         context.close()
         model.close()
 
@@ -98,12 +98,12 @@ def test_another_live_thread_decodes_on_one_thread_and_starts_no_workers(ctx: Ll
 
 
 def test_a_reservation_keeps_the_first_decoding_thread_from_taking_the_team(ctx: LlamaContext) -> None:
-    claimed = threading.Thread(target=engine.claim_decode_threads)
+    claimed = threading.Thread(target=decode_threads.claim_decode_threads)
     claimed.start()
     claimed.join()  # the claiming thread is gone: the team is free again
-    engine.reserve_decode_threads()
+    decode_threads.reserve_decode_threads()
     _, started, end = _decode_in_a_named_thread(ctx, 0)
-    taken = engine._team is not None and engine._team.is_alive()
+    taken = decode_threads._team is not None and decode_threads._team.is_alive()
     end()
     assert started == 0, "the first decoding thread started OpenMP workers"
     assert not taken  # reserved: nobody took the team by decoding first

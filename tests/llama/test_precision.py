@@ -137,7 +137,7 @@ def test_quantized_cells_read_back_as_f16_are_the_f16_cache_within_its_error(
     """What a scoring pass over a quantized cache attends with (a recall turn on a q8_0 / q4_0
     tier): its K and V rows dequantized to f16 match an f16 cache of the same tokens to within
     the format's error, q8_0 closer than q4_0."""
-    from kvres.actors.engines.llama.recall import as_f16
+    from kvres.actors.engines.llama.recall_exchange import as_f16
     from kvres.actors.engines.llama.state_blob import parse_cells
 
     def cells(kv: str) -> tuple[np.ndarray, np.ndarray]:

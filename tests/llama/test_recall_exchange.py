@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.llama.engine import f16_to_f32, f32_to_f16
+from kvres.actors.engines.llama.ggml_tensors import f16_to_f32, f32_to_f16
 from kvres.actors.engines.llama.state_blob import parse_cells
 from kvres.policy import BlockMismatchError, RangeError
 from kvres.policy.ranges import Range

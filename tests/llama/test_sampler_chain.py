@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.sampling import Sampler, SamplingParams
+from kvres.actors.sampling import Sampler, SamplingParams
 
 from .conftest import story_tokens
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvres.actors.engines.chat_source import ChatTemplateSource
+from kvres.actors.chat_source import ChatTemplateSource
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.llama.errors import SessionLimitError
+from kvres.actors.engines.llama.llama_errors import SessionLimitError
 from kvres.policy import Range, RangeError, SessionExistsError, UnknownSessionError
 from kvres.policy.tokens import TokenIdError
 from models.chat_vocab import CHAT_TEMPLATE

@@ -17,7 +17,7 @@ import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.llama.errors import ContextFullError
+from kvres.actors.engines.llama.llama_errors import ContextFullError
 from kvres.actors.engines.llama.stream_ops import all_streams, one_stream
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
@@ -212,10 +212,12 @@ def test_turns_that_start_gather_on_the_lowest_streams_and_go_on_exactly(
 
 
 def test_a_split_layout_below_eight_sessions_has_no_spare_stream(make_llama: Callable[..., LlamaExecutor]) -> None:
-    from kvres.actors.engines.engine_specs import LLAMA_SPARE_STREAM_SESSIONS
-    from kvres.actors.engines.llama.executor_args import SPARE_STREAM_SESSIONS
+    from kvres.actors.backend_setup.engine_registry import llama_spare_streams
+    from kvres.actors.config import BackendConfig
+    from kvres.actors.engines.llama.cache_shape import SPARE_STREAM_SESSIONS
 
-    assert LLAMA_SPARE_STREAM_SESSIONS == SPARE_STREAM_SESSIONS == 8  # sizing reads the executor's rule
+    assert SPARE_STREAM_SESSIONS == 8  # sizing reads the executor's rule:
+    assert [llama_spare_streams(BackendConfig(kv_layout="split", n_seq_max=n)) for n in (7, 8)] == [0, 1]
     assert make_llama(kv_layout="split", n_seq_max=7)._ops.spare is None
     ex = make_llama(kv_layout="split", n_seq_max=8, n_ctx=8 * 256)
     assert ex._ops.spare == 8 and ex._ops.cells_per_session == 256  # each session's stream as without it

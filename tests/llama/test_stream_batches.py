@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kvres.actors.config import BackendConfig
 from kvres.actors.engines.llama import LlamaExecutor
-from kvres.actors.engines.llama import engine as llama_engine
+from kvres.actors.engines.llama import library as llama_library
 from kvres.actors.engines.llama.engine import LlamaContext, LlamaModel
 from kvres.actors.engines.llama.stream_batches import FILLER_ROW_COST, MAX_GAP, gap_fillers, micro_batches
 from kvres.coldstore.block import BlockFingerprintError
@@ -30,12 +30,12 @@ STREAMS = 8
 
 def _count_micro_batches(ctx: LlamaContext, items: list[tuple[list[int], int, int]]) -> int:
     """How many micro-batches llama.cpp ran for one ``decode_many`` (its batch debug log)."""
-    llama_engine._listening.lines = []
+    llama_library._listening.lines = []
     try:
         ctx.decode_many(items)
-        lines = llama_engine._listening.lines
+        lines = llama_library._listening.lines
     finally:
-        llama_engine._listening.lines = None
+        llama_library._listening.lines = None
     return sum("added ubatch" in line for line in lines)
 
 
@@ -111,12 +111,12 @@ def test_filled_steps_give_each_session_what_it_gets_alone(split_pair: tuple[Lla
     busy = ["s0", "s1", "s2", "s4", "s5", "s7"]  # s3 and s6 get throwaway tokens
     for step in range(4):
         step_tokens = [[40 + step + i] for i in range(len(busy))]
-        llama_engine._listening.lines = []
+        llama_library._listening.lines = []
         try:
             together = batched.append_many(list(zip(busy, step_tokens, strict=True)))
-            assert sum("added ubatch" in line for line in llama_engine._listening.lines) == 1  # not 3
+            assert sum("added ubatch" in line for line in llama_library._listening.lines) == 1  # not 3
         finally:
-            llama_engine._listening.lines = None
+            llama_library._listening.lines = None
         for name, toks, logits in zip(busy, step_tokens, together, strict=True):
             # rows batched differently round differently (docs/notes.md): no more than that
             assert float(np.abs(alone.append(name, toks) - logits).max()) < 2e-3

@@ -156,7 +156,7 @@ def test_openvino_answers_with_a_full_cache(records, family: int) -> None:
 def test_snapkv_answers_come_from_its_scores(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scorer object is patched in this process, so the backend runs here (a BackendHost over
     the real llama.cpp executor), not behind Ray."""
-    from kvres.actors.engines.registry import make_executor
+    from kvres.actors.backend_setup.engine_registry import make_executor
     from kvres.actors.host.backend import BackendHost
     from kvres.policy import scorers
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvres.actors.engines.openvino import openvino_executor
-from kvres.actors.engines.openvino.executor import OpenVINOExecutor
+from kvres.actors.engines.openvino.base_executor import OpenVINOExecutor
 from kvres.actors.engines.openvino.state_mode import StateExecutor
 from kvres.coldstore.block import KVBlock
 from kvres.policy import CapabilityError

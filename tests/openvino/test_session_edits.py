@@ -10,7 +10,7 @@ import pytest
 
 from kvres.actors.engines.llama import LlamaExecutor
 from kvres.actors.engines.openvino import OpenVINOExecutor, openvino_executor
-from kvres.actors.engines.sampling import SamplingParams, TokenSampler
+from kvres.actors.sampling import SamplingParams, TokenSampler
 from kvres.policy import CapabilityError, Range, RangeError, SessionExistsError
 from kvres.policy.tokens import TokenIdError
 from tests.llama.chat_gguf import write_chat_model

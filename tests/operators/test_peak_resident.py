@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvres.actors.backend_setup.engine_registry import make_executor
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.registry import make_executor
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.testing import LocalStorePort

@@ -14,8 +14,8 @@ from typing import get_args
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import ENGINES
 from kvres.actors.config import SessionPolicy
-from kvres.actors.engines.engine_specs import ENGINES
 from kvres.policy.capabilities import Capabilities, CapabilityName
 from kvres.policy.residency import RESIDENCIES, EngineEviction, PolicyKind, make_residency
 from kvres.policy.scorers import SCORERS, ScorerName, scorer_for

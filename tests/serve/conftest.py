@@ -41,8 +41,8 @@ def free_port() -> int:
 
 
 def served_model_path(folder: Path) -> Path:
+    from kvres.actors.chat_source import read_chat_template
     from kvres.actors.default_model import default_model_path
-    from kvres.actors.engines.chat_source import read_chat_template
 
     if os.environ.get("KVRES_SERVE_TEST_MODEL"):  # another GGUF with a chat template, to check against
         return Path(os.environ["KVRES_SERVE_TEST_MODEL"])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from kvres.actors.backend_setup.engine_registry import make_executor
+from kvres.actors.backend_setup.kv_config import resolve_kv_tier
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.registry import make_executor, resolve_kv_tier
 
 PINNED = {"KVRES_HOST_RAM_GBPS": "10", "KVRES_VRAM_GBPS": "10",
           "KVRES_C_ENGAGE_MS": "0.8"}

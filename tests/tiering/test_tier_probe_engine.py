@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from kvres.actors.backend_setup.engine_registry import engine_spec, llama_threads
+from kvres.actors.backend_setup.kv_config import resolve_kv_tier
 from kvres.actors.config import BackendConfig
 from kvres.actors.default_model import write_tiny_model
-from kvres.actors.engines.engine_specs import engine_spec, llama_threads
-from kvres.actors.engines.registry import resolve_kv_tier
 from kvres.actors.sizing import probes
 from kvres.actors.sizing.device_placement import Placement
 from kvres.actors.sizing.llama_probes import ProbeEngine

@@ -36,8 +36,10 @@ import numpy.typing as npt
 
 from kvres.policy.scoring import AttentionCapture
 
-from .engine import LlamaContext, LlamaModel, eval_callback, read_f32, tensor_name
-from .errors import EngineError
+from .engine import LlamaContext, LlamaModel
+from .ggml_tensors import read_f32, tensor_name
+from .library import eval_callback
+from .llama_errors import EngineError
 
 _KQ_SOFTMAX = re.compile(r"kq_soft_max-(\d+)$")
 

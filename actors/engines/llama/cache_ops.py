@@ -53,7 +53,7 @@ import numpy.typing as npt
 from kvres.policy.errors import CapabilityError
 
 from .engine import LlamaContext
-from .errors import ContextFullError
+from .llama_errors import ContextFullError
 from .state_blob import read_cell_positions
 
 

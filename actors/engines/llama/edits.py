@@ -33,13 +33,13 @@ from kvres.policy.errors import CapabilityError, RangeError
 
 from ..session_table import check_truncate_length, truncated_positions
 from .cache_ops import CacheOps
-from .recall import Recall
+from .recall_exchange import RecallExchange
 from .session import Session
 
 Materialize = Callable[[Session], None]
 
 
-def truncate(s: Session, session_id: str, length: int, ops: CacheOps, recall: Recall,
+def truncate(s: Session, session_id: str, length: int, ops: CacheOps, recall: RecallExchange,
              materialize: Materialize) -> npt.NDArray[np.float32] | None:
     length = check_truncate_length(session_id, length, len(s.tokens))
     if length < len(s.tokens):
@@ -53,7 +53,7 @@ def truncate(s: Session, session_id: str, length: int, ops: CacheOps, recall: Re
     return s.logits.copy()
 
 
-def _cut(s: Session, session_id: str, length: int, ops: CacheOps, recall: Recall, materialize: Materialize) -> None:
+def _cut(s: Session, session_id: str, length: int, ops: CacheOps, recall: RecallExchange, materialize: Materialize) -> None:
     recall.forget(session_id)
     if recall.memo is not None and recall.memo.session_id == session_id:
         recall.memo = None

@@ -1,4 +1,4 @@
-"""The one binding of llama-cpp-python's low-level API in kvres: a loaded model and a context.
+"""The binding of llama-cpp-python's low-level API in kvres: a loaded model and a context.
 
 Primitives:
 - ``LlamaModel(path, n_gpu_layers=None, main_gpu=None)``: loads a GGUF file (``ModelLoadError`` when
@@ -29,42 +29,18 @@ Primitives:
   logged); ``sampler_sample(chain, data, part=None) -> id`` (-1: none) applies the chain or its
   ``part``-th sampler to ``data``, ``TOKEN_DATA`` candidates (changed in place);
   ``sampler_accept(chain, token, part=None)``, ``sampler_reset(chain, part=None)``, ``sampler_free``.
-- ``eval_callback(fn)``: a Python ``fn(tensor_ptr, ask, user) -> bool`` as the ggml scheduler
-  callback a context's ``cb_eval`` takes.
-- ``claim_decode_threads()``: the calling thread becomes the one thread of the process whose
-  decodes use their context's ``n_threads``; ``reserve_decode_threads()``: until some thread
-  claims, every thread decodes on one thread.
-- ggml's own C functions, from the libraries the wheel ships next to libllama: ``tensor_name(ptr)``
-  and ``read_f32(ptr)`` (a copy of an F32 contiguous tensor, numpy order ``(ne[3], ne[2], ne[1],
-  ne[0])``, fetched with ``ggml_backend_tensor_get`` whatever backend buffer holds it), for eval
-  callbacks; ``f16_to_f32(values)`` / ``f32_to_f16(values)``: ggml's vectorised converters,
-  bit-identical to numpy's ``astype`` (round to nearest even) and ~20x faster (numpy where the
-  library lacks them).
 
-One decoding thread per process: llama.cpp's CPU backend runs a decode of more than one thread as
-an OpenMP region, and libgomp keeps a team of workers for every thread that ever ran one, as long
-as that thread lives. Two teams on few cores make libgomp stop spinning between regions, and every
-decode of either then waits for woken workers (2-3x slower, docs/notes.md). So only one thread
-decodes with ``n_threads``: the first to decode, or the one that claimed it (a backend's step
-loop); any other (a control call that scores or applies a K-shift) decodes on one thread, which
-needs no team and gives the same numbers.
-
-A tensor's dims come from the head of ``struct ggml_tensor`` (enum type, buffer pointer, int64
-ne[4], size_t nb[4]), which has kept this layout across ggml versions.
-
-Nothing here knows about sessions or token logs. llama.cpp prints through a log callback
-installed once per process that forwards to the ``kvres.llama`` logger.
+A decode uses the context's ``n_threads`` only on the one thread of the process that may
+(``decode_threads``); any other decodes on one thread. llama.cpp itself is loaded, and its log
+routed, by ``library``; ggml's tensor functions are ``ggml_tensors``'. Nothing here knows about
+sessions or token logs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 import os
-import threading
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -75,80 +51,11 @@ from kvres.policy.errors import CapabilityError, ModelLoadError
 from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, KV_TYPES
 from kvres.policy.tokens import token_ids
 
-from .errors import ContextFullError, EngineError
-
-logger = logging.getLogger("kvres.llama")
+from .decode_threads import may_use_threads
+from .library import captured_log, load_llama
+from .llama_errors import ContextFullError, EngineError
 
 FLASH_ATTN_TYPE = {None: -1, False: 0, True: 1}  # llama_flash_attn_type: auto, disabled, enabled
-
-# ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. llama.cpp warns about things
-# callers cannot act on (e.g. unused special-token ids), so its warnings are logged as info.
-_GGML_LOG_TO_LOGGING = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.WARNING}
-_init_lock = threading.Lock()
-_log_callback: Any = None
-_listening = threading.local()  # ``lines``: where this thread's llama.cpp log lines also go
-
-
-def _llama() -> Any:
-    """The llama_cpp module, with the backend initialised and its log routed once per process."""
-    global _log_callback
-    import llama_cpp
-
-    with _init_lock:
-        if _log_callback is None:
-            last = [logging.DEBUG]
-
-            def forward(level: int, text: bytes, _user: Any) -> None:
-                if level != 5:
-                    last[0] = _GGML_LOG_TO_LOGGING.get(level, logging.DEBUG)
-                line = text.decode("utf-8", "replace").rstrip()
-                if getattr(_listening, "lines", None) is not None:
-                    _listening.lines.append(line)
-                logger.log(last[0], "%s", line)
-
-            _log_callback = llama_cpp.llama_log_callback(forward)
-            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-    return llama_cpp
-
-
-def eval_callback(fn: Callable[[int, bool, Any], bool]) -> Any:
-    return _llama().ggml_backend_sched_eval_callback(fn)
-
-
-_team_lock = threading.Lock()
-_team: threading.Thread | None = None  # the thread whose decodes use n_threads
-_reserved = False  # a thread will claim it: meanwhile nobody takes it by decoding first
-
-
-def claim_decode_threads() -> None:
-    global _team, _reserved
-    with _team_lock:
-        _team, _reserved = threading.current_thread(), False
-
-
-def reserve_decode_threads() -> None:
-    global _reserved
-    with _team_lock:
-        if _team is None or not _team.is_alive():
-            _reserved = True
-
-
-def _may_use_threads() -> bool:
-    """Whether the calling thread's decodes may use more than one thread (see the module doc)."""
-    global _team
-    me = threading.current_thread()
-    team = _team
-    if team is me:
-        return True
-    if team is not None and team.is_alive():
-        return False
-    with _team_lock:
-        if _team is None or not _team.is_alive():
-            if _reserved:
-                return False
-            _team = me
-        return _team is me
 
 
 def _kv_type_id(name: str, what: str) -> int:
@@ -162,7 +69,7 @@ class LlamaModel:
         self, path: str | os.PathLike[str], n_gpu_layers: int | None = None, main_gpu: int | None = None
     ) -> None:
         self.path = check_gguf_file(path)
-        ll = _llama()
+        ll = load_llama()
         params = ll.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
@@ -204,11 +111,11 @@ class LlamaModel:
 
     def close(self) -> None:
         if self._ptr:
-            _llama().llama_model_free(self._ptr)
+            load_llama().llama_model_free(self._ptr)
             self._ptr = None
 
     def is_eog(self, token: int) -> bool:
-        return bool(_llama().llama_vocab_is_eog(self._vocab, int(token)))
+        return bool(load_llama().llama_vocab_is_eog(self._vocab, int(token)))
 
     def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = False) -> list[int]:
         if not self.can_tokenize_text:
@@ -216,7 +123,7 @@ class LlamaModel:
                 f"model {str(self.path)!r} has a SentencePiece vocabulary without byte-fallback tokens: "
                 "llama.cpp cannot tokenize arbitrary text with it; pass token ids instead"
             )
-        ll = _llama()
+        ll = load_llama()
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (ll.llama_token * cap)()
@@ -231,7 +138,7 @@ class LlamaModel:
 
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
         tokens = token_ids(tokens, self.n_vocab)  # llama.cpp aborts the process on an unknown id
-        ll = _llama()
+        ll = load_llama()
         ids = (ll.llama_token * max(1, len(tokens)))(*[int(t) for t in tokens])
         cap = 8 * len(tokens) + 16
         for _ in range(2):
@@ -243,18 +150,15 @@ class LlamaModel:
         raise EngineError(f"llama_detokenize failed on {len(tokens)} tokens")
 
     def eog_ids(self) -> frozenset[int]:
-        ll = _llama()
+        ll = load_llama()
         return frozenset(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t))
 
     def sampler_chain(self, parts: Sequence[tuple[Any, ...]]) -> Any:
-        ll = _llama()
+        ll = load_llama()
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         for name, *args in parts:
-            _listening.lines = []
-            try:
+            with captured_log() as lines:
                 part = getattr(ll, f"llama_sampler_init_{name}")(*([self._vocab] if name == "grammar" else []), *args)
-            finally:
-                lines, _listening.lines = _listening.lines, None
             if not part:
                 ll.llama_sampler_free(chain)
                 raise ValueError(f"llama.cpp refused the {name} sampler: {' '.join(lines) or 'it gave no reason'}")
@@ -262,31 +166,30 @@ class LlamaModel:
         return chain
 
 
-
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
 def _part(chain: Any, part: int | None) -> Any:
-    return chain if part is None else _llama().llama_sampler_chain_get(chain, part)
+    return chain if part is None else load_llama().llama_sampler_chain_get(chain, part)
 
 
 def sampler_sample(chain: Any, data: npt.NDArray[np.void], part: int | None = None) -> int:
-    ll = _llama()
+    ll = load_llama()
     arr = ll.llama_token_data_array(data.ctypes.data_as(ll.llama_token_data_p), data.shape[0], -1, False)
     ll.llama_sampler_apply(_part(chain, part), ctypes.byref(arr))
     return int(arr.data[arr.selected].id) if 0 <= arr.selected < arr.size else -1
 
 
 def sampler_accept(chain: Any, token: int, part: int | None = None) -> None:
-    _llama().llama_sampler_accept(_part(chain, part), int(token))
+    load_llama().llama_sampler_accept(_part(chain, part), int(token))
 
 
 def sampler_reset(chain: Any, part: int | None = None) -> None:
-    _llama().llama_sampler_reset(_part(chain, part))
+    load_llama().llama_sampler_reset(_part(chain, part))
 
 
 def sampler_free(chain: Any) -> None:
-    _llama().llama_sampler_free(chain)
+    load_llama().llama_sampler_free(chain)
 
 
 TILED_ATTENTION_ROWS = 64  # a llama_decode of more tokens runs the CPU flash-attention kernel in tiles of query rows
@@ -388,7 +291,7 @@ class LlamaContext:
         n_ubatch: int | None = None,
         isolate_short_items: bool = False,
     ) -> None:
-        ll = _llama()
+        ll = load_llama()
         self.model = model
         self.isolate_short_items = isolate_short_items
         params = ll.llama_context_default_params()
@@ -429,12 +332,12 @@ class LlamaContext:
 
     def close(self) -> None:
         if self._ptr:
-            _llama().llama_free(self._ptr)
+            load_llama().llama_free(self._ptr)
             self._ptr = None
 
     # -- decoding -------------------------------------------------------------------------
     def _llama_decode(self, ll: Any) -> int:
-        if self.n_threads <= 1 or _may_use_threads():
+        if self.n_threads <= 1 or may_use_threads():
             return int(ll.llama_decode(self.ptr, self._batch.struct))
         ll.llama_set_n_threads(self.ptr, 1, 1)
         try:
@@ -458,7 +361,7 @@ class LlamaContext:
         Returns the last token's logits (a copy) when ``logits``. On failure the tokens this
         call placed are removed again, so the sequence is as it was.
         """
-        ll = _llama()
+        ll = load_llama()
         arr = np.asarray(tokens, dtype=np.int32)
         n = arr.shape[0]
         for start in range(0, n, self.n_batch):
@@ -501,7 +404,7 @@ class LlamaContext:
                 for i, logits in zip(group, answers, strict=True):
                     out[i] = logits
         except (ContextFullError, EngineError):
-            ll = _llama()
+            ll = load_llama()
             for t, p, s in items:
                 ll.llama_memory_seq_rm(self._mem, s, p, p + len(t))
             raise
@@ -509,7 +412,7 @@ class LlamaContext:
 
     def _decode_together(self, items: Sequence[tuple[Sequence[int], int, int]],
                          wanted: Sequence[bool]) -> list[npt.NDArray[np.float32]]:
-        ll = _llama()
+        ll = load_llama()
         tokens = np.concatenate([np.asarray(t, dtype=np.int32) for t, _, _ in items])
         pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for t, p, _ in items])
         seqs = np.concatenate([np.full(len(t), s, dtype=np.int32) for t, _, s in items])
@@ -541,24 +444,24 @@ class LlamaContext:
 
     # -- memory ---------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
-        if not _llama().llama_memory_seq_rm(self._mem, seq, p0, p1):
+        if not load_llama().llama_memory_seq_rm(self._mem, seq, p0, p1):
             raise EngineError(f"llama_memory_seq_rm refused to remove [{p0}, {p1}) of sequence {seq}")
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        _llama().llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        load_llama().llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        _llama().llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+        load_llama().llama_memory_seq_add(self._mem, seq, p0, p1, delta)
 
     def pos_max(self, seq: int) -> int:
-        return int(_llama().llama_memory_seq_pos_max(self._mem, seq))
+        return int(load_llama().llama_memory_seq_pos_max(self._mem, seq))
 
     def clear(self) -> None:
-        _llama().llama_memory_clear(self._mem, False)
+        load_llama().llama_memory_clear(self._mem, False)
 
     # -- state ----------------------------------------------------------------------------
     def state_get(self, seq: int) -> bytes:
-        ll = _llama()
+        ll = load_llama()
         size = int(ll.llama_state_seq_get_size(self.ptr, seq))
         buf = (ctypes.c_uint8 * size)()
         written = int(ll.llama_state_seq_get_data(self.ptr, buf, size, seq))
@@ -568,86 +471,4 @@ class LlamaContext:
 
     def state_set(self, seq: int, payload: bytes | bytearray | memoryview) -> bool:
         buf, size = _payload_pointer(payload)
-        return int(_llama().llama_state_seq_set_data(self.ptr, buf, size, seq)) > 0
-
-
-# -- ggml ------------------------------------------------------------------------------------
-@functools.cache
-def _ggml_lib(name: str) -> ctypes.CDLL:
-    import llama_cpp  # the wheel ships the ggml libraries next to libllama
-
-    return ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / name))
-
-
-class _TensorHead(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("buffer", ctypes.c_void_p),
-        ("ne", ctypes.c_int64 * 4),
-        ("nb", ctypes.c_size_t * 4),
-    ]
-
-
-_GGML_TYPE_F32 = 0
-
-
-@functools.cache
-def _tensor_lib() -> ctypes.CDLL:
-    lib = _ggml_lib("libggml-base.so")
-    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_get_name.restype = ctypes.c_char_p
-    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    lib.ggml_backend_tensor_get.restype = None
-    return lib
-
-
-def tensor_name(ptr: int) -> str:
-    raw = _tensor_lib().ggml_get_name(ptr)
-    return raw.decode("utf-8", "replace") if raw else ""
-
-
-def read_f32(ptr: int) -> npt.NDArray[np.float32]:
-    head = _TensorHead.from_address(ptr)
-    if head.type != _GGML_TYPE_F32:
-        raise TypeError(f"tensor {tensor_name(ptr)!r} has ggml type {head.type}, expected F32 (0)")
-    ne = [int(x) for x in head.ne]
-    expected_nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]]
-    if [int(x) for x in head.nb] != expected_nb:
-        raise ValueError(f"tensor {tensor_name(ptr)!r} is not contiguous (nb={list(head.nb)})")
-    out = np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=np.float32)
-    _tensor_lib().ggml_backend_tensor_get(ptr, out.ctypes.data, 0, out.nbytes)
-    return out
-
-
-@functools.cache
-def _half_converters() -> tuple[Any, Any] | None:
-    """ggml's f16 -> f32 and f32 -> f16 converters, or None where the library lacks them."""
-    try:
-        lib = _ggml_lib("libggml-cpu.so")
-        converters = (lib.ggml_cpu_fp16_to_fp32, lib.ggml_cpu_fp32_to_fp16)
-    except (OSError, AttributeError):
-        return None
-    for fn in converters:
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        fn.restype = None
-    return converters
-
-
-def _convert_halfs(values: npt.ArrayLike, src: type[np.floating[Any]], dst: type[np.floating[Any]]) -> Any:
-    arr = np.ascontiguousarray(values, dtype=src)
-    converters = _half_converters()
-    if converters is None:
-        return arr.astype(dst)
-    out = np.empty(arr.shape, dtype=dst)
-    converters[0 if src is np.float16 else 1](arr.ctypes.data, out.ctypes.data, arr.size)
-    return out
-
-
-def f16_to_f32(values: npt.ArrayLike) -> npt.NDArray[np.float32]:
-    converted: npt.NDArray[np.float32] = _convert_halfs(values, np.float16, np.float32)
-    return converted
-
-
-def f32_to_f16(values: npt.ArrayLike) -> npt.NDArray[np.float16]:
-    converted: npt.NDArray[np.float16] = _convert_halfs(values, np.float32, np.float16)
-    return converted
+        return int(load_llama().llama_state_seq_set_data(self.ptr, buf, size, seq)) > 0

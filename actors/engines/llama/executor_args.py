@@ -4,10 +4,8 @@ Primitives:
 - ``check_args(n_ctx, n_seq_max, type_k, type_v, flash_attn, n_batch, score_window, score_kernel,
   kv_layout) -> (n_ctx, flash_attn)``: ``ValueError`` naming the first bad value and its limit;
   returns ``n_ctx`` as an int and whether flash attention is forced on (a quantized V cache needs it).
-- ``MIN_N_CTX``, ``MAX_SEQUENCES`` (llama.cpp's LLAMA_MAX_SEQ), ``RESERVED_CELLS`` (applying
-  pending K-shifts decodes one throwaway token), ``RESERVED_SEQS`` (the scratch sequence; each
-  session also has a parking sequence, ``cache_ops``), ``SPARE_STREAM_SESSIONS`` (from this many
-  sessions on a split layout keeps one stream more, to move sessions through).
+- ``MIN_N_CTX``, ``MAX_SEQUENCES`` (llama.cpp's LLAMA_MAX_SEQ), ``KV_LAYOUTS``; the context they
+  become is ``cache_shape``'s.
 """
 
 from __future__ import annotations
@@ -18,11 +16,10 @@ import numpy as np
 
 from kvres.policy.kv_types import CONFIGURABLE_KV_TYPES, flash_attn_for
 
+from .cache_shape import RESERVED_SEQS
+
 MIN_N_CTX = 32
 MAX_SEQUENCES = 256
-RESERVED_CELLS = 2
-RESERVED_SEQS = 1
-SPARE_STREAM_SESSIONS = 8  # a split layout of this many sessions or more keeps a stream spare to move them through
 KV_LAYOUTS = ("unified", "split")
 
 

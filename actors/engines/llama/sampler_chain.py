@@ -1,7 +1,7 @@
 """Sampling with llama.cpp's own samplers, on logits the host keeps as numpy.
 
 Primitives:
-- ``LlamaSampler(model, params)``: a ``kvres.actors.engines.sampling.Sampler`` over one llama.cpp
+- ``LlamaSampler(model, params)``: a ``kvres.actors.sampling.Sampler`` over one llama.cpp
   sampler chain built from ``SamplingParams``: grammar (GBNF, or a JSON schema turned into GBNF by
   llama-cpp-python's own converter, ``llama_cpp.llama_grammar.json_schema_to_gbnf``, its string
   characters narrowed to what JSON allows), penalties
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..sampling import GrammarError, SamplingParams, log_softmax_at
+from kvres.actors.sampling import GrammarError, SamplingParams, log_softmax_at
+
 from .engine import TOKEN_DATA, LlamaModel, sampler_accept, sampler_free, sampler_reset, sampler_sample
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed

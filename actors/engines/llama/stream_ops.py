@@ -38,7 +38,7 @@ from kvres.policy.errors import BlockMismatchError, CapabilityError
 
 from .cache_ops import CacheOps
 from .engine import LlamaContext
-from .errors import ContextFullError
+from .llama_errors import ContextFullError
 from .stream_batches import gap_fillers
 
 _SPLIT = "kv_layout='split'"

@@ -14,9 +14,9 @@ Primitives:
 Importing this package imports openvino (a dependency of the ``openvino`` extra).
 """
 
+from .base_executor import OpenVINOExecutor, RecomputeError
 from .compiled import CompiledModelCache
 from .convert import convert_gguf_to_ir
-from .executor import OpenVINOExecutor, RecomputeError
 from .genai import EngineEviction, GenAIEngine, export_genai_model
 from .gguf_weights import LlamaConfig, LlamaWeights, read_llama_gguf
 from .graph import build_llama_model

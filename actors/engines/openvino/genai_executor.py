@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.chat_source import ChatTemplateSource, eog_ids, read_chat_template, tokenizer_meta
 from kvres.actors.engines.executor import EngineManagedExecutor
 from kvres.actors.model_files import model_id
+from kvres.actors.sampling import Sampler, SamplingParams
 from kvres.policy import (
     Capabilities,
     CapabilityError,
@@ -41,8 +43,6 @@ from kvres.policy import (
 )
 from kvres.policy.tokens import token_ids
 
-from ..chat_source import ChatTemplateSource, eog_ids, read_chat_template, tokenizer_meta
-from ..sampling import Sampler, SamplingParams
 from ..session_table import check_truncate_length
 from .genai import EngineEviction, GenAIEngine, export_genai_model
 from .text import TextCodec

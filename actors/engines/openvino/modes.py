@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .executor import OpenVINOExecutor
+from .base_executor import OpenVINOExecutor
 from .recompute_mode import RecomputeExecutor
 from .state_mode import StateExecutor
 

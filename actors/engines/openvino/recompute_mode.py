@@ -17,7 +17,7 @@ from kvres.coldstore.block import KVBlock
 from kvres.policy.positions import AdmitOp, PositionMap
 from kvres.policy.ranges import Range
 
-from .executor import OpenVINOExecutor, RecomputeError, Session
+from .base_executor import OpenVINOExecutor, RecomputeError, Session
 from .states import KVArrays
 
 

@@ -34,7 +34,7 @@ from kvres.policy.ranges import Range
 from kvres.policy.recall import exchange_layout
 from kvres.policy.scoring import AttentionCapture
 
-from .executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
+from .base_executor import ENGINE, OpenVINOExecutor, RecomputeError, Session
 from .rope import turn_keys
 from .states import KVArrays, concat, read_kv, take
 

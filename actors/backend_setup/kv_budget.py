@@ -3,7 +3,7 @@
 Primitives:
 - ``kv_profiles(config, model_path, type_k, type_v) -> (allocation, resident)``: the profile of what
   the engine allocates for a context, and of what the sessions keep resident (each its own window),
-  from the engine's ``EngineSpec`` (``kvres.actors.engines.engine_specs``), as the KV device is.
+  from the engine's ``EngineSpec`` (``engine_registry``), as the KV device is.
 - ``memory_budget(config, model_path, placement) -> MemoryBudget``: the bytes the config grants:
   ``kv_memory_bytes`` as a target, ``kv_memory_fraction`` of the free memory of the device the KV
   lives on (the main GPU from llama.cpp's own device list when layers are offloaded, an OpenVINO
@@ -24,17 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from kvres.actors.config import BackendConfig
-from kvres.actors.engines.engine_specs import (
-    LLAMA_RESERVED_CELLS,
-    engine_spec,
-    llama_context_cells,
-    llama_spare_streams,
-)
+from kvres.actors.engines.llama.cache_shape import RESERVED_CELLS, context_cells
+from kvres.actors.sizing.device_memory import DeviceMemory, host_memory
+from kvres.actors.sizing.device_placement import Placement
 from kvres.policy.capacity import CapacityError, LayerKVProfile, MemoryBudget, resolve_context_for_budget
 from kvres.policy.kv_layout import LLAMA_CELL_PAD
 
-from .device_memory import DeviceMemory, host_memory
-from .device_placement import Placement
+from .engine_registry import engine_spec, llama_spare_streams
 
 MIN_N_CTX, MAX_N_CTX, MIN_BUDGET_TOKENS = 64, 1 << 20, 16
 
@@ -133,8 +129,8 @@ def resolve_kv_memory(
         cells = resolve_context_for_budget(allocation, grant)
         spare = llama_spare_streams(config)  # a split layout's spare stream takes a session's share more
         cells = cells * config.n_seq_max // (config.n_seq_max + spare) // LLAMA_CELL_PAD * LLAMA_CELL_PAD
-        n_ctx = min(cap, cells - LLAMA_RESERVED_CELLS)
-        allocated = allocation.kv_bytes_for_context(llama_context_cells(n_ctx)) * (1 + spare / config.n_seq_max) \
+        n_ctx = min(cap, cells - RESERVED_CELLS)
+        allocated = allocation.kv_bytes_for_context(context_cells(n_ctx)) * (1 + spare / config.n_seq_max) \
             if n_ctx > 0 else 0.0
     else:
         n_ctx = min(cap, _even(resolve_context_for_budget(resident, grant, max_context=cap)))

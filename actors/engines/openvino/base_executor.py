@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import openvino as ov
 
+from kvres.actors.chat_source import ChatTemplateSource, eog_ids, read_chat_template
 from kvres.actors.engines.executor import Executor
 from kvres.actors.engines.session_table import SessionTable
 from kvres.coldstore.block import KVBlock, make_fingerprint
@@ -61,7 +62,6 @@ from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..chat_source import ChatTemplateSource, eog_ids, read_chat_template
 from ..session_table import check_truncate_length, truncated_positions
 from .compiled import SHARED_CACHE, CompiledModelCache, compile_config
 from .rope import rotate_keys

@@ -23,7 +23,7 @@ Primitives:
   the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
 - ``kvres serve [--address ADDR] [--host H] [--port P] [--api-key-file F] ...``: the OpenAI-compatible
   HTTP front on Ray Serve (``kvres.cluster.serve.launch``; docs/serving.md).
-- ``main(argv=None) -> int``.
+- ``main(argv=None) -> int`` (``python -m kvres.cluster.cli``: ``__main__``).
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
 the one on this machine) and never create an actor. Errors arrive as one line on stderr, exit 1.
@@ -45,14 +45,14 @@ def _standing(parser: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return run_demo(args)
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .cluster_view import attach
-    from .status_view import render_status
+    from ..cluster_view import attach
+    from ..status_view import render_status
 
     view = attach(args.address, args.namespace)
     report = view.status()
@@ -61,8 +61,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .cluster_view import attach
-    from .status_view import render_inspect
+    from ..cluster_view import attach
+    from ..status_view import render_inspect
 
     stats = attach(args.address, args.namespace).session_stats(args.session)
     print(json.dumps(stats, indent=2, default=str) if args.json else render_inspect(stats))
@@ -70,7 +70,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _grafana(args: argparse.Namespace) -> int:
-    from .grafana_dashboard import install_dashboard, ray_dashboards_dir, session_dashboards_dir
+    from ..grafana_dashboard import install_dashboard, ray_dashboards_dir, session_dashboards_dir
 
     folder = args.dir or (session_dashboards_dir(args.address) if args.address else ray_dashboards_dir(args.temp_dir))
     if args.install:
@@ -84,7 +84,7 @@ def _grafana(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from .standing import config_from_option, start_standing
+    from ..standing import config_from_option, start_standing
 
     config = config_from_option(args.config) if args.config else None
     cluster = start_standing(
@@ -98,7 +98,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from .standing import stop_standing
+    from ..standing import stop_standing
 
     report = stop_standing(args.address, args.namespace, keep_blocks=args.keep_blocks, stop_ray=args.ray)
     print(report.summary())
@@ -106,13 +106,13 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serve.launch import run_serve
+    from ..serve.launch import run_serve
 
     return run_serve(args)
 
 
 def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .reachability import DEFAULT_PORT
+    from ..reachability import DEFAULT_PORT
 
     start = sub.add_parser("start", help="a standing cluster: a Ray head and kvres's actors that outlive drivers")
     start.add_argument("--port", type=int, default=DEFAULT_PORT,
@@ -143,7 +143,7 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                       help="keep the namespace's cold blocks for a later start of the same namespace")
     stop.add_argument("--ray", action="store_true", help="then stop the Ray head (it must run on this machine)")
     stop.set_defaults(run=_stop)
-    from .serve.launch import add_serve_arguments
+    from ..serve.launch import add_serve_arguments
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on Ray Serve, sessions kept server-side")
     add_serve_arguments(serve)
@@ -151,7 +151,7 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .demo import add_demo_arguments
+    from ..demo import add_demo_arguments
 
     parser = argparse.ArgumentParser(prog="kvres", description="KV-cache residency manager on Ray")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     grafana.add_argument("--temp-dir", default=None, help="the head's --temp-dir (default: Ray's, /tmp/ray)")
     grafana.set_defaults(run=_grafana)
     _standing_commands(sub)
-    from .capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
-    from .top import register as register_top  # kvres top
+    from ..capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
+    from ..top import register as register_top  # kvres top
 
     register_capacity(sub)
     register_top(sub)
@@ -190,6 +190,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvres {args.command}: {exc}", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

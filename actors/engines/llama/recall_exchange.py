@@ -1,7 +1,7 @@
 """Recall on llama.cpp: a session's cells and cold blocks' cells merged, moved and scored in numpy.
 
 Primitives:
-- ``Recall(fmt, model, model_path, ops, scoring, materialize, room)``: the recall half of one
+- ``RecallExchange(fmt, model, model_path, ops, scoring, materialize, room)``: the recall half of one
   ``LlamaExecutor`` (``fmt`` its ``blocks.BlockFormat``, ``scoring`` its scoring context,
   ``materialize`` what restores a session's pending imports, ``room(n)`` its free cells, or
   ``ContextFullError`` when fewer than ``n``), called under the executor's lock:
@@ -48,8 +48,9 @@ from kvres.policy.scoring import AttentionCapture
 from .attention import ScoringContext
 from .blocks import BlockFormat
 from .cache_ops import CacheOps
-from .engine import LlamaModel, f16_to_f32, f32_to_f16
-from .errors import ContextFullError, EngineError
+from .engine import LlamaModel
+from .ggml_tensors import f16_to_f32, f32_to_f16
+from .llama_errors import ContextFullError, EngineError
 from .quant_rows import DEQUANTIZABLE, dequantize_rows
 from .rope import KeyRotation, key_rotation
 from .session import Prefill, Session
@@ -96,7 +97,7 @@ class RecallPrep:
                 and np.array_equal(self.memo.positions, s.positions.all_positions()))
 
 
-class Recall:
+class RecallExchange:
     def __init__(
         self, fmt: BlockFormat, model: LlamaModel, model_path: Path, ops: CacheOps,
         scoring: Callable[[], ScoringContext], materialize: Callable[[Session], None], room: Callable[[int], int],

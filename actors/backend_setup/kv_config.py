@@ -1,20 +1,13 @@
-"""Build the executor a backend config asks for, and the config it really runs with.
+"""The KV config a backend really runs with: its context, token budget and KV types resolved.
 
 Primitives:
-- ``engine_spec(name) -> EngineSpec``, ``ENGINES``, ``UnknownEngineError``: the engines kvres
-  runs and what each says of itself (``engine_specs``); ask them instead of branching on a name.
-- ``resolve_kv_tier(config, model_path, env=None, placement=None) -> (config, decision)``: the
-  config a backend runs with. A memory-budgeted config (``BackendConfig.memory_budgeted``) gets
-  ``n_ctx`` and ``kv_budget_tokens`` from its bytes (``kvres.actors.sizing.kv_budget``); with
-  KVRES_KV_AUTO_TIER=1 the KV types of an engine that allows it come from the T* choice
+- ``resolve_kv_tier(config, model_path, env=None, placement=None) -> (config, decision)``: a
+  memory-budgeted config (``BackendConfig.memory_budgeted``) gets ``n_ctx`` and
+  ``kv_budget_tokens`` from its bytes (``kv_budget``); with KVRES_KV_AUTO_TIER=1 the KV types of
+  an engine that allows it (its ``EngineSpec``, ``engine_registry``) come from the T* choice
   (``kvres.actors.sizing.kv_tier_choice``), whose budget is those same bytes (else
   ``kv_budget_tokens`` priced at f16). When the f16 cache of the whole context fits, nothing is
   probed or logged and the types stay; otherwise the config comes back unchanged.
-- ``make_executor(config, model_path, placement=None)``: the engine's executor (a
-  ``LlamaExecutor`` with layers offloaded and main GPU from the placement, an OpenVINO executor
-  of the configured mechanism on the placement's device, or a ``GenAIExecutor``: the engine
-  evicts). Without a placement it is taken from the GPUs Ray assigned this process
-  (``kvres.actors.sizing.device_placement``).
 """
 
 from __future__ import annotations
@@ -28,7 +21,8 @@ from kvres.actors.config import BackendConfig
 from kvres.actors.sizing.device_placement import Placement, assigned_gpu_ids, placement_for
 from kvres.policy.tiering import TierDecision
 
-from .engine_specs import ENGINES, AnyExecutor, EngineSpec, UnknownEngineError, engine_spec
+from .engine_registry import engine_spec
+from .kv_budget import context_cap, memory_budget, resolve_kv_memory
 
 logger = logging.getLogger("kvres.capacity")
 
@@ -40,7 +34,6 @@ def resolve_kv_tier(
     """The config a backend really runs with. KV types the user set explicitly are kept (an
     explicit V type disables the choice)."""
     env = os.environ if env is None else env
-    from kvres.actors.sizing.kv_budget import context_cap, memory_budget, resolve_kv_memory
     from kvres.actors.sizing.tier_env import auto_tier_enabled
 
     spec = engine_spec(config.engine)
@@ -85,12 +78,3 @@ def resolve_kv_tier(
                     config.name, memory.budget_bytes / 2**20, memory.device, memory.n_ctx,
                     memory.kv_budget_tokens, memory.type_k, memory.type_v, extra={"kvres_memory": memory.as_dict()})
     return config, decision
-
-
-def make_executor(config: BackendConfig, model_path: Path, placement: Placement | None = None) -> AnyExecutor:
-    if placement is None:
-        placement = placement_for(config, assigned_gpu_ids())
-    return engine_spec(config.engine).build(config, model_path, placement)
-
-
-__all__ = ["ENGINES", "EngineSpec", "UnknownEngineError", "engine_spec", "make_executor", "resolve_kv_tier"]

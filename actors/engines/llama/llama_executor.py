@@ -12,22 +12,24 @@ Primitives:
   ``export_range``, ``import_range``, ``attention`` (raw capture), ``keys``, ``recall_attention``,
   ``prepare_recall``, ``exchange``, ``tokenize``, ``detokenize``, ``close_session``, ``kv_profile``,
   ``claim_decode_threads`` / ``reserve_decode_threads`` (which thread decodes with ``n_threads``,
-  see ``engine``), ``end_of_generation`` (every id ``llama_vocab_is_eog`` holds for, scanned once),
-  ``chat_template``, ``truncate``, ``fork_session`` and ``share_prefix`` (``edits``), ``sampler`` (llama.cpp's
-  sampler chain, ``sampler_chain.LlamaSampler``).
+  see ``decode_threads``), ``end_of_generation`` (every id ``llama_vocab_is_eog`` holds for,
+  scanned once), ``chat_template``, ``truncate``, ``fork_session`` and ``share_prefix``
+  (``edits``), ``sampler`` (llama.cpp's sampler chain, ``sampler_chain.LlamaSampler``).
   Beyond it: ``generate``, ``stream``, ``cache_positions``, ``sessions``, ``free_cells``,
   ``flush``, ``close``; attributes ``fingerprint``, ``model_id``
   (``kvres.actors.model_files.model_id``), ``geometry``, ``n_ctx``, ``n_seq_max``, ``type_k``,
   ``type_v``, ``flash_attn``, ``n_vocab``.
 
-One engine context serves every session: unified KV, sequence id i per session (plus its
+One engine context serves every session (opened by ``context_setup``, shaped as
+``cache_shape`` says): unified KV, sequence id i per session (``sequence_slots``; plus its
 parking sequence and one shared scratch sequence, see ``cache_ops``). ``n_ctx`` is the token
 budget of all sessions together; ``n_seq_max`` the number of sessions. Ranges are token-log
 positions and ``kvres.policy.positions.PositionMap`` decides every cache position, so this
 executor places tokens exactly where every other executor would.
 
 ``kv_layout="split"``: a KV stream of ``n_ctx / n_seq_max`` cells per session, no parking or
-scratch sequences, no eviction from the middle or position shift (``stream_ops``).
+scratch sequences, no eviction from the middle or position shift (``stream_ops``); a step's
+sessions gather on the lowest streams (``SequenceSlots.gather``).
 
 Mechanism (docs/architecture.md, llama.cpp; the cell-level steps live in ``cache_ops``):
 - evict: ``seq_rm`` of the range's cache positions, then with re-basing ``seq_add`` of the tail
@@ -43,8 +45,8 @@ Mechanism (docs/architecture.md, llama.cpp; the cell-level steps live in ``cache
 - attention scores: a second context with flash attention off (``attention.ScoringContext``),
   created on first use; the serving context keeps flash attention.
 - recall (``recall_attention``, ``prepare_recall``, ``exchange``): many blocks in one state write,
-  their cells merged and moved in numpy (``recall``); this module writes the result into the
-  session.
+  their cells merged and moved in numpy (``recall_exchange``); this module writes the result
+  into the session.
 
 Exactness: the same cells in the same order give bit-identical logits (export / evict / import,
 suspend / resume). With flash attention llama.cpp's CPU kernel rounds in KV-cell order, so a
@@ -80,35 +82,35 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvres.actors.chat_source import ChatTemplateSource, read_chat_template
 from kvres.actors.engines.executor import Executor
 from kvres.actors.engines.session_table import SessionTable
-from kvres.actors.model_files import model_id, profile_from_gguf, read_gguf_metadata
-from kvres.coldstore.block import KVBlock, KVGeometry
+from kvres.actors.model_files import profile_from_gguf
+from kvres.actors.sampling import Sampler, SamplingParams, TokenSampler
+from kvres.coldstore.block import KVBlock
 from kvres.policy.capabilities import Capabilities
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import CapabilityError, RangeError, SessionExistsError
-from kvres.policy.kv_types import QUANTIZED_KV_TYPES, kv_type_fits_head, kv_type_info
 from kvres.policy.ranges import Range
 from kvres.policy.scorers import KeyCapture
 from kvres.policy.scoring import AttentionCapture
 from kvres.policy.tokens import token_ids
 
-from ..chat_source import ChatTemplateSource, read_chat_template
-from ..sampling import Sampler, SamplingParams, TokenSampler
 from . import edits
 from .attention import ScoringContext
-from .blocks import ENGINE, BlockFormat
-from .cache_ops import CacheOps
-from .engine import LlamaContext, LlamaModel, claim_decode_threads, reserve_decode_threads
-from .errors import ContextFullError, EngineError, SessionLimitError
-from .executor_args import RESERVED_CELLS, RESERVED_SEQS, SPARE_STREAM_SESSIONS, check_args
-from .recall import Recall
+from .blocks import ENGINE
+from .cache_shape import RESERVED_CELLS, default_threads
+from .context_setup import open_cache
+from .decode_threads import claim_decode_threads, reserve_decode_threads
+from .engine import LlamaModel
+from .executor_args import check_args
+from .llama_errors import ContextFullError, EngineError, SessionLimitError
+from .recall_exchange import RecallExchange
 from .sampler_chain import LlamaSampler
+from .sequence_slots import SequenceSlots
 from .session import PendingImport, Session
 from .state_blob import read_cell_positions, read_keys
 from .stream_ops import StreamOps
-
-_RESERVED_CELLS, _RESERVED_SEQS = RESERVED_CELLS, RESERVED_SEQS  # (named as kvres.actors.engines.engine_specs reads them)
 
 
 class LlamaExecutor(SessionTable[Session], Executor):
@@ -139,75 +141,29 @@ class LlamaExecutor(SessionTable[Session], Executor):
         # None: on, except a split cache on the CPU, where llama.cpp's flash-attention kernel takes a
         # prompt's rows one by one (8 prompts over 2,000-token streams: 842 ms on, 399 ms off)
         self.flash_attn = (kv_layout != "split" or bool(n_gpu_layers)) if flash_attn is None else bool(flash_attn)
-        self.n_threads = int(n_threads) if n_threads else max(1, min(4, os.cpu_count() or 1))
+        self.n_threads = int(n_threads) if n_threads else default_threads()
         self.n_batch = int(n_batch)
         self.score_window, self.score_kernel = int(score_window), int(score_kernel)
         self.model_path = Path(model_path)
 
         self._model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu)
         self._scoring: ScoringContext | None = None
-        try:
-            self.geometry = self._geometry()
-            self._check_quantizable()
-            split = kv_layout == "split"
-            if split and self._model.n_swa > 0:
-                raise ValueError(f"kv_layout='split' is not for sliding-window models ({self.model_path.name} "
-                                 f"has n_swa={self._model.n_swa}); use kv_layout='unified'")
-            spare = split and self.n_seq_max >= SPARE_STREAM_SESSIONS  # a stream to move sessions through
-            self._ctx = LlamaContext(
-                self._model, n_ctx=self.n_ctx + spare * (self.n_ctx // self.n_seq_max) if split
-                else self.n_ctx + _RESERVED_CELLS,
-                n_seq_max=self.n_seq_max + spare if split else 2 * self.n_seq_max + _RESERVED_SEQS,
-                type_k=type_k, type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch,
-                n_threads=self.n_threads, swa_full=swa_full, kv_unified=not split,
-                # one-token rows of many sessions in one tile of the CPU flash-attention kernel attend
-                # over all their cells; a split cache or a GPU has no such tiles
-                isolate_short_items=self.flash_attn and not split and not n_gpu_layers,
-            )
-        except BaseException:
-            self._model.close()
-            raise
-        filler = self._model.bos if self._model.bos >= 0 else 0
-        # llama.cpp reports can_shift for quantized K caches, but applying the K-shift crashes
-        can_shift = self._ctx.can_shift and type_k not in QUANTIZED_KV_TYPES and not split
-        self._ops = StreamOps(self._ctx, self.n_seq_max, self._ctx.n_cells // (self.n_seq_max + spare), spare) \
-            if split else CacheOps(self._ctx, self.n_seq_max, filler, can_shift)
-        self._free_seqs = set(range(self.n_seq_max))
+        cache = open_cache(self._model, self.model_path, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, type_k=type_k,
+                           type_v=type_v, flash_attn=self.flash_attn, n_batch=self.n_batch, n_threads=self.n_threads,
+                           n_gpu_layers=n_gpu_layers, swa_full=swa_full, kv_layout=kv_layout)
+        self.geometry, self._ctx, self._ops = cache.geometry, cache.ctx, cache.ops
+        self._slots = SequenceSlots(self.n_seq_max)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._eog: frozenset[int] | None = None
 
-        self.model_id = model_id(self.model_path)
-        n_swa = self._model.n_swa
-        # a sliding-window model's blobs hold two caches: exported and imported whole, not read as cells
-        self._fmt = BlockFormat(self.model_id, type_k, type_v, self.geometry, self.flash_attn, windowed=n_swa > 0)
+        self.model_id, self._fmt, self._caps = cache.model_id, cache.fmt, cache.caps
         self.payload_format, self.fingerprint = self._fmt.payload_format, self._fmt.fingerprint
-        self._caps = Capabilities(
-            remove_middle=not split,
-            position_shift=self._ops.can_shift,
-            attention_capture=True,
-            key_access=type_k in ("f32", "f16") and n_swa == 0,
-            kv_export=True,
-        )
         # through a weak proxy: a cycle would keep a dropped executor's contexts alive until a GC pass
         me = weakref.proxy(self)
-        self._recall = Recall(self._fmt, self._model, self.model_path, self._ops, lambda: me._scoring_context(),
-                              lambda s: me._materialize(s), lambda n: me._ensure_room(n))
-
-    def _check_quantizable(self) -> None:
-        for name, kv_type in (("type_k", self.type_k), ("type_v", self.type_v)):
-            if not kv_type_fits_head(kv_type, self.geometry.head_dim):
-                raise ValueError(
-                    f"{name}={kv_type!r} needs a head dimension divisible by "
-                    f"{kv_type_info(kv_type).block_elements}; {self.model_path.name} has head_dim "
-                    f"{self.geometry.head_dim}"
-                )
-
-    def _geometry(self) -> KVGeometry:
-        meta = read_gguf_metadata(self.model_path)
-        arch = meta.get("general.architecture")
-        head_dim = meta.get(f"{arch}.attention.key_length") or self._model.n_embd // self._model.n_head
-        return KVGeometry(self._model.n_layer, self._model.n_head_kv, int(head_dim))
+        self._recall = RecallExchange(self._fmt, self._model, self.model_path, self._ops,
+                                      lambda: me._scoring_context(), lambda s: me._materialize(s),
+                                      lambda n: me._ensure_room(n))
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -221,11 +177,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
         self._sessions = {}
 
     def claim_decode_threads(self) -> None:
-        """The calling thread's decodes use ``n_threads`` (``engine.claim_decode_threads``)."""
+        """The calling thread's decodes use ``n_threads`` (``decode_threads.claim_decode_threads``)."""
         claim_decode_threads()
 
     def reserve_decode_threads(self) -> None:
-        """Until a thread claims, every thread decodes on one (``engine.reserve_decode_threads``)."""
+        """Until a thread claims, every thread decodes on one (``decode_threads.reserve_decode_threads``)."""
         reserve_decode_threads()
 
     def __enter__(self) -> LlamaExecutor:
@@ -297,22 +253,14 @@ class LlamaExecutor(SessionTable[Session], Executor):
             if session_id in self._sessions:
                 raise SessionExistsError(session_id)
             log = self._check_tokens(tokens) if len(tokens) else []
-            if not self._free_seqs:
+            if not self._slots.has_free():
                 raise SessionLimitError(
                     f"cannot open session {session_id!r}: all n_seq_max={self.n_seq_max} "
                     "sequences of the context are in use"
                 )
-            seq = self._take_seq()
-            session = Session(seq, tokens=log)
+            session = Session(self._slots.take(), tokens=log)
             session.positions.extend_evicted(len(log))
             self._sessions[session_id] = session
-
-    def _take_seq(self) -> int:
-        # the lowest free one: the sessions of a split layout stay on few, consecutive streams,
-        # which llama.cpp decodes together (``stream_batches``)
-        seq = min(self._free_seqs)
-        self._free_seqs.discard(seq)
-        return seq
 
     def close_session(self, session_id: str) -> None:
         with self._lock:
@@ -320,7 +268,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
             self._recall.forget(session_id)
             self._ops.drop(s.seq, s.positions.resident_count - sum(len(p.rng) for p in s.pending))
             del self._sessions[session_id]
-            self._free_seqs.add(s.seq)
+            self._slots.release(s.seq)
 
     # -- placing tokens -------------------------------------------------------------------
     def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
@@ -398,7 +346,8 @@ class LlamaExecutor(SessionTable[Session], Executor):
                 # refused before any stream moves: a move's copies are done by the decode that follows it
                 self._ops.check_places([(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos)
                                         for i in batch])
-                self._gather([checked[i] for i in batch])  # the whole step's sessions, before either part
+                # the whole step's sessions, before either part
+                self._slots.gather([checked[i] for i in batch], self._sessions.values(), self._ops)
             # the split layout never decodes a prompt and one-token decodes in one pass: first ones first
             early = between if isinstance(self._ops, StreamOps) else None
             head = [i for i in batch if i < n_first] if early is not None else []
@@ -420,33 +369,6 @@ class LlamaExecutor(SessionTable[Session], Executor):
             [(checked[i][0].seq, checked[i][2], checked[i][0].positions.next_pos) for i in indices])
         for i, lg in zip(indices, logits, strict=True):
             out[i] = checked[i][0].appended(checked[i][2], lg)
-
-    def _gather(self, placing: Sequence[tuple[Session, str, list[int]]]) -> None:
-        """A split layout's step runs a pass over the weights per run of consecutive streams
-        (``stream_batches``): a session whose turn starts here (a chunk of two tokens or more) on a
-        stream above one that no session of this step holds moves down to it, exchanging streams
-        with the session there, if any (``StreamOps.swap``: three whole-stream copies through the
-        spare, once a turn), so the sessions under way gather on the lowest streams."""
-        assert isinstance(self._ops, StreamOps)
-        starting = [item for item in placing if len(item[2]) >= 2]
-        if not starting:
-            return  # a step of decodes alone (most steps): nothing to look up
-        taken = {s.seq for s, _, _ in placing}
-        holder = {s.seq: s for s in self._sessions.values()}
-        for s, _, _ in sorted(starting, key=lambda item: -item[0].seq):
-            lower = min((q for q in range(s.seq) if q not in taken), default=None)
-            if lower is None:
-                continue
-            other = holder.get(lower)
-            self._ops.swap(s.seq, lower)
-            taken.discard(s.seq)
-            taken.add(lower)
-            if other is None:
-                self._free_seqs.discard(lower)
-                self._free_seqs.add(s.seq)
-            else:
-                other.seq = s.seq
-            s.seq = lower
 
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None:
         with self._lock:
@@ -532,11 +454,11 @@ class LlamaExecutor(SessionTable[Session], Executor):
             src = self._get(source_id)
             if new_id in self._sessions:
                 raise SessionExistsError(new_id)
-            if not self._free_seqs:
+            if not self._slots.has_free():
                 raise SessionLimitError(f"cannot fork session {source_id!r} into {new_id!r}: all "
                                         f"n_seq_max={self.n_seq_max} sequences of the context are in use")
             self._ensure_room(src.positions.resident_count)
-            self._sessions[new_id] = edits.fork(src, self._take_seq(), self._ops, self._materialize)
+            self._sessions[new_id] = edits.fork(src, self._slots.take(), self._ops, self._materialize)
 
     def share_prefix(self, source_id: str, session_id: str, n: int) -> None:
         with self._lock:
@@ -582,10 +504,10 @@ class LlamaExecutor(SessionTable[Session], Executor):
 
     def _scoring_context(self) -> ScoringContext:
         if self._scoring is None:
-            self._scoring = ScoringContext(self._model, self.n_ctx + _RESERVED_CELLS, self.n_batch, self.n_threads)
+            self._scoring = ScoringContext(self._model, self.n_ctx + RESERVED_CELLS, self.n_batch, self.n_threads)
         return self._scoring
 
-    # -- recall: many blocks in one engine step (``recall``) --------------------------------
+    # -- recall: many blocks in one engine step (``recall_exchange``) -----------------------
     def recall_attention(
         self, session_id: str, blocks: Sequence[KVBlock], tokens: Sequence[int], window: int, rebase: bool
     ) -> AttentionCapture:

@@ -1,4 +1,5 @@
-"""One spec per engine kvres runs: how to build its executor and what sizing needs to know of it.
+"""The engine registry: one spec per engine kvres runs, how to build its executor and what sizing
+needs to know of it, looked up by name here and nowhere else.
 
 Primitives:
 - ``EngineSpec``: one engine: ``build(config, model_path, placement)`` its executor;
@@ -11,40 +12,37 @@ Primitives:
   the ``ProbeEngine`` T*'s probes measure with before the executor exists (the backend's own
   threads and offload: ``llama_threads(config)``); ``engine_evicts`` whether it evicts by itself
   (kvres does not address its KV: what a ``LoadReport`` tells placement).
-- ``ENGINES``: "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
+- ``ENGINES``: the table, "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
   ``UnknownEngineError`` naming the name and the known ones).
-- llama.cpp's cache as the llama executor creates it: ``llama_cache_cells(config)`` (one unified
-  cache over ``2 * n_seq_max + 1`` sequences, micro-batches of 512, llama.cpp's small SWA cache:
-  the window of every sequence plus one micro-batch) and ``llama_context_cells(n_ctx)`` (two
-  reserved cells, padded to 256); ``llama_spare_streams(config)`` (a split layout's stream beside its
-  sessions', from ``LLAMA_SPARE_STREAM_SESSIONS`` of them on);
-  ``LLAMA_RESERVED_CELLS``, ``LLAMA_RESERVED_SEQS``, ``LLAMA_N_BATCH``.
+- ``make_executor(config, model_path, placement=None)``: the engine's executor (a
+  ``LlamaExecutor`` with layers offloaded and main GPU from the placement, an OpenVINO executor
+  of the configured mechanism on the placement's device, or a ``GenAIExecutor``: the engine
+  evicts). Without a placement it is taken from the GPUs Ray assigned this process
+  (``kvres.actors.sizing.device_placement``).
+- llama.cpp's cache as the llama executor creates it (``kvres.actors.engines.llama.cache_shape``),
+  from a config: ``llama_cache_cells(config)``, ``llama_spare_streams(config)``.
 
-Callers ask here (through ``kvres.actors.engines.registry``) instead of branching on the name.
+Callers ask here instead of branching on the name.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvres.actors.config import BackendConfig
+from kvres.actors.engines.executor import EngineManagedExecutor, Executor
+from kvres.actors.engines.llama import cache_shape
 from kvres.actors.sizing.device_memory import DeviceMemory, llama_gpu_memory, openvino_device_memory
-from kvres.actors.sizing.device_placement import Placement
+from kvres.actors.sizing.device_placement import Placement, assigned_gpu_ids, placement_for
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import KvresError
 from kvres.policy.kv_layout import CacheCells
 
-from .executor import EngineManagedExecutor, Executor
-
 if TYPE_CHECKING:
     from kvres.actors.sizing.llama_probes import ProbeEngine
-
-LLAMA_RESERVED_CELLS, LLAMA_RESERVED_SEQS, LLAMA_N_BATCH = 2, 1, 512  # kvres.actors.engines.llama.executor
-LLAMA_SPARE_STREAM_SESSIONS = 8  # kvres.actors.engines.llama.executor_args.SPARE_STREAM_SESSIONS
 
 AnyExecutor = Executor | EngineManagedExecutor
 
@@ -69,9 +67,8 @@ class EngineSpec:
 # -- llama.cpp ------------------------------------------------------------------------------------
 
 def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
+    from kvres.actors.engines.llama import LlamaExecutor
     from kvres.actors.pins import check_llama_cpp_python
-
-    from .llama import LlamaExecutor
 
     check_llama_cpp_python()
     return LlamaExecutor(
@@ -84,20 +81,12 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
 
 def llama_spare_streams(config: BackendConfig) -> int:
     """The streams a split layout has beside its sessions' (one to move them through, from
-    ``LLAMA_SPARE_STREAM_SESSIONS`` sessions on), each as large as a session's."""
-    return int(config.kv_layout == "split" and config.n_seq_max >= LLAMA_SPARE_STREAM_SESSIONS)
+    ``cache_shape.SPARE_STREAM_SESSIONS`` sessions on), each as large as a session's."""
+    return cache_shape.spare_streams(config.kv_layout, config.n_seq_max)
 
 
 def llama_cache_cells(config: BackendConfig) -> CacheCells:
-    if config.kv_layout == "split":  # one stream per session (and a spare), no parking or scratch sequences
-        return CacheCells(n_seq_max=config.n_seq_max + llama_spare_streams(config), n_ubatch=LLAMA_N_BATCH,
-                          kv_unified=False, swa_full=False)
-    return CacheCells(n_seq_max=2 * config.n_seq_max + LLAMA_RESERVED_SEQS, n_ubatch=LLAMA_N_BATCH,
-                      kv_unified=True, swa_full=False)
-
-
-def llama_context_cells(n_ctx: int) -> int:
-    return CacheCells().context_cells(n_ctx + LLAMA_RESERVED_CELLS)
+    return cache_shape.cache_cells(config.kv_layout, config.n_seq_max)
 
 
 def _llama_profiles(config: BackendConfig, model_path: Path, type_k: str, type_v: str
@@ -117,9 +106,8 @@ def _llama_kv_device(config: BackendConfig, placement: Placement | None) -> Devi
 
 def _llama_recall_probe(executor: AnyExecutor, placement: Placement) -> ProbeEngine:
     """The backend's own decode threads and offload (the probes then measure what it runs)."""
+    from kvres.actors.engines.llama import LlamaExecutor
     from kvres.actors.sizing.llama_probes import ProbeEngine
-
-    from .llama import LlamaExecutor
 
     if not isinstance(executor, LlamaExecutor):
         raise TypeError(f"a llama backend's executor must be a LlamaExecutor, got {type(executor).__name__}")
@@ -128,7 +116,7 @@ def _llama_recall_probe(executor: AnyExecutor, placement: Placement) -> ProbeEng
 
 def llama_threads(config: BackendConfig) -> int:
     """The decode threads a llama backend runs with (``LlamaExecutor``'s default when unset)."""
-    return config.n_threads or max(1, min(4, os.cpu_count() or 1))
+    return config.n_threads or cache_shape.default_threads()
 
 
 def _llama_tier_probe(config: BackendConfig, placement: Placement) -> ProbeEngine:
@@ -141,14 +129,14 @@ def _llama_tier_probe(config: BackendConfig, placement: Placement) -> ProbeEngin
 # -- OpenVINO -------------------------------------------------------------------------------------
 
 def _openvino_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
-    from .openvino import openvino_executor
+    from kvres.actors.engines.openvino import openvino_executor
 
     return openvino_executor(model_path, mode=config.openvino_mode, num_threads=config.n_threads or 1,
                              device=placement.openvino_device)
 
 
 def _genai_build(config: BackendConfig, model_path: Path, placement: Placement) -> AnyExecutor:
-    from .openvino.genai_executor import GenAIExecutor
+    from kvres.actors.engines.openvino.genai_executor import GenAIExecutor
 
     return GenAIExecutor(model_path, num_threads=config.n_threads or 1)
 
@@ -157,7 +145,7 @@ def _openvino_profiles(config: BackendConfig, model_path: Path, type_k: str, typ
                        ) -> tuple[LayerKVProfile, LayerKVProfile]:
     """KV states grow with the tokens: no fixed cache; the profile of the model's IR (the KV types
     are the IR's own)."""
-    from .openvino import openvino_executor
+    from kvres.actors.engines.openvino import openvino_executor
 
     executor = openvino_executor(model_path, mode=config.openvino_mode, device=config.openvino_device,
                                  num_threads=config.n_threads or 1)
@@ -184,3 +172,8 @@ def engine_spec(name: str) -> EngineSpec:
     except KeyError:
         raise UnknownEngineError(f"unknown engine {name!r}; kvres runs {', '.join(ENGINES)}") from None
 
+
+def make_executor(config: BackendConfig, model_path: Path, placement: Placement | None = None) -> AnyExecutor:
+    if placement is None:
+        placement = placement_for(config, assigned_gpu_ids())
+    return engine_spec(config.engine).build(config, model_path, placement)

@@ -1,0 +1,7 @@
+"""``python -m kvres.cluster.cli``: the ``kvres`` command line."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
