@@ -29,8 +29,9 @@ import logging
 from typing import Any, Protocol
 
 from kvres.actors.default_model import default_model_path
-from kvres.actors.host.journal import RayJournal, SessionRecord
-from kvres.actors.host.store_ports import node_dead
+from kvres.actors.host.journal import SessionRecord
+from kvres.actors.ray_actors.nodes import node_dead
+from kvres.actors.ray_actors.ray_journal import RayJournal
 from kvres.actors.residency import residency_for
 from kvres.policy import UnknownSessionError
 from kvres.policy.errors import NodeLostError, SessionExistsError

@@ -42,8 +42,6 @@ from kvres.actors.default_model import default_model_path
 from kvres.actors.engines.registry import engine_spec, make_executor, resolve_kv_tier
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
-from kvres.actors.host.journal import RayJournal
-from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
 from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
@@ -52,7 +50,10 @@ from kvres.coldstore import new_secret
 
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
+from .nodes import cold_store_name
 from .progress import loading, watch
+from .ray_journal import RayJournal
+from .ray_store_port import RayStorePort
 
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
