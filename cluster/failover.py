@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 from kvres.actors.backend_setup.engine_registry import engine_spec
 from kvres.actors.default_model import default_model_path
-from kvres.actors.host.journal import RayJournal, SessionRecord
-from kvres.actors.host.store_ports import node_dead
+from kvres.actors.host.journal import SessionRecord
+from kvres.actors.ray_actors.nodes import node_dead
+from kvres.actors.ray_actors.ray_journal import RayJournal
 from kvres.policy import UnknownSessionError
 from kvres.policy.errors import NodeLostError, SessionExistsError
 from kvres.policy.placement import LoadReport, PlacementError

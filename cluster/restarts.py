@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kvres.actors.host.store_ports import STORE_PREFIX
+from kvres.actors.ray_actors.nodes import STORE_PREFIX
 from kvres.policy import UnknownSessionError
 from kvres.policy.errors import ClusterRestartedError
 

@@ -38,12 +38,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.default_model import default_model_path
-from kvres.actors.host.journal import RayDirectory, RayJournal, SessionRecord
-from kvres.actors.host.store_ports import cold_store_name, store_node_dead
+from kvres.actors.host.journal import SessionRecord
 from kvres.actors.metrics import label_secret
 from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
 from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
+from kvres.actors.ray_actors.nodes import cold_store_name, store_node_dead
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
+from kvres.actors.ray_actors.ray_journal import RayDirectory, RayJournal
 from kvres.actors.settings import read_settings
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session

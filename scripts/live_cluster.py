@@ -136,7 +136,7 @@ def drive(manager: Any, pause: Callable[[], None] | None = None) -> dict[str, An
 
 def _recall_turn(manager: Any) -> dict[str, Any]:
     """A passkey task in a spilling SnapKV session of a tenth of its length: the question's
-    attention brings the passkey's spilled blocks back (``kvres.actors.host.recall``)."""
+    attention brings the passkey's spilled blocks back (``kvres.actors.host.spill_recall``)."""
     sys.path.insert(0, str(REPO))
     from benchmarks.passkey import harness, sessions
     from models import passkey_tasks

@@ -1,7 +1,8 @@
 """The layers: policy <- coldstore <- actors <- cluster, with no import pointing up (lazy ones
 included), kvres.testing above the engines but below the drivers, no I/O in policy, no import
 cycle among the modules of a package (sub-packages included) nor between sub-packages (each
-package's top level one node, each direct sub-package another), and no module over 600 lines.
+package's top level one node, each direct sub-package another), no module over 600 lines; the backend host
+and the engines import no Ray.
 
 Every module is parsed (not imported), so an import inside a function counts as much as one at the
 top of a file."""
@@ -86,6 +87,19 @@ def test_policy_does_no_io_and_loads_no_engine() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} calls open()")
     assert not bad, "policy must stay pure:\n" + "\n".join(bad)
+
+
+RAY_FREE = ("actors/host", "actors/engines")  # plain classes that work without Ray (the actors are shells)
+
+
+def test_the_backend_host_and_the_engines_import_no_ray() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for folder in RAY_FREE for path in sorted((ROOT / folder).rglob("*.py"))
+        for line, name in _imports(path, "actors") if name.split(".")[0] == "ray"
+    ]
+    assert not bad, "the backend host and the engines work without Ray (Ray's shells live in actors/ray_actors/):\n" + \
+        "\n".join(bad)
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:

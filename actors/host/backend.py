@@ -2,10 +2,14 @@
 
 Primitives:
 - ``BackendHost(config, executor, plan=plan_backend, store=None, metrics=None, recall_costs=None,
-  on_change=None, journal=None, file_secret=None, model_id="", on_expired=None)``: a plain,
-  thread-safe class (works without Ray), the facade over
-  the host's parts. ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``,
-  ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
+  on_change=None, journal=None, file_secret=None, model_id="", on_expired=None,
+  tier_decision=None)``: a plain, thread-safe class (works without Ray), the facade over the
+  host's parts, which it builds in the order they depend on each other, each given what it needs.
+  ``tier_decision`` (T*'s, ``kvres.actors.backend_setup.kv_config.resolve_kv_tier``): where it spills, a
+  session opened or handed over with nothing for kvres to evict runs as a spilling session bounded
+  by the resident budget (``kvres.actors.sizing.tier_policy.session_policy_for_tier``).
+  ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``, ``suspend``,
+  ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
   ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``;
   ``shutdown()``: the host stops (its retention timer and step loop, pending calls failing with
@@ -15,13 +19,17 @@ Primitives:
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
-The parts (``kvres.actors.host``): ``context`` (the session table and what the parts share),
-``sessions`` (a session and its explicit state), ``durability`` (journal commit, rebuild, roll
-back), ``stepper`` (the step for engines whose KV kvres addresses) or ``engine_managed`` (engines
-that evict by themselves), ``pressure`` (room-making, eviction, spill caps, compression),
-``recall``, ``parking`` (suspend / resume), ``admission`` (policy checks at open), ``retention``
-(priorities and pins in who goes first; idle sessions parked and expired ones closed, then
-``on_expired(session_id)``), ``stats``.
+The parts (``kvres.actors.host``), in the order they are built: ``context`` (the session table,
+rebuilt from the journal on first use, the lock, the pending calls), ``durability`` (journal
+commit, roll back), the engine's side: ``kv_access.AddressedKV`` and ``eviction`` (eviction, spill
+caps, compression) where kvres addresses the engine's KV, ``engine_managed.ManagedKV`` where the
+engine evicts by itself (what needs an addressed engine is refused there); then ``parking``
+(suspend), ``pressure`` (room-making), ``resumption`` (resume), ``editing``, ``chat``,
+``portable``, ``spill_recall`` and ``stepper`` (the step for engines whose KV kvres addresses) or
+``engine_managed.ManagedStepper``, ``retention`` (priorities and pins in who goes first; idle
+sessions parked and expired ones closed, then ``on_expired(session_id)``), and last the step loop
+(``scheduler``). Also ``sessions`` (a session and its explicit state), ``admission`` (policy checks
+at open), ``stats``.
 
 Calls of different sessions run concurrently: ``append`` / ``generate`` / ``stream`` become jobs of
 a ``StepLoop`` (``kvres.actors.host.scheduler``) whose every step decodes the next token of every
@@ -33,14 +41,17 @@ failure on the way loses tokens; missing KV is recomputed from the log.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvres.policy import SessionExistsError
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.recall import RecallCosts
+from kvres.policy.tiering import TierDecision
 from kvres.policy.tokens import TokenIdError, token_ids
 
 from ..config import BackendConfig, SessionPolicy
@@ -48,20 +59,24 @@ from ..engines.executor import EngineManagedExecutor, Executor
 from ..generation import Generation, GenerationRequest, StopRule
 from ..metrics import COUNTERS, Metrics, NullMetrics
 from ..sampling import SamplingParams
+from ..sizing.tier_policy import session_policy_for_tier
 from .chat import Chat
 from .context import HostContext
 from .durability import Durability
 from .editing import Editing
-from .engine_managed import ManagedStepper
-from .errors import BackendFullError, SessionBusyError
+from .engine_managed import ManagedKV, ManagedStepper
+from .eviction import Eviction
 from .journal import Journal, SessionRecord
+from .kv_access import AddressedKV, SessionKV
 from .parking import Parking
 from .portable import Portable
-from .pressure import Pressure
-from .recall import Recall
+from .pressure import Evictor, Pressure
+from .refusals import BackendFullError, SessionBusyError
+from .resumption import Resumption
 from .retention import RetentionTimer
 from .scheduler import Job, StepLoop
 from .sessions import SuspendRecord
+from .spill_recall import Recall
 from .stats import backend_stats, session_stats
 from .stepper import KVStepper
 from .store_ports import StorePort
@@ -100,27 +115,27 @@ class BackendHost:
         file_secret: bytes | None = None,
         model_id: str = "",
         on_expired: Callable[[str], None] | None = None,
+        tier_decision: TierDecision | None = None,
     ) -> None:
         ctx = self._ctx = HostContext(config, executor, store, metrics or NullMetrics(), journal, on_change)
         self.config, self.name, self.executor, self.fingerprint = config, config.name, executor, executor.fingerprint
         self._store = store
+        self._tier_decision = tier_decision
         self._durability = Durability(ctx)
-        self._pressure = Pressure(ctx, plan, suspend=lambda sid: self._parking.suspend(sid))
-        self._parking = Parking(ctx, self._durability, self._pressure, recall_costs)
-        self._recall = Recall(ctx, self._pressure)
-        self._editing = Editing(ctx, self._durability, self._pressure, self._parking, self._recall)
-        self._chat = Chat(ctx)
-        self._portable = Portable(ctx, self._durability, self._parking, self._recall, file_secret, model_id)
         self._engine: KVStepper | ManagedStepper
-        if isinstance(executor, Executor):
-            self._engine = KVStepper(ctx, executor, self._durability, self._pressure, self._recall, self._parking)
-        else:
-            self._engine = ManagedStepper(ctx, executor, self._durability, self._parking)
-        ctx.rebuild = self._durability.rebuild
-        self._retention = RetentionTimer(ctx, lambda sid: self._parking.suspend(sid, forced=False), self.close,
-                                         on_expired)
-        ctx.watch_retention = self._retention.watch
-        ctx.open_on_engine = self._engine.open_on_engine
+        on_idle: Callable[[], bool] | None = None
+        if isinstance(executor, Executor):  # kvres evicts, spills and recalls its KV
+            eviction = Eviction(ctx, executor, plan)
+            self._build_parts(AddressedKV(ctx, executor, recall_costs), eviction, plan, file_secret, model_id)
+            recall = Recall(ctx, executor, eviction)
+            self._engine = KVStepper(ctx, executor, self._durability, self._pressure, eviction, recall,
+                                     self._resumption)
+            on_idle = recall.prepare_recalls
+        else:  # the engine manages its KV: what needs kvres to address it is refused
+            managed = ManagedKV(ctx, executor)
+            self._build_parts(managed, managed, plan, file_secret, model_id)
+            self._engine = ManagedStepper(ctx, executor, self._durability, self._resumption)
+        self._retention = RetentionTimer(ctx, functools.partial(self._parking.suspend, forced=False), on_expired)
         pause_probes = self._pause_probes = getattr(recall_costs, "pause", None)  # a probe child waits out the calls
 
         def on_busy(busy: bool) -> None:
@@ -129,13 +144,27 @@ class BackendHost:
             if pause_probes is not None:
                 pause_probes(busy)
 
-        self._loop = ctx.loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy,
-                                         on_idle=self._recall.prepare_recalls, on_start=executor.claim_decode_threads)
+        # built last: its step runs the parts above
+        self._loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy, on_idle=on_idle,
+                              on_start=executor.claim_decode_threads, jobs=ctx.jobs)
         # the engine's multi-threaded decodes belong to the step loop's thread (see
         # kvres.actors.engines.llama.engine): other threads decode on one thread until it has started
         executor.reserve_decode_threads()
         self._kv_profile: LayerKVProfile | None = None
         self._kv_profile_read = False
+
+    def _build_parts(self, kv: SessionKV, evictor: Evictor, plan: Callable[[BackendPlanInput], BackendPlan],
+                     file_secret: bytes | None, model_id: str) -> None:
+        """The parts every host has, over its engine's side (``kv``, ``evictor``), in the order
+        they depend on each other."""
+        ctx, durability = self._ctx, self._durability
+        self._kv = kv
+        self._parking = Parking(ctx, durability, kv)
+        self._pressure = Pressure(ctx, plan, self._parking, evictor)
+        self._resumption = Resumption(ctx, durability, self._pressure, kv)
+        self._editing = Editing(ctx, durability, self._pressure, self._resumption, kv)
+        self._chat = Chat(ctx)
+        self._portable = Portable(ctx, durability, self._resumption, kv, file_secret, model_id)
 
     @property
     def peak_resident_tokens(self) -> int:
@@ -187,12 +216,12 @@ class BackendHost:
     # -- session lifecycle ----------------------------------------------------------------------
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         ctx = self._ctx
+        policy = self._policy_here(policy)
         with ctx.lock:
             if session_id in ctx.sessions or ctx.journal.load(session_id) is not None:
                 raise SessionExistsError(session_id)
-            policy = policy or SessionPolicy()
             s = ctx.new_session(policy)
-            self._engine.check_policy(policy, s.residency)
+            self._kv.check_policy(policy, s.residency)
             try:
                 self._pressure.make_room({}, newcomer=session_id)
             except BackendFullError:
@@ -205,32 +234,26 @@ class BackendHost:
                 ctx.sessions[session_id] = s
                 self._durability.commit_new(session_id)
                 return
-            self._engine.open_on_engine(session_id, s, ())
+            self._kv.open_on_engine(session_id, s, ())
             ctx.sessions[session_id] = s
             self._durability.commit_new(session_id)
             ctx.publish()
 
+    def _policy_here(self, policy: SessionPolicy | None) -> SessionPolicy:
+        """What a session runs as here: where T* chose to spill, one with nothing for kvres to
+        evict keeps a resident window and parks the rest in the cold store (its stats show the
+        policy it runs with; ``session_policy_for_tier``)."""
+        return session_policy_for_tier(self._tier_decision, policy, self.config.kv_budget_tokens)
+
     def close(self, session_id: str) -> None:
         """Close the session, ending a call it has running (that call raises ``SessionBusyError``)."""
-        ctx = self._ctx
-        with ctx.lock:
-            s = ctx.get(session_id, live=False)
-            ctx.loop.cancel(session_id, SessionBusyError(f"session {session_id!r} was closed during the call"))
-            if s.live:
-                ctx.executor.close_session(session_id)
-            if ctx.store is not None:
-                ctx.store.release(s.cold + ([] if s.live else s.record.blocks))
-            del ctx.sessions[session_id]
-            ctx.journal.delete(session_id)
-            ctx.metrics.set_resident(ctx.name, session_id, 0)
-            ctx.publish()
-            ctx.loop.poke()
+        self._ctx.close(session_id)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop the retention timer and the step loop (once the step under way is done; pending
         calls fail with ``LoopStoppedError``), then free the engine. The host takes no call after."""
         self._retention.stop()
-        self._ctx.loop.stop(timeout_s)
+        self._loop.stop(timeout_s)
         if self._pause_probes is not None:  # a probe child left stopped by the last calls goes on
             self._pause_probes(False)
         close = getattr(self.executor, "close", None)  # an engine that holds native memory frees it
@@ -247,10 +270,14 @@ class BackendHost:
         return self._parking.detach(session_id)
 
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
-        """Bring a suspended session back (from this backend's record or one handed over);
-        returns the number of tokens that had to be recomputed."""
+        """Bring a suspended session back (from this backend's record or one handed over: it runs
+        with the policy it would have been opened with here); returns the number of tokens that
+        had to be recomputed."""
+        if record is not None:
+            policy = self._policy_here(record.policy)
+            record = record if policy is record.policy else replace(record, policy=policy)
         with self._ctx.lock:
-            return self._parking.resume(session_id, record)
+            return self._resumption.resume(session_id, record)
 
     # -- editing the history ---------------------------------------------------------------------
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
@@ -316,7 +343,7 @@ class BackendHost:
         """A turn's job, planned and submitted under one hold of the lock: a turn waits once for
         the step under way, not once for each thing it reads. (An engine that samples itself gets
         the prompt by an append first, which waits for the loop: there the lock is not held.)"""
-        with self._ctx.lock if self._ctx.kv is not None else contextlib.nullcontext():
+        with self._ctx.lock if self._engine.joins_prompts else contextlib.nullcontext():
             prompt = self._chat_prompt(session_id, messages, request_id)
             return self._generate_job(session_id, request, 0.0, None, streaming, request_id, prompt)
 
@@ -351,7 +378,7 @@ class BackendHost:
         ctx = self._ctx
         with ctx.lock:
             s = ctx.get(job.session_id, live=False)
-            if ctx.loop.pending(job.session_id):
+            if ctx.jobs.pending(job.session_id):
                 raise SessionBusyError(f"session {job.session_id!r} already has a call running")
             s.last_used, s.touched_at = ctx.tick(), time.monotonic()
             done = s.committed
@@ -360,7 +387,7 @@ class BackendHost:
                 return job
             if not s.live and s.parked is not None and s.parked.blocks and ctx.store is not None:
                 ctx.store.prefetch(s.parked.blocks)  # read while the steps before its resume run
-            return ctx.loop.submit(job)
+            return self._loop.submit(job)
 
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
         """Append tokens (prefilled in chunks that fit the budget); returns the log length. All of
@@ -376,7 +403,7 @@ class BackendHost:
         job feeds it where the engine's KV is kvres's; an engine that samples itself takes whole
         calls, so there it is appended first."""
         toks = [] if prompt is None else token_ids(prompt, self.executor.n_vocab)
-        if toks and self._ctx.kv is None:
+        if toks and not self._engine.joins_prompts:
             self.append(session_id, toks, None if request_id is None else f"{request_id}:prompt")
             return [], len(toks)
         return toks, len(toks)
@@ -424,7 +451,7 @@ class BackendHost:
     ) -> Job:
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(max_tokens=request, sampling=SamplingParams(temperature=temperature, seed=seed))
-        sampler = self.executor.sampler(request.sampling) if self._ctx.kv is not None else None  # genai samples itself
+        sampler = self._engine.sampler(request.sampling)
         stop = StopRule.of(request, self.executor.end_of_generation())
         feed, appended = self._prompt_first(session_id, prompt, request_id)
         return self._submit(Job(session_id, "generate", feed=feed, appended=appended, remaining=request.max_tokens,

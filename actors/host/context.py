@@ -1,28 +1,37 @@
-"""What the parts of a backend host share: its engine, store, sessions, lock and step loop.
+"""What the parts of a backend host share: its engine, store, sessions, lock and pending calls.
 
 Primitives:
 - ``HostContext(config, executor, store, metrics, journal, on_change)``: the session table
-  (``sessions``, ``get`` with the journal fallback, ``new_session``, ``tick``), bookkeeping
-  (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the engine as
-  kvres addresses it (``kv_executor(what)``; None where the engine manages its KV), and the
-  hooks the host sets once its parts exist (``rebuild``, ``open_on_engine``, ``watch_retention``).
+  (``sessions``; ``get``, which brings back a session the journal says this backend serves and this
+  process does not hold, ``rebuild``; ``new_session``, ``tick``; ``close``), bookkeeping
+  (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the lock,
+  the calls pending (``jobs``: the step loop's ``JobQueue``, built here so every part can look at
+  it before the loop that runs it exists) and ``retention_wake`` (set when a session with idle or
+  TTL limits comes: it wakes the retention timer).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from kvres.policy import KvresError
+from kvres.coldstore import ColdStoreError, validate_session_id
+from kvres.policy import KvresError, UnknownSessionError
 from kvres.policy.degrade import effective_residency
 
 from ..config import BackendConfig, SessionPolicy
 from ..engines.executor import EngineManagedExecutor, Executor
 from ..metrics import Metrics
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
-from .scheduler import StepLoop, WaitCountingLock
+from .refusals import SessionBusyError
+from .scheduler import JobQueue, WaitCountingLock
 from .sessions import HostSession
 from .store_ports import StorePort
+
+log = logging.getLogger("kvres.backend")
 
 
 class HostContext:
@@ -33,7 +42,7 @@ class HostContext:
         self.config = config
         self.name = config.name
         self.executor = executor
-        self.kv = executor if isinstance(executor, Executor) else None  # kvres addresses its KV
+        self.addresses_kv = isinstance(executor, Executor)  # kvres evicts, parks and recalls its KV by range
         self.store = store
         self.metrics = metrics
         self.journal = WriteBehindJournal(journal or MemoryJournal())
@@ -42,13 +51,11 @@ class HostContext:
         self.sessions: dict[str, HostSession] = {}
         self.dirty: set[str] = set()  # changed outside a call of theirs: committed after the step
         self.lock = WaitCountingLock()
+        self.jobs = JobQueue(self.lock, config.name)
+        self.retention_wake = threading.Event()
         self.peak_resident_tokens = 0  # the most the engine held after any step
         self._tenants_shown: set[str] = set(config.tenant_quotas)  # tenant series published (kept at 0 when gone)
         self._clock = itertools.count(1)
-        self.loop: StepLoop  # set by the host once its step function exists
-        self.rebuild: Callable[[str], HostSession]  # a session the journal has and this process not
-        self.open_on_engine: Callable[[str, HostSession, Sequence[int]], None]
-        self.watch_retention: Callable[[], None] = lambda: None  # a session with idle / TTL limits came
 
     # -- the session table ------------------------------------------------------------------
     def tick(self) -> int:
@@ -60,7 +67,7 @@ class HostContext:
         carrying ``record``'s counters, cold blocks, logits and exactness (``parked``: suspended
         with that record)."""
         residency = effective_residency(policy.residency, self.executor.capabilities(), self.store is not None,
-                                        strict=policy.strict, addressed=self.kv is not None)
+                                        strict=policy.strict, addressed=self.addresses_kv)
         s = HostSession(policy, residency, residency.ranking(self.executor.capabilities()), self.tick())
         if record is not None:
             s.counters, s.cold = dict(record.counters), list(record.cold)
@@ -69,7 +76,7 @@ class HostContext:
             if parked:
                 s.park(record)
         if policy.idle_suspend_s is not None or policy.ttl_s is not None:
-            self.watch_retention()
+            self.retention_wake.set()
         return s
 
     def get(self, session_id: str, *, live: bool = True) -> HostSession:
@@ -80,9 +87,49 @@ class HostContext:
             raise KvresError(f"session {session_id!r} is suspended; resume it first")
         return s
 
+    def rebuild(self, session_id: str) -> HostSession:
+        """A session the journal says this backend serves but this process does not hold (the
+        backend was restarted): it comes back suspended, and its next call resumes it (parked
+        blocks imported, the rest recomputed from its token log)."""
+        try:
+            validate_session_id(session_id)
+        except ColdStoreError:
+            raise UnknownSessionError(session_id) from None
+        record = self.journal.load(session_id)
+        if record is None or record.backend != self.name:
+            raise UnknownSessionError(session_id)
+        if record.fingerprint != self.fingerprint:
+            raise KvresError(
+                f"session {session_id!r} was made with model fingerprint {record.fingerprint!r}; backend "
+                f"{self.name!r} now runs {self.fingerprint!r} and cannot rebuild it"
+            )
+        s = self.new_session(record.policy, record, parked=True)
+        self.sessions[session_id] = s
+        self.count(session_id, "rebuilds")
+        s.park(replace(record, counters=dict(s.counters)))
+        log.warning("backend %r rebuilt session %r from its journal (%d tokens, %s)", self.name, session_id,
+                    len(record.token_log), "was live" if record.state == "live" else "was suspended")
+        return s
+
     def token_log(self, session_id: str) -> list[int]:
         s = self.get(session_id, live=False)
         return list(s.record.token_log) if not s.live else self.executor.token_log(session_id)
+
+    def close(self, session_id: str) -> None:
+        """Close the session, ending a call it has running (that call raises ``SessionBusyError``):
+        closed on the engine if live, every block it parked or spilled released, its record deleted."""
+        with self.lock:
+            s = self.get(session_id, live=False)
+            self.jobs.cancel(session_id, SessionBusyError(f"session {session_id!r} was closed during the call"))
+            if s.live:
+                self.executor.close_session(session_id)
+            if self.store is not None:
+                self.store.release(s.cold + ([] if s.live else s.record.blocks))
+            del self.sessions[session_id]
+            self.journal.delete(session_id)
+            self.metrics.set_resident(self.name, session_id, 0)
+            self.publish()
+            self.jobs.poke()
 
     # -- bookkeeping ------------------------------------------------------------------------
     def count(self, session_id: str, name: str, value: int = 1) -> None:
@@ -116,7 +163,7 @@ class HostContext:
             self.on_change()
 
     def busy(self) -> set[str]:
-        return {job.session_id for job in self.loop.pending()}
+        return {job.session_id for job in self.jobs.pending()}
 
     def held(self) -> int:
         """Tokens the live sessions hold."""
@@ -124,8 +171,3 @@ class HostContext:
 
     def free_tokens(self, incoming: Mapping[str, int]) -> int:
         return self.config.kv_budget_tokens - self.held() - sum(incoming.values())
-
-    def kv_executor(self, what: str) -> Executor:
-        if self.kv is None:
-            raise KvresError(f"backend {self.name!r} ({self.config.engine}) cannot {what}: the engine manages its KV")
-        return self.kv

@@ -4,9 +4,9 @@ Primitives:
 - ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False)``
   (the session's record to the journal; ``later``: written behind, for changes that add no
   token), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
-  others' calls changed), ``rebuild(session_id)`` (a session the journal says this backend serves
-  and this process does not hold: it comes back suspended), ``fail(job, error)`` and
-  ``roll_back(session_id)`` (a failed call commits nothing: back to the last commit).
+  others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
+  nothing: back to the last commit). (A session the journal has and this process does not is
+  rebuilt by ``HostContext.get``.)
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from kvres.coldstore import ColdStoreError, validate_session_id
-from kvres.policy import KvresError, UnknownSessionError
-
 from .context import HostContext
 from .journal import SessionRecord
 from .scheduler import Job
-from .sessions import HostSession
 
 log = logging.getLogger("kvres.backend")
 
@@ -64,7 +60,7 @@ class Durability:
         else:
             started = time.perf_counter()
             self.ctx.journal.save(record)
-            self.ctx.loop.profile.commit_s += time.perf_counter() - started
+            self.ctx.jobs.profile.commit_s += time.perf_counter() - started
         s = self.ctx.sessions[session_id]
         s.committed = record
         if s.live:
@@ -94,31 +90,6 @@ class Durability:
                 ctx.dirty.discard(sid)
             elif sid not in running:
                 self.commit(sid, later=True)
-
-    def rebuild(self, session_id: str) -> HostSession:
-        """A session the journal says this backend serves but this process does not hold (the
-        backend was restarted): it comes back suspended, and its next call resumes it (parked
-        blocks imported, the rest recomputed from its token log)."""
-        ctx = self.ctx
-        try:
-            validate_session_id(session_id)
-        except ColdStoreError:
-            raise UnknownSessionError(session_id) from None
-        record = ctx.journal.load(session_id)
-        if record is None or record.backend != ctx.name:
-            raise UnknownSessionError(session_id)
-        if record.fingerprint != ctx.fingerprint:
-            raise KvresError(
-                f"session {session_id!r} was made with model fingerprint {record.fingerprint!r}; backend "
-                f"{ctx.name!r} now runs {ctx.fingerprint!r} and cannot rebuild it"
-            )
-        s = ctx.new_session(record.policy, record, parked=True)
-        ctx.sessions[session_id] = s
-        ctx.count(session_id, "rebuilds")
-        s.park(replace(record, counters=dict(s.counters)))
-        log.warning("backend %r rebuilt session %r from its journal (%d tokens, %s)", ctx.name, session_id,
-                    len(record.token_log), "was live" if record.state == "live" else "was suspended")
-        return s
 
     def fail(self, job: Job, error: BaseException) -> None:
         """A call that fails commits nothing: its session goes back to its last commit."""

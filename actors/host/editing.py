@@ -1,7 +1,7 @@
 """Changing a session's history: a stream left early, a rollback, a fork.
 
 Primitives:
-- ``Editing(ctx, durability, pressure, parking)``:
+- ``Editing(ctx, durability, pressure, resumption, kv)``:
   ``cancel(session_id, request_id=None, keep=None) -> Generation | None``: a generate the caller
   left ends now; only its first ``keep`` tokens (all it produced when None) stay in the log and
   the KV, and the call is committed with them (None: no such call runs). A generate given its
@@ -10,7 +10,8 @@ Primitives:
   (resident cells cut; spilled blocks past it released; a suspended session is resumed first),
   exactly as if the rest had never been appended: at a length where a call of the session ended
   (one of its last ``LAYOUTS_KEPT`` commits), what the dropped tokens made it evict comes back too
-  (its spilled blocks imported, the rest recomputed), so its resident layout is the one it had.
+  (its spilled blocks imported, the rest recomputed: ``kv.bring_back``), so its resident layout is
+  the one it had.
   ``fork(source_id, new_id)``: a new session on this backend from the source's state (the engine
   shares or copies its KV: ``Executor.fork_session``; its spilled blocks copied in the store), both
   continuing independently.
@@ -21,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvres.coldstore import validate_session_id
-from kvres.policy import ArgumentError, Range, RangeError, SessionExistsError, subtract_range
+from kvres.policy import ArgumentError, Range, RangeError, SessionExistsError
 
 from ..generation import Generation
 from .context import HostContext
 from .durability import Durability
-from .errors import SessionBusyError
-from .parking import Parking
+from .kv_access import SessionKV
 from .pressure import Pressure
-from .recall import Recall
+from .refusals import SessionBusyError
+from .resumption import Resumption
 from .scheduler import Job
 from .sessions import HostSession
 from .stepper import generation_of
@@ -38,20 +39,13 @@ from .store_ports import ColdRef
 _FOREVER = 1 << 62
 
 
-def subtract_ranges(want: Range, have: list[Range]) -> list[Range]:
-    parts = [want]
-    for h in have:
-        parts = [p for part in parts for p in subtract_range([part], h)]
-    return parts
-
-
 @dataclass
 class Editing:
     ctx: HostContext
     durability: Durability
     pressure: Pressure
-    parking: Parking
-    recall: Recall
+    resumption: Resumption
+    kv: SessionKV
 
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
         ending = self._cancel(session_id, request_id, keep)
@@ -67,14 +61,14 @@ class Editing:
         ctx = self.ctx
         with ctx.lock:
             s = ctx.sessions.get(session_id)
-            jobs = [j for j in ctx.loop.pending(session_id)
+            jobs = [j for j in ctx.jobs.pending(session_id)
                     if j.kind == "generate" and (request_id is None or j.request_id == request_id)]
             if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
                 job = jobs[0]
                 job.remaining, job.finish_reason, job.stopped_by = 0, "cancelled", None
-                ctx.loop.poke()
+                ctx.jobs.poke()
                 return job
-            if s is None or not jobs or not ctx.loop.withdraw(jobs[0]):
+            if s is None or not jobs or not ctx.jobs.withdraw(jobs[0]):
                 return None  # it ended (and was committed) already, or never ran here
             job = jobs[0]
             job.pending = None  # a token handed out and not kept never reaches the log
@@ -84,7 +78,7 @@ class Editing:
                 answer = generation_of(ctx, job)
                 job.answer = answer
                 job.finish()
-                ctx.loop.poke()
+                ctx.jobs.poke()
                 return answer
             kept = len(job.produced) if keep is None else max(0, min(int(keep), len(job.produced)))
             if s.live and job.start_length >= 0:
@@ -102,7 +96,7 @@ class Editing:
             job.answer = answer
             job.finish()
             ctx.publish()
-            ctx.loop.poke()
+            ctx.jobs.poke()
             return answer
 
     def truncate(self, session_id: str, length: int) -> int:
@@ -112,7 +106,7 @@ class Editing:
             raise ArgumentError(f"length must be an int, got {type(length).__name__} {length!r}")
         with ctx.lock:
             s = ctx.get(session_id, live=False)
-            if ctx.loop.pending(session_id):
+            if ctx.jobs.pending(session_id):
                 raise SessionBusyError(f"session {session_id!r} has a call running; truncate it after")
             held = len(ctx.token_log(session_id))
             if not 0 <= length <= held:
@@ -120,7 +114,7 @@ class Editing:
             if length == held:
                 return held
             if not s.live:
-                self.parking.resume(session_id)
+                self.resumption.resume(session_id)
                 s = ctx.sessions[session_id]
             self._cut(session_id, s, length)
             self.durability.commit(session_id)
@@ -145,29 +139,8 @@ class Editing:
             del s.layouts[later]
         layout = s.layouts.get(length)
         if layout is not None and s.residency.evicts:
-            self._bring_back(session_id, s, layout)
+            self.kv.bring_back(session_id, s, layout)
         ctx.refresh_resident(session_id)
-
-    def _bring_back(self, session_id: str, s: HostSession, layout: tuple[Range, ...]) -> None:
-        """What the dropped tokens made the session evict comes back, as it was resident when the
-        log ended where it ends now: spilled blocks imported, the rest recomputed from the log."""
-        ctx = self.ctx
-        executor = ctx.kv_executor("roll back")
-        missing = [m for want in layout for m in subtract_ranges(want, executor.resident_ranges(session_id))]
-        if not missing or sum(len(m) for m in missing) > ctx.free_tokens({}):
-            return  # all there, or it would not fit the backend's budget now: the tokens stay evicted
-        wanted = [ref for ref in s.cold if any(m.start <= ref.key.token_range.start and ref.key.token_range.end <= m.end
-                                                 for m in missing)]
-        if wanted and ctx.store is not None:
-            taken = set(wanted)
-            s.cold = [ref for ref in s.cold if ref not in taken]
-            for block in ctx.store.take(sorted(wanted, key=lambda r: r.key.token_range.start)):
-                if block is not None:
-                    executor.import_range(session_id, block)
-        for want in layout:
-            for part in subtract_ranges(want, executor.resident_ranges(session_id)):
-                executor.admit_range(session_id, part)
-                ctx.count(session_id, "recomputed_tokens", len(part))
 
     def fork(self, source_id: str, new_id: str) -> None:
         ctx = self.ctx
@@ -176,10 +149,10 @@ class Editing:
             if new_id in ctx.sessions or ctx.journal.load(new_id) is not None:
                 raise SessionExistsError(new_id)
             s = ctx.get(source_id, live=False)
-            if ctx.loop.pending(source_id):
+            if ctx.jobs.pending(source_id):
                 raise SessionBusyError(f"session {source_id!r} has a call running; fork it after")
             if not s.live:
-                self.parking.resume(source_id)
+                self.resumption.resume(source_id)
                 s = ctx.sessions[source_id]
             s.last_used = ctx.tick()
             self.pressure.make_room({}, newcomer=new_id, newcomer_tokens=s.resident, busy={source_id},
@@ -203,5 +176,5 @@ class Editing:
         longer has are left out: those tokens stay in the log, their KV is gone)."""
         if not cold or self.ctx.store is None:
             return []
-        blocks = [block for block in self.recall.read_cold(cold) if block is not None]
+        blocks = [block for block in self.ctx.store.read(cold) if block is not None]
         return self.ctx.store.park([replace(block, session_id=new_id) for block in blocks])

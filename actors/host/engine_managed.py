@@ -1,10 +1,16 @@
-"""The step of a backend whose engine evicts by itself (openvino-genai): each call runs whole.
+"""A host whose engine evicts by itself (openvino-genai): each call runs whole, and whatever needs
+kvres to address the KV is refused.
 
 Primitives:
-- ``ManagedStepper(ctx, executor, durability, parking)``: ``step(jobs)`` runs every pending call at
-  once on the engine (it cannot batch across sessions from here), a suspended session resumed
-  first; ``open_on_engine`` tells the engine the session's eviction (``Residency.engine_eviction``);
-  ``check_policy`` refuses policies that need kvres to evict.
+- ``ManagedStepper(ctx, executor, durability, resumption)``: ``step(jobs)`` runs every pending call
+  at once on the engine (it cannot batch across sessions from here), a suspended session resumed
+  first; ``joins_prompts`` (False: a generate's prompt is appended by a call of its own first) and
+  ``sampler(params)`` (None: the engine samples itself), which the facade asks of its stepper.
+- ``ManagedKV(ctx, executor)``: this engine's ``kv_access.SessionKV`` and ``pressure.Evictor``:
+  ``check_policy`` refuses policies that need kvres to evict, ``open_on_engine`` tells the engine
+  the session's eviction (``Residency.engine_eviction``), nothing resident is exported, and what
+  only an addressed engine can do (restoring or bringing back resident ranges, evicting) is
+  refused with ``KvresError`` ("the engine manages its KV").
 """
 
 from __future__ import annotations
@@ -12,29 +18,31 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from kvres.policy import CapabilityError
+from kvres.coldstore import KVBlock
+from kvres.policy import CapabilityError, KvresError, Range
+from kvres.policy.backend_planner import SessionView
 from kvres.policy.residency import Residency
 
 from ..config import SessionPolicy
 from ..engines.executor import EngineManagedExecutor
+from ..sampling import Sampler, SamplingParams
 from .admission import check_managed_policy
 from .context import HostContext
 from .durability import Durability
-from .parking import Parking
+from .resumption import Resumption
 from .scheduler import Job
-from .sessions import HostSession
+from .sessions import HostSession, SuspendRecord
 from .stepper import complete
 
 
-class ManagedStepper:
-    step_tokens = 0  # not stepped token by token
-
-    def __init__(self, ctx: HostContext, executor: EngineManagedExecutor, durability: Durability,
-                 parking: Parking) -> None:
+class ManagedKV:
+    def __init__(self, ctx: HostContext, executor: EngineManagedExecutor) -> None:
         self.ctx = ctx
         self.executor = executor
-        self.durability = durability
-        self.parking = parking
+
+    def _refused(self, what: str) -> KvresError:
+        ctx = self.ctx
+        return KvresError(f"backend {ctx.name!r} ({ctx.config.engine}) cannot {what}: the engine manages its KV")
 
     def check_policy(self, policy: SessionPolicy, residency: Residency) -> None:
         check_managed_policy(self.ctx, policy, residency)
@@ -44,6 +52,36 @@ class ManagedStepper:
         eviction = s.residency.engine_eviction()
         if eviction is not None:
             self.executor.set_eviction(session_id, eviction.stream, eviction.budget_tokens, eviction.aggregation)
+
+    def export_resident(self, session_id: str, ranges: Sequence[Range]) -> list[KVBlock]:
+        return []  # nothing of its KV leaves the engine
+
+    def restore(self, session_id: str, record: SuspendRecord) -> int:
+        raise self._refused("resume")  # a record with resident ranges, handed over from another engine
+
+    def bring_back(self, session_id: str, s: HostSession, layout: tuple[Range, ...]) -> None:
+        raise self._refused("roll back")
+
+    def with_scores(self, view: SessionView, lookahead: Sequence[int] | None = None) -> SessionView:
+        return view  # nothing ranks its blocks here
+
+    def evict(self, session_id: str, ranges: Sequence[Range], rebase: bool) -> None:
+        raise self._refused("evict")
+
+
+class ManagedStepper:
+    step_tokens = 0  # not stepped token by token
+    joins_prompts = False  # the engine takes whole calls: a generate's prompt is appended first
+
+    def __init__(self, ctx: HostContext, executor: EngineManagedExecutor, durability: Durability,
+                 resumption: Resumption) -> None:
+        self.ctx = ctx
+        self.executor = executor
+        self.durability = durability
+        self.resumption = resumption
+
+    def sampler(self, params: SamplingParams) -> Sampler | None:
+        return None  # the engine samples itself
 
     def step(self, jobs: list[Job]) -> bool:
         for job in jobs:
@@ -55,11 +93,11 @@ class ManagedStepper:
         try:
             s = ctx.sessions.get(job.session_id)
             if s is not None and not s.live:
-                self.parking.resume(job.session_id, None)
+                self.resumption.resume(job.session_id, None)
             started = time.perf_counter()
             if job.kind == "append":
                 self.executor.append(job.session_id, job.feed)
-                ctx.loop.profile.engine(time.perf_counter() - started, len(job.feed))
+                ctx.jobs.profile.engine(time.perf_counter() - started, len(job.feed))
                 ctx.metrics.count_tokens(ctx.name, "prompt", len(job.feed))
             else:
                 request = job.request
@@ -71,7 +109,7 @@ class ManagedStepper:
                         f"backend {ctx.name!r} ({ctx.config.engine}) generates by temperature and seed only: "
                         "no stop strings or ids, top-k / top-p / min-p, penalties, grammar or logprobs")
                 tokens = self.executor.generate(job.session_id, job.remaining, params.temperature, params.seed)
-                ctx.loop.profile.engine(time.perf_counter() - started, len(tokens))
+                ctx.jobs.profile.engine(time.perf_counter() - started, len(tokens))
                 for token in tokens:
                     job.emit(token)
                 if tokens and job.stop is not None and tokens[-1] in job.stop.eog:

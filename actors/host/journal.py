@@ -7,15 +7,14 @@ Primitives:
   so a retried call is answered, not run twice) and whether recomputing its KV from the log is
   exact. A suspend hands one over to whoever resumes the session.
 - ``Journal``: ``save(record)``, ``load(session_id)``, ``delete(session_id)``, ``session_ids()``.
-  ``MemoryJournal`` keeps records in this process (a backend without Ray); ``RayJournal(namespace)``
-  keeps them in Ray's GCS key-value store, which outlives every kvres actor and driver (it ends with
-  the cluster).
+  ``MemoryJournal`` keeps records in this process (a backend without Ray);
+  ``kvres.actors.ray_actors.ray_journal.RayJournal`` keeps them in Ray's GCS key-value store.
 - ``WriteBehindJournal(journal)``: the same journal plus ``save_later(record)``, written by a
   background thread (the newest record per session; a later ``save`` or ``delete`` of the session
   supersedes it). For changes that add no token (a suspend, a resume, an eviction): if the process
   dies before the write, the older record still holds every committed token.
-- ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``,
-  ``RayDirectory(namespace)``.
+- ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``
+  (``ray_journal.RayDirectory`` in the GCS).
 
 A backend commits a session's record when a call of it completes (before the call returns), when
 it is suspended or resumed, and when it is opened; a restarted backend rebuilds a session from its
@@ -42,8 +41,6 @@ from kvres.policy import Range
 from .store_ports import ColdRef
 
 log = logging.getLogger("kvres.journal")
-JOURNAL_KV_NAMESPACE = "kvres-journal"
-DIRECTORY_KV_NAMESPACE = "kvres-directory"
 
 
 @dataclass
@@ -205,57 +202,6 @@ class WriteBehindJournal(Journal):
                 time.sleep(0.5)
 
 
-class _GcsTable:
-    """String keys to bytes in one namespace of Ray's GCS key-value store (needs a connected worker)."""
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-
-    def put(self, key: str, value: bytes) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=self.namespace)
-
-    def get(self, key: str) -> bytes | None:
-        from ray.experimental import internal_kv
-
-        value = internal_kv._internal_kv_get(key, namespace=self.namespace)
-        return None if value is None else bytes(value)
-
-    def delete(self, key: str) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_del(key, namespace=self.namespace)
-
-    def names(self) -> list[str]:
-        from ray.experimental import internal_kv
-
-        return [k.decode() if isinstance(k, bytes) else str(k)
-                for k in internal_kv._internal_kv_list("", namespace=self.namespace)]
-
-
-class RayJournal(Journal):
-    def __init__(self, namespace: str) -> None:
-        self._table = _GcsTable(f"{JOURNAL_KV_NAMESPACE}/{namespace}")
-
-    def save(self, record: SessionRecord) -> None:
-        self._table.put(record.session_id, encode_record(record))
-
-    def load(self, session_id: str) -> SessionRecord | None:
-        data = self._table.get(session_id)
-        return None if data is None else decode_record(data)
-
-    def delete(self, session_id: str) -> None:
-        self._table.delete(session_id)
-
-    def session_ids(self) -> list[str]:
-        return self._table.names()
-
-    def clear(self) -> None:
-        for key in self._table.names():
-            self._table.delete(key)
-
-
 class Directory(ABC):
     @abstractmethod
     def put(self, session_id: str, backend: str) -> None: ...
@@ -279,26 +225,3 @@ class MemoryDirectory(Directory):
 
     def items(self) -> dict[str, str]:
         return dict(self._map)
-
-
-class RayDirectory(Directory):
-    def __init__(self, namespace: str) -> None:
-        self._table = _GcsTable(f"{DIRECTORY_KV_NAMESPACE}/{namespace}")
-
-    def put(self, session_id: str, backend: str) -> None:
-        self._table.put(session_id, backend.encode())
-
-    def delete(self, session_id: str) -> None:
-        self._table.delete(session_id)
-
-    def items(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for key in self._table.names():
-            value = self._table.get(key)
-            if value is not None:
-                out[key] = value.decode()
-        return out
-
-    def clear(self) -> None:
-        for key in self._table.names():
-            self._table.delete(key)

@@ -1,9 +1,10 @@
 """A session carried out of a backend as one file, and into any backend of the same model.
 
 Primitives:
-- ``Portable(ctx, durability, parking, recall, secret=None, model_id="")``:
+- ``Portable(ctx, durability, resumption, kv, secret=None, model_id="")``:
   ``export(session_id) -> bytes``: the session's log, policy, last logits, the KV of its resident
-  ranges (exported, not moved: the session runs on) and of its spilled blocks, encoded by
+  ranges (exported, not moved: the session runs on; ``kv.export_resident``, none where the engine
+  cannot export it) and of its spilled blocks, encoded by
   ``kvres.coldstore.session_file`` under the cluster's block secret.
   ``restore(data, session_id=None) -> (session_id, recomputed)``: a new session from such bytes,
   opened suspended with its blocks parked in this backend's store and then resumed: blocks this
@@ -26,10 +27,10 @@ from ..config import SessionPolicy
 from ..metrics import COUNTERS
 from .context import HostContext
 from .durability import Durability
-from .errors import BackendFullError, SessionBusyError
 from .journal import SessionRecord
-from .parking import Parking
-from .recall import Recall
+from .kv_access import SessionKV
+from .refusals import BackendFullError, SessionBusyError
+from .resumption import Resumption
 from .store_ports import ColdRef
 
 
@@ -37,8 +38,8 @@ from .store_ports import ColdRef
 class Portable:
     ctx: HostContext
     durability: Durability
-    parking: Parking
-    recall: Recall
+    resumption: Resumption
+    kv: SessionKV
     secret: bytes | None = None
     model_id: str = ""
 
@@ -46,12 +47,11 @@ class Portable:
         ctx = self.ctx
         with ctx.lock:
             s = ctx.get(session_id, live=False)
-            if ctx.loop.pending(session_id):
+            if ctx.jobs.pending(session_id):
                 raise SessionBusyError(f"session {session_id!r} has a call running; export it after")
             if s.live:
                 ranges = ctx.executor.resident_ranges(session_id)
-                exportable = ctx.kv is not None and ctx.executor.capabilities().kv_export
-                resident = [ctx.kv_executor("export").export_range(session_id, r) for r in ranges] if exportable else []
+                resident = self.kv.export_resident(session_id, ranges)
                 log = list(ctx.executor.token_log(session_id))
             else:
                 ranges, log = list(s.record.resident_ranges), list(s.record.token_log)
@@ -64,7 +64,8 @@ class Portable:
         return encode_session(image, self.secret)
 
     def _read(self, refs: list[ColdRef]) -> list[KVBlock]:
-        return [b for b in self.recall.read_cold(refs) if b is not None] if refs and self.ctx.store is not None else []
+        store = self.ctx.store
+        return [b for b in store.read(refs) if b is not None] if refs and store is not None else []
 
     def restore(self, data: bytes, session_id: str | None = None) -> tuple[str, int]:
         ctx = self.ctx
@@ -90,7 +91,7 @@ class Portable:
             ctx.sessions[sid] = s
             self.durability.commit_new(sid)
             try:
-                recomputed = self.parking.resume(sid)
+                recomputed = self.resumption.resume(sid)
             except BackendFullError:
                 recomputed = 0  # it stays suspended and comes in with its first call
             ctx.publish()

@@ -6,12 +6,12 @@ Primitives:
   the order they were opened, while what they hold together stays within the backend's
   ``max_pinned_tokens`` (default: half its ``kv_budget_tokens``); a pinned session past that
   cap is treated as unpinned until the others shrink or leave (``stats()["pinned"]`` says which).
-- ``RetentionTimer(ctx, suspend, close, on_closed=None)``: a daemon thread, started by ``watch()``
-  once a session asks for ``idle_suspend_s`` or ``ttl_s``, that parks a live session after
-  ``idle_suspend_s`` without a call (counted in ``idle_suspends``) and closes a session after
-  ``ttl_s`` without one (its blocks deleted; ``on_closed(session_id)`` then, for the directory).
-  A session with a call running is never touched; a call resets its clock (``HostSession.touched_at``).
-  ``stop()`` ends the thread.
+- ``RetentionTimer(ctx, suspend, on_closed=None)``: a daemon thread that sleeps until a session
+  asks for ``idle_suspend_s`` or ``ttl_s`` (``HostContext.new_session`` sets ``ctx.retention_wake``),
+  then parks a live session after ``idle_suspend_s`` without a call (``suspend``; counted in
+  ``idle_suspends``) and closes a session after ``ttl_s`` without one (``HostContext.close``: its
+  blocks deleted; ``on_closed(session_id)`` then, for the directory). A session with a call running
+  is never touched; a call resets its clock (``HostSession.touched_at``). ``stop()`` ends the thread.
 """
 
 from __future__ import annotations
@@ -42,28 +42,22 @@ def pinned_sessions(ctx: HostContext) -> set[str]:
 
 
 class RetentionTimer:
-    def __init__(self, ctx: HostContext, suspend: Callable[[str], object], close: Callable[[str], None],
+    def __init__(self, ctx: HostContext, suspend: Callable[[str], object],
                  on_closed: Callable[[str], None] | None = None) -> None:
         self._ctx = ctx
         self._suspend = suspend
-        self._close = close
         self._on_closed = on_closed
-        self._wake = threading.Event()
+        self._wake = ctx.retention_wake  # set when a session with an idle or TTL limit comes (or changed)
         self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def watch(self) -> None:
-        """A session with an idle or TTL limit exists (or changed): the timer runs and looks again."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"kvres-retention-{self._ctx.name}", daemon=True)
-            self._thread.start()
-        self._wake.set()
+        self._thread = threading.Thread(target=self._run, name=f"kvres-retention-{ctx.name}", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
 
     def _run(self) -> None:
+        self._wake.wait()  # nothing to look at before the first session with a limit
         while not self._stopping:
             try:
                 wait = self.check(time.monotonic())
@@ -106,7 +100,7 @@ class RetentionTimer:
             for sid in list(due_close):
                 ctx.count(sid, "ttl_closes")  # the backend's series keeps it once the session is gone
                 try:
-                    self._close(sid)
+                    ctx.close(sid)
                 except Exception as exc:
                     log.warning("backend %r: closing expired session %r failed: %s", ctx.name, sid, exc)
                     due_close.remove(sid)

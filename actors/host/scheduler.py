@@ -7,20 +7,24 @@ Primitives:
   generate job produced.
 - ``WaitCountingLock()``: a reentrant lock that counts the threads waiting for it (``waiting``),
   so the loop lets them in between steps; a plain ``threading.RLock`` works too (unfairly).
-- ``StepLoop(lock, step, name, on_busy=None, on_idle=None, on_start=None)``: a daemon thread
-  (``on_start()`` runs first in it) that, while jobs are pending, calls
-  ``step(jobs) -> progressed`` under ``lock`` (one engine step for all of them) and lets other
-  callers take the lock between steps; ``submit(job)``, ``pending(session_id)``,
-  ``cancel(session_id, error)``, ``poke()`` (something changed that may unblock a waiting job).
-  ``on_busy(True)`` is called when it takes up jobs after being idle, ``on_busy(False)`` when the
-  last of them is done. Once no job has come for ``IDLE_GRACE_S`` after that (the calls' answers
-  have left), ``on_idle() -> more`` is called until it returns False or a job comes: background
-  work, one short piece per call, called without ``lock`` (the hook takes it for the part that
-  must not run beside a call, so what it waits for outside, a store's answer, holds up no call
-  that needs only the lock). ``request_idle()``: background work that went on elsewhere has
-  more to do; ``on_idle`` is called again once no job is pending. ``stop()`` ends it once the
-  step or piece it is in is done (its pending jobs fail with ``LoopStoppedError``),
-  ``join(timeout)`` waits for that. ``profile`` (``LoopProfile``): where the loop's time went.
+- ``JobQueue(lock, name)``: the pending jobs, shared with the parts of a host (built before them,
+  while the loop that runs them is built after): ``pending(session_id)``, ``cancel(session_id,
+  error)``, ``withdraw(job)``, ``poke()`` (something changed that may unblock a waiting job),
+  ``request_idle()`` (background work that went on elsewhere has more to do; ``on_idle`` is called
+  again once no job is pending), ``stopping``, ``profile`` (``LoopProfile``: where the loop's time
+  went).
+- ``StepLoop(lock, step, name, on_busy=None, on_idle=None, on_start=None, jobs=None)``: a daemon
+  thread (``on_start()`` runs first in it) that runs ``jobs`` (a ``JobQueue``; its own when None):
+  while jobs are pending, it calls ``step(jobs) -> progressed`` under ``lock`` (one engine step for
+  all of them) and lets other callers take the lock between steps; ``submit(job)`` (the thread
+  starts with the first), and the queue's calls. ``on_busy(True)`` is called when it takes up jobs
+  after being idle, ``on_busy(False)`` when the last of them is done. Once no job has come for
+  ``IDLE_WORK_AFTER_S`` after that (the calls' answers have left), ``on_idle() -> more`` is called
+  until it returns False or a job comes: background work, one short piece per call, called without
+  ``lock`` (the hook takes it for the part that must not run beside a call, so what it waits for
+  outside, a store's answer, holds up no call that needs only the lock). ``stop()`` ends it once
+  the step or piece it is in is done (its pending jobs fail with ``LoopStoppedError``),
+  ``join(timeout)`` waits for that.
 - ``LoopProfile``: ``steps`` taken, ``step_s`` (seconds inside them, the lock held), ``engine_s`` and
   ``engine_tokens`` (seconds inside the engine's batched decode, and the tokens it decoded: the
   step function counts them with ``engine(seconds, tokens)``), ``commit_s`` (seconds writing
@@ -53,7 +57,7 @@ from ..generation import FinishReason, GenerationRequest, StopRule
 from ..sampling import Sampler
 
 _END = object()
-IDLE_GRACE_S = 0.01
+IDLE_WORK_AFTER_S = 0.01  # after the last call, how long until idle work (the answers leave first)
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
 
@@ -209,49 +213,104 @@ class LoopProfile:
                 "engine_tokens": self.engine_tokens, "commit_s": self.commit_s}
 
 
+class JobQueue:
+    """The calls a backend's step loop runs, and what running them cost (``profile``): built before
+    the parts of a host, which look at it (``pending``, ``poke``, ``withdraw``, ``cancel``,
+    ``request_idle``), while the loop that runs it is built after them. Its condition is on the
+    host's lock, so a change made under the lock wakes the loop."""
+
+    def __init__(self, lock: threading.RLock | WaitCountingLock, name: str) -> None:
+        self.lock = lock
+        self.name = name
+        self.wake = threading.Condition(lock)  # type: ignore[arg-type]  # a WaitCountingLock is an RLock to it
+        self.jobs: list[Job] = []
+        self.stopping = False
+        self.idle_requested = False
+        self.profile = LoopProfile()
+
+    def request_idle(self) -> None:
+        with self.lock:
+            self.idle_requested = True
+            self.wake.notify()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """No step or idle piece starts after this; pending jobs fail. Waits at most ``timeout_s``
+        for the lock (held by the step or piece under way)."""
+        self.stopping = True
+        if not self.lock.acquire(timeout=timeout_s):
+            return  # the flag alone ends the loop after its current step
+        try:
+            for job in self.jobs:
+                job.finish(LoopStoppedError(f"backend {self.name!r} stopped before session {job.session_id!r}'s call ran"))
+            self.jobs.clear()
+            self.wake.notify_all()
+        finally:
+            self.lock.release()
+
+    def add(self, job: Job) -> None:
+        """Queue ``job`` (the caller holds the lock)."""
+        if self.stopping:
+            raise LoopStoppedError(f"backend {self.name!r} has stopped (its process is exiting): "
+                                   f"session {job.session_id!r}'s call was not run")
+        if any(j.session_id == job.session_id for j in self.jobs):
+            raise RuntimeError(f"session {job.session_id!r} already has a running call")
+        self.jobs.append(job)
+        self.wake.notify()
+
+    def pending(self, session_id: str | None = None) -> list[Job]:
+        with self.lock:
+            return [j for j in self.jobs if session_id is None or j.session_id == session_id]
+
+    def poke(self) -> None:
+        with self.lock:
+            self.wake.notify()
+
+    def withdraw(self, job: Job) -> bool:
+        """Take ``job`` out of the loop unfinished (its caller finishes it); False if it was not in."""
+        with self.lock:
+            if job not in self.jobs:
+                return False
+            self.jobs.remove(job)
+            return True
+
+    def cancel(self, session_id: str, error: BaseException) -> None:
+        with self.lock:
+            for job in [j for j in self.jobs if j.session_id == session_id]:
+                self.jobs.remove(job)
+                job.finish(error)
+
+
 class StepLoop:
     def __init__(
         self, lock: threading.RLock | WaitCountingLock, step: Callable[[list[Job]], bool], name: str,
         on_busy: Callable[[bool], None] | None = None,
         on_idle: Callable[[], bool] | None = None,
         on_start: Callable[[], None] | None = None,
+        jobs: JobQueue | None = None,
     ) -> None:
+        self.jobs = JobQueue(lock, name) if jobs is None else jobs
         self._lock = lock
         self._on_busy = on_busy
         self._on_idle = on_idle
         self._on_start = on_start
-        self._wake = threading.Condition(lock)  # type: ignore[arg-type]  # a WaitCountingLock is an RLock to it
         self._step = step
-        self._jobs: list[Job] = []
-        self._name = name
         self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._idle_requested = False
-        self.profile = LoopProfile()
         _loops.add(self)
 
     @property
     def stopping(self) -> bool:
-        return self._stopping
+        return self.jobs.stopping
+
+    @property
+    def profile(self) -> LoopProfile:
+        return self.jobs.profile
 
     def request_idle(self) -> None:
-        with self._lock:
-            self._idle_requested = True
-            self._wake.notify()
+        self.jobs.request_idle()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """No step or idle piece starts after this; pending jobs fail. Waits at most ``timeout_s``
-        for the lock (held by the step or piece under way)."""
-        self._stopping = True
-        if not self._lock.acquire(timeout=timeout_s):
-            return  # the flag alone ends the loop after its current step
-        try:
-            for job in self._jobs:
-                job.finish(LoopStoppedError(f"backend {self._name!r} stopped before session {job.session_id!r}'s call ran"))
-            self._jobs.clear()
-            self._wake.notify_all()
-        finally:
-            self._lock.release()
+        """No step or idle piece starts after this; pending jobs fail (``JobQueue.stop``)."""
+        self.jobs.stop(timeout_s)
 
     def join(self, timeout_s: float | None = None) -> None:
         thread = self._thread
@@ -260,39 +319,23 @@ class StepLoop:
 
     def submit(self, job: Job) -> Job:
         with self._lock:
-            if self._stopping:
-                raise LoopStoppedError(f"backend {self._name!r} has stopped (its process is exiting): "
-                                       f"session {job.session_id!r}'s call was not run")
-            if any(j.session_id == job.session_id for j in self._jobs):
-                raise RuntimeError(f"session {job.session_id!r} already has a running call")
-            self._jobs.append(job)
+            self.jobs.add(job)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=f"kvres-steps-{self._name}", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=f"kvres-steps-{self.jobs.name}", daemon=True)
                 self._thread.start()
-            self._wake.notify()
         return job
 
     def pending(self, session_id: str | None = None) -> list[Job]:
-        with self._lock:
-            return [j for j in self._jobs if session_id is None or j.session_id == session_id]
+        return self.jobs.pending(session_id)
 
     def poke(self) -> None:
-        with self._lock:
-            self._wake.notify()
+        self.jobs.poke()
 
     def withdraw(self, job: Job) -> bool:
-        """Take ``job`` out of the loop unfinished (its caller finishes it); False if it was not in."""
-        with self._lock:
-            if job not in self._jobs:
-                return False
-            self._jobs.remove(job)
-            return True
+        return self.jobs.withdraw(job)
 
     def cancel(self, session_id: str, error: BaseException) -> None:
-        with self._lock:
-            for job in [j for j in self._jobs if j.session_id == session_id]:
-                self._jobs.remove(job)
-                job.finish(error)
+        self.jobs.cancel(session_id, error)
 
     def _run(self) -> None:
         if self._on_start is not None:
@@ -300,35 +343,36 @@ class StepLoop:
                 self._on_start()
             except Exception:  # a hook must not stop the engine loop (its callers would wait forever)
                 logging.getLogger("kvres.backend").exception("on_start() failed")
+        q = self.jobs
         busy = False
         idle_work = False  # the loop went idle and on_idle may have work
         while True:
             with self._lock:
-                if self._stopping:
+                if q.stopping:
                     return
-                if not self._jobs and busy:
+                if not q.jobs and busy:
                     busy = False
                     self._busy(False)
                     idle_work = self._on_idle is not None
-                    self._wake.wait(timeout=IDLE_GRACE_S)
-                if self._idle_requested:
-                    self._idle_requested = False
+                    q.wake.wait(timeout=IDLE_WORK_AFTER_S)
+                if q.idle_requested:
+                    q.idle_requested = False
                     idle_work = self._on_idle is not None
-                run_idle = not self._jobs and idle_work and not self._stopping
+                run_idle = not q.jobs and idle_work and not q.stopping
             if run_idle:
                 idle_work = self._idle()  # without the lock: the hook takes it for what needs it
                 continue
             with self._lock:
-                while not self._jobs and not self._stopping and not self._idle_requested:
-                    self._wake.wait()
-                if self._stopping:
+                while not q.jobs and not q.stopping and not q.idle_requested:
+                    q.wake.wait()
+                if q.stopping:
                     return
-                if not self._jobs:
+                if not q.jobs:
                     continue  # idle work was asked for
                 if not busy:
                     busy = True
                     self._busy(True)
-                jobs = list(self._jobs)
+                jobs = list(q.jobs)
                 started = time.perf_counter()
                 try:
                     progressed = self._step(jobs)
@@ -336,13 +380,13 @@ class StepLoop:
                     progressed = True
                     for job in jobs:
                         job.finish(exc)
-                self.profile.steps += 1
-                self.profile.step_s += time.perf_counter() - started
+                q.profile.steps += 1
+                q.profile.step_s += time.perf_counter() - started
                 for job in jobs:
-                    if job.done and job in self._jobs:
-                        self._jobs.remove(job)
+                    if job.done and job in q.jobs:
+                        q.jobs.remove(job)
                 if not progressed:  # every job waits for room: sleep until something changes
-                    self._wake.wait(timeout=0.05)
+                    q.wake.wait(timeout=0.05)
             # the lock is free here: control calls and new submissions get their turn
             if getattr(self._lock, "waiting", 0):
                 # a lock is not fair: this thread would take it again before a waiter wakes (a call

@@ -86,5 +86,5 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
         "sessions": {sid: {"state": s.state.value, "resident_tokens": live.get(sid, 0), "tenant": s.policy.tenant}
                      for sid, s in ctx.sessions.items()},
         "tenants": tenant_usage(ctx),
-        "loop": ctx.loop.profile.as_dict(),
+        "loop": ctx.jobs.profile.as_dict(),
     }

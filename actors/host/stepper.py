@@ -1,7 +1,7 @@
 """The step of a backend whose KV kvres addresses: every pending call's share in one engine call.
 
 Primitives:
-- ``KVStepper(ctx, durability, pressure, recall, parking)``: ``step(jobs)``, the step loop's step
+- ``KVStepper(ctx, executor, durability, pressure, eviction, recall, resumption)``: ``step(jobs)``, the step loop's step
   function (under the host lock): a suspended session's job brings it back first where a slot
   can be had; an empty session's first tokens that a live session holds are shared from it, not
   prefilled (``_share_prefix``); a job with tokens to feed (an append, or a generate given its
@@ -19,8 +19,8 @@ Primitives:
   tokens fails. A prompt past its session's context limit is refused before any of it goes in,
   and a generate ends there ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
   committed, then answered.
-  ``open_on_engine`` and ``check_policy``: what opening a session takes on this engine (a session
-  degraded to what the engine can run is reported once).
+  ``joins_prompts`` (True: a generate's prompt is fed by its own job) and ``sampler(params)``
+  (kvres samples each token), which the facade asks of its stepper.
 
 Budget: the step never lets the live sessions hold more than ``kv_budget_tokens`` after it.
 """
@@ -28,27 +28,25 @@ Budget: the step never lets the live sessions hold more than ``kv_budget_tokens`
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
 from kvres.policy import CapabilityError, KvresError, UnknownSessionError
-from kvres.policy.residency import Residency
 from kvres.policy.step_costs import StepCosts
 
-from ..config import SessionPolicy
 from ..engines.executor import Executor
 from ..generation import Generation, reply_text
-from .admission import check_kv_policy, report_degraded
+from ..sampling import Sampler, SamplingParams
 from .context import HostContext
 from .context_limit import check_prompt, session_limit
 from .durability import Durability
-from .errors import BackendFullError
-from .parking import Parking
+from .eviction import Eviction
 from .pressure import Pressure
-from .recall import Recall
+from .refusals import BackendFullError
+from .resumption import Resumption
 from .scheduler import Job
 from .sessions import HostSession
+from .spill_recall import Recall
 
 STEP_TOKENS = 512  # tokens one engine step decodes at most (llama.cpp's default n_batch)
 PRIME_TOKENS = 1024  # the most of a session's log a sampler's penalties are primed with
@@ -90,25 +88,24 @@ def generation_of(ctx: HostContext, job: Job) -> Generation:
 
 
 class KVStepper:
+    joins_prompts = True  # a generate's prompt goes in with its own job's steps
+
     def __init__(
-        self, ctx: HostContext, executor: Executor, durability: Durability, pressure: Pressure, recall: Recall,
-        parking: Parking,
+        self, ctx: HostContext, executor: Executor, durability: Durability, pressure: Pressure, eviction: Eviction,
+        recall: Recall, resumption: Resumption,
     ) -> None:
         self.ctx = ctx
         self.executor = executor
         self.durability = durability
         self.pressure = pressure
+        self.eviction = eviction
         self.recall = recall
-        self.parking = parking
+        self.resumption = resumption
         self.step_tokens = STEP_TOKENS
         self.costs = StepCosts()  # whether a prompt shares a step with others or has the next one
 
-    def check_policy(self, policy: SessionPolicy, residency: Residency) -> None:
-        check_kv_policy(self.ctx, policy, residency)
-
-    def open_on_engine(self, session_id: str, s: HostSession, tokens: Sequence[int]) -> None:
-        self.executor.open_session(session_id, tokens)
-        report_degraded(self.ctx, session_id, s)
+    def sampler(self, params: SamplingParams) -> Sampler | None:
+        return self.executor.sampler(params)
 
     def step(self, jobs: list[Job]) -> bool:
         """One engine step for ``jobs``; True when any of them progressed."""
@@ -262,7 +259,7 @@ class KVStepper:
         slot serves a running call."""
         ctx = self.ctx
         try:
-            self.parking.resume(job.session_id, None, busy=busy, incoming=incoming)
+            self.resumption.resume(job.session_id, None, busy=busy, incoming=incoming)
             ctx.count(job.session_id, "resumes")
             return True
         except BackendFullError as exc:
@@ -311,15 +308,15 @@ class KVStepper:
         prompt larger than the free room is ranked by its own last ``observation_window`` tokens,
         still to come); an accumulating ranking (H2O) takes the rows so far when the next step's
         would not fit one capture with them."""
-        if s.scored_now and self.pressure.compress_now(s, job, done):
+        if s.scored_now and self.eviction.compress_now(s, job, done):
             lookahead = job.feed[-s.residency.observation_window:] if job.feed and not done else None
-            self.pressure.compress(job.session_id, lookahead)
+            self.eviction.compress(job.session_id, lookahead)
             return
         if done or s.ranking is None or not s.ranking.accumulates:
             return
         coming = min(len(job.feed), self.step_tokens) if job.feed else 1
         if s.ranking.pending_rows(len(self.executor.token_log(job.session_id))) + coming > SCORE_ROWS:
-            self.pressure.observe(job.session_id)
+            self.eviction.observe(job.session_id)
 
     def _hand_out_first_tokens(self, prompts: list[tuple[Job, list[int]]], logits: list[np.ndarray]) -> None:
         """Each generate whose prompt ended in this step samples its first token from the prompt's
@@ -362,7 +359,7 @@ class KVStepper:
                 self.durability.fail(job, exc)
             return
         seconds = time.perf_counter() - started
-        ctx.loop.profile.engine(seconds, sum(len(t) for _, t in batch))
+        ctx.jobs.profile.engine(seconds, sum(len(t) for _, t in batch))
         self.costs.observe(seconds, prompt_tokens, sum(1 for job, _ in batch if not job.feed))
         ctx.metrics.count_tokens(ctx.name, "generated", sum(1 for job, _ in batch if not job.feed))
         ctx.metrics.count_tokens(ctx.name, "prompt", prompt_tokens)  # a generate's prompt too

@@ -1,9 +1,10 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.backend_setup``),
-  finds this node's cold store by name, starts measuring its recall costs in the background where
-  its engine takes them and can shift positions
+- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.backend_setup``;
+  its KV tier decision goes to the host, which runs its sessions by it), finds this node's cold
+  store by name (``RayStorePort``; the journal is ``RayJournal``), starts measuring its recall
+  costs in the background where its engine takes them and can shift positions
   (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
   on the disk folder of this node's cold store; ``stats()["recall_costs"]`` says how far that got),
   freezes the heap it started with (``heap.freeze_startup_heap``), and forwards:
@@ -43,8 +44,6 @@ from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
-from kvres.actors.host.journal import RayJournal
-from kvres.actors.host.store_ports import RayStorePort, cold_store_name
 from kvres.actors.metrics import RayMetrics
 from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
@@ -53,7 +52,10 @@ from kvres.coldstore import new_secret
 
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
+from .nodes import cold_store_name
 from .progress import loading, watch
+from .ray_journal import RayJournal
+from .ray_store_port import RayStorePort
 
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
@@ -124,6 +126,7 @@ class BackendServer:
             file_secret=cluster_secret(coldstore_secret_name(namespace), new_secret),
             model_id=model_id(model),
             on_expired=lambda sid: forget_session(namespace, sid),
+            tier_decision=self.tier_decision,
         )
         self._repr = (f"BackendServer({config.name}: {config.engine} {Path(model).name}, {config.n_seq_max} slots, "
                       f"{config.kv_budget_tokens}-token budget)")
@@ -169,24 +172,8 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
-        from kvres.actors.sizing.tier_policy import session_policy_for_tier
-
-        # where T* chose to spill, a session with no eviction policy keeps a resident window and
-        # parks the rest in the cold store (its stats show the policy it runs with)
-        policy = session_policy_for_tier(self.tier_decision, policy, self.host.config.kv_budget_tokens)
         with self._call("open_session"):
             self.host.open_session(session_id, policy)
-
-    def _policy_here(self, record: SuspendRecord) -> SuspendRecord:
-        """A session that left nothing for kvres to evict (kind "none", spill allowed) runs here as
-        it would have been opened here: on a backend whose KV tier spills, as a spilling session
-        bounded by its resident budget (``session_policy_for_tier``)."""
-        from dataclasses import replace
-
-        from kvres.actors.sizing.tier_policy import session_policy_for_tier
-
-        policy = session_policy_for_tier(self.tier_decision, record.policy, self.host.config.kv_budget_tokens)
-        return record if policy is record.policy else replace(record, policy=policy)
 
     @ray.method(concurrency_group="calls")
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
@@ -298,8 +285,6 @@ class BackendServer:
 
     @ray.method(concurrency_group="control")
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
-        if record is not None:  # handed over by another backend: runs with the policy this one gives it
-            record = self._policy_here(record)
         with self._call("resume"), self._explicit(session_id, "explicit_resumes", was_live=False):
             return self.host.resume(session_id, record)
 
@@ -312,7 +297,7 @@ class BackendServer:
         with ctx.lock:
             s = ctx.sessions.get(session_id)
             if was_live:
-                if s is not None and s.live and ctx.store is not None and not ctx.loop.pending(session_id):
+                if s is not None and s.live and ctx.store is not None and not ctx.jobs.pending(session_id):
                     ctx.count(session_id, counter)
                 yield
                 return

@@ -4,7 +4,7 @@ placement in one call, without asking any backend.
 
 Primitives:
 - ``PlannerServer(namespace=None)``: with a namespace its directory is kept in Ray's GCS
-  (``kvres.actors.host.journal.RayDirectory``), so a restarted planner starts with it; without, in memory.
+  (``kvres.actors.ray_actors.ray_journal.RayDirectory``), so a restarted planner starts with it; without, in memory.
   - load: ``report_load(LoadReport)`` (a backend's rate-limited push), ``seed(reports)`` (backends
     known from a configuration, empty until they report), ``load()`` (every backend's last
     report and pending placements, and cluster totals).
@@ -37,12 +37,14 @@ from typing import Any, TypeVar, cast
 
 import ray
 
-from kvres.actors.host.journal import Directory, MemoryDirectory, RayDirectory
-from kvres.actors.host.store_ports import node_dead
+from kvres.actors.host.journal import Directory, MemoryDirectory
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.errors import SessionExistsError
 from kvres.policy.placement import LoadReport, LoadView, PlacementPolicy
 from kvres.policy.residency import EngineNeed
+
+from .nodes import node_dead
+from .ray_journal import RayDirectory
 
 PLANNER_NAME = "kvres-planner"
 

@@ -11,7 +11,7 @@ Primitives:
   ``spill_recent_tokens(budget)``: the window's shape, unless the asked-for policy set a field.
 
 Why streaming and not scored SnapKV: recall ranks resident and cold blocks together by the new
-turn's attention (``BackendHost._recall``), so what a turn needs comes back whichever policy evicted
+turn's attention (``host.spill_recall.Recall``), so what a turn needs comes back whichever policy evicted
 it, and streaming evicts without an attention pass. Measured through ``BackendHost`` on
 models/passkey.gguf, two turns (context, then the question), 50 middle-third prompts of 384 tokens
 per family, a resident budget of 96 tokens (25%): streaming 100% / 92% (families 1 / 2; the full

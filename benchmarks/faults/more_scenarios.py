@@ -27,7 +27,7 @@ from typing import Any
 
 import pydantic
 
-from kvres.actors.host.errors import SessionBusyError
+from kvres.actors.host.refusals import SessionBusyError
 from kvres.policy import KvresError
 
 from .cluster import FaultCluster, pid_of

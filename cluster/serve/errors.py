@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from kvres.actors.host.errors import BackendFullError, SessionBusyError, TenantQuotaError
+from kvres.actors.host.refusals import BackendFullError, SessionBusyError, TenantQuotaError
 from kvres.actors.host.scheduler import LoopStoppedError
 from kvres.coldstore.errors import (
     BlockCorruptError,

@@ -58,7 +58,7 @@ def test_a_tenant_over_its_quota_gives_up_its_own_session_first(manager) -> None
     """b0 holds tenant "acme" to TENANT_RESIDENT_QUOTA resident tokens (tests/cluster/conftest.py):
     its second session's tokens suspend its first, not another tenant's idle session; a call no
     room can be made for within the quota is refused with the tenant, the quota and what it needs."""
-    from kvres.actors.host.errors import TenantQuotaError
+    from kvres.actors.host.refusals import TenantQuotaError
     from tests.cluster.conftest import TENANT_RESIDENT_QUOTA
 
     other = manager.open_session(backend="b0")  # least recently used of all, but not acme's

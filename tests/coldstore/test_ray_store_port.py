@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import ray
 
-from kvres.actors.host import store_ports
-from kvres.actors.host.store_ports import RayStorePort
+from kvres.actors.host.store_ports import ColdRef
+from kvres.actors.ray_actors import ray_store_port
 from kvres.actors.ray_actors.coldstore_actor import ColdStoreActor
+from kvres.actors.ray_actors.ray_store_port import RayStorePort
 from kvres.coldstore import BlockKey
 
 from .helpers import make_block
@@ -35,7 +36,7 @@ def store() -> Iterator[Any]:
 
 @pytest.fixture
 def port(store: Any, monkeypatch: pytest.MonkeyPatch) -> RayStorePort:
-    monkeypatch.setattr(store_ports, "WRITE_DEFER_S", 60.0)  # only the backend going idle releases them here
+    monkeypatch.setattr(ray_store_port, "WRITE_DEFER_S", 60.0)  # only the backend going idle releases them here
     return RayStorePort(STORE, NAMESPACE)
 
 
@@ -142,7 +143,7 @@ def test_flush_returns_once_the_store_holds_every_write(store: Any, port: RaySto
 
 
 def _refs(blocks: list[Any], store: str = STORE) -> list[Any]:
-    return [store_ports.ColdRef(store, BlockKey.of(b), b.payload_nbytes) for b in blocks]
+    return [ColdRef(store, BlockKey.of(b), b.payload_nbytes) for b in blocks]
 
 
 def test_a_prefetch_reads_parked_blocks_ahead_so_the_take_asks_the_store_nothing(

@@ -23,7 +23,7 @@ death reports its divergence), test_folder_sweep (store folders an earlier
 run left are removed); a worker node's death is tests/multinode/test_node_death.py, a head
 restart tests/restarts/test_head_restart.py. 16 threads on 8 sequence slots, where sessions suspended to make
 room come back by themselves on their next call, is
-tests/cluster/test_concurrency.py::test_budget_holds_at_every_step_with_16_sessions_on_8_slots.
+tests/host/test_concurrency.py::test_budget_holds_at_every_step_with_16_sessions_on_8_slots.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from kvres.actors.config import BackendConfig
-from kvres.actors.host.errors import BackendFullError, SessionBusyError
+from kvres.actors.host.refusals import BackendFullError, SessionBusyError
 from kvres.cluster.cli import main
 from kvres.cluster.serve.auth import (
     AuthConfigError,

@@ -18,17 +18,17 @@ from kvres.policy.backend_planner import plan_backend
 from kvres.testing import LocalStorePort
 
 
-def _host(stories_gguf: Path, tmp_path: Path, mode: str) -> BackendHost:
+def _host(stories_model: Path, tmp_path: Path, mode: str) -> BackendHost:
     stores = {"node-a": ColdStoreServer(1 << 22, tmp_path / "a", 1 << 24)}
     port = LocalStorePort("node-a", stores)
     config = BackendConfig(name="b-ov", engine="openvino", openvino_mode=mode, kv_budget_tokens=512,
                            n_ctx=1024, n_seq_max=4)
-    return BackendHost(config, openvino_executor(stories_gguf, mode=mode), plan_backend, port)
+    return BackendHost(config, openvino_executor(stories_model, mode=mode), plan_backend, port)
 
 
 @pytest.mark.parametrize("mode", ["state", "recompute"])
-def test_streaming_session_on_openvino(stories_gguf: Path, tmp_path: Path, mode: str) -> None:
-    h = _host(stories_gguf, tmp_path, mode)
+def test_streaming_session_on_openvino(stories_model: Path, tmp_path: Path, mode: str) -> None:
+    h = _host(stories_model, tmp_path, mode)
     h.open_session("s", SessionPolicy.streaming(128, sink_tokens=4, recent_tokens=32))
     for i in range(4):
         h.append("s", [1] + [3 + (j * 7 + i) % 400 for j in range(63)])
@@ -41,8 +41,8 @@ def test_streaming_session_on_openvino(stories_gguf: Path, tmp_path: Path, mode:
 
 
 @pytest.mark.parametrize("mode", ["state", "recompute"])
-def test_suspend_resume_gives_the_same_continuation(stories_gguf: Path, tmp_path: Path, mode: str) -> None:
-    a, b = _host(stories_gguf, tmp_path / "a", mode), _host(stories_gguf, tmp_path / "b", mode)
+def test_suspend_resume_gives_the_same_continuation(stories_model: Path, tmp_path: Path, mode: str) -> None:
+    a, b = _host(stories_model, tmp_path / "a", mode), _host(stories_model, tmp_path / "b", mode)
     prompt = [1] + [3 + (j * 11) % 400 for j in range(199)]
     for h in (a, b):
         h.open_session("s", SessionPolicy.streaming(128, recent_tokens=32))

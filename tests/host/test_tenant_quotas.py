@@ -12,7 +12,7 @@ import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy, TenantQuota
 from kvres.actors.host.backend import BackendHost
-from kvres.actors.host.errors import TenantQuotaError
+from kvres.actors.host.refusals import TenantQuotaError
 from tests.conftest import local_host, shared_model_path
 
 PROMPT = [3 + (7 * i) % 200 for i in range(40)]

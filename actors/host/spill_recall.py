@@ -1,7 +1,7 @@
 """Recall: a spilling session's cold blocks brought back when a new turn attends to them.
 
 Primitives:
-- ``Recall(ctx, pressure)``: ``recall(session_id, incoming)`` at the first step of an append (before
+- ``Recall(ctx, executor, eviction)``: ``recall(session_id, incoming)`` at the first step of an append (before
   the turn's tokens are prefilled, so they see what came back); ``prepare_recalls()``, the step
   loop's idle work: the cold blocks of the most recently used spilling session read ahead on a
   reader thread, without the host lock, and the part of the recall that needs no turn done
@@ -30,7 +30,7 @@ from kvres.policy.recall import plan_recall
 
 from ..engines.executor import RECALL_PREP_BYTES, Executor
 from .context import HostContext
-from .pressure import Pressure
+from .eviction import Eviction
 from .sessions import HostSession, RecallReady
 from .store_ports import ColdRef, StorePort
 
@@ -38,9 +38,10 @@ log = logging.getLogger("kvres.backend")
 
 
 class Recall:
-    def __init__(self, ctx: HostContext, pressure: Pressure) -> None:
+    def __init__(self, ctx: HostContext, executor: Executor, eviction: Eviction) -> None:
         self.ctx = ctx
-        self.pressure = pressure
+        self.executor = executor
+        self.eviction = eviction
         self._reading = False  # a recall's cold blocks are being read ahead
 
     def recall(self, session_id: str, incoming: int, step: Mapping[str, int] | None = None) -> None:
@@ -53,9 +54,9 @@ class Recall:
         store = ctx.store
         if not (s.residency.spills and s.cold and store is not None) or s.ranking is None:
             return  # nothing to recall, or nothing could tell which recalled blocks matter
-        executor = ctx.kv_executor("recall")
+        executor = self.executor
         t0 = time.perf_counter()
-        turn = next((job.feed for job in ctx.loop.pending(session_id) if job.feed), None)
+        turn = next((job.feed for job in ctx.jobs.pending(session_id) if job.feed), None)
         if s.ranking.by_attention_window and turn:
             recalled = self._by_scoring_pass(session_id, s, executor, store, turn, incoming + sum((step or {}).values()))
             if recalled is not None:
@@ -103,7 +104,7 @@ class Recall:
             s.cold = [ref for ref in s.cold if id(ref) not in back_ids]
             store.take(back)  # read above: this only removes them
             if exported:
-                self.pressure.keep_spilled(session_id, store.park(exported), len(exported))
+                self.eviction.keep_spilled(session_id, store.park(exported), len(exported))
             self.ctx.count(session_id, "evictions", len(choice.evict))
             s.ranking.drop(choice.evict)
         s.retrieved = [ref.key.token_range for ref in back]
@@ -187,11 +188,11 @@ class Recall:
         reader thread, without the host lock (neither a control call nor the next step waits for a
         store's answer), and let the executor do the part of the recall that needs no turn. What
         was read is used only if the session did not change meanwhile; then the reader asks the
-        loop for the next piece (``StepLoop.request_idle``). Returns False: the loop has nothing
+        loop for the next piece (``JobQueue.request_idle``). Returns False: the loop has nothing
         more to do itself."""
         ctx = self.ctx
         with ctx.lock:
-            if ctx.store is None or ctx.loop.pending() or self._reading:
+            if ctx.store is None or ctx.jobs.pending() or self._reading:
                 return False
             waiting = [(s.last_used, sid) for sid, s in ctx.sessions.items()
                        if s.live and s.cold and s.residency.spills
@@ -220,15 +221,15 @@ class Recall:
                 log.debug("session %r: cold blocks not read ahead (%s)", session_id, exc)
             with ctx.lock:
                 s = ctx.sessions.get(session_id)
-                if ctx.loop.stopping or s is None or not s.live or s.cold != cold \
-                        or s.last_used != used or ctx.loop.pending():
+                if ctx.jobs.stopping or s is None or not s.live or s.cold != cold \
+                        or s.last_used != used or ctx.jobs.pending():
                     return  # it changed meanwhile (or a call runs): the loop looks again when idle
                 self._prepare_from(session_id, s, candidates, read)
                 ctx.count(session_id, "recall_prep_us", int((time.perf_counter() - t0) * 1e6))
         finally:
             with ctx.lock:
                 self._reading = False
-            ctx.loop.request_idle()
+            ctx.jobs.request_idle()
 
     def _prepare_from(
         self, session_id: str, s: HostSession, candidates: list[ColdRef], read: list[KVBlock | None] | None,
@@ -238,7 +239,7 @@ class Recall:
             if read is None:
                 raise KvresError("cold blocks not read")
             refs, blocks = self._keep_read(session_id, s, candidates, read)
-            ctx.kv_executor("recall").prepare_recall(session_id, blocks, s.residency.rebase)
+            self.executor.prepare_recall(session_id, blocks, s.residency.rebase)
             s.recall_ready = RecallReady(list(s.cold), s.last_used, refs, blocks,
                                          sum(len(r.key.token_range) for r in refs), sum(r.nbytes for r in refs))
         except Exception as exc:  # the turn does it all itself then

@@ -1,0 +1,79 @@
+"""Resume: a suspended session brought back, its parked KV imported or recomputed.
+
+Primitives:
+- ``Resumption(ctx, durability, pressure, kv)``: ``resume(session_id, record=None, busy=None,
+  incoming=None)`` (from this backend's record or one handed over: a slot and room made through
+  ``pressure``, the session reopened on the engine with its whole log non-resident, then
+  ``kv.restore``: the parked blocks worth reading imported with one ``pop_many`` per store, the
+  rest recomputed from the token log; returns the tokens recomputed). If it fails, the session
+  stays suspended with its record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from kvres.policy import KvresError, SessionExistsError
+
+from .context import HostContext
+from .durability import Durability
+from .kv_access import SessionKV
+from .pressure import Pressure
+from .sessions import SuspendRecord
+
+log = logging.getLogger("kvres.backend")
+
+
+class Resumption:
+    def __init__(self, ctx: HostContext, durability: Durability, pressure: Pressure, kv: SessionKV) -> None:
+        self.ctx = ctx
+        self.durability = durability
+        self.pressure = pressure
+        self.kv = kv
+
+    def resume(self, session_id: str, record: SuspendRecord | None = None, busy: set[str] | None = None,
+               incoming: Mapping[str, int] | None = None) -> int:
+        """Bring a suspended session back (from this backend's record or one handed over);
+        returns the number of tokens that had to be recomputed. The caller holds the lock;
+        ``incoming``: tokens other sessions bring in the step under way (room is made for them too)."""
+        ctx = self.ctx
+        if record is None:
+            parked = ctx.get(session_id, live=False)
+            if parked.live:
+                return 0
+            record = parked.record
+        elif session_id in ctx.sessions:
+            raise SessionExistsError(session_id)
+        if ctx.store is None and record.blocks:
+            raise KvresError(f"backend {ctx.name!r} has no cold store: cannot resume {session_id!r}")
+        previous = ctx.sessions.pop(session_id, None)
+        s = ctx.new_session(record.policy, record, committed=previous.committed if previous else None)
+        try:
+            self.pressure.make_room(incoming or {}, newcomer=session_id,
+                                    newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy,
+                                    newcomer_tenant=record.policy.tenant)
+            self.kv.open_on_engine(session_id, s, record.token_log)
+        except BaseException:
+            if previous is not None:
+                ctx.sessions[session_id] = previous  # still suspended, nothing lost
+            raise
+        ctx.sessions[session_id] = s
+        try:
+            recomputed = self.kv.restore(session_id, record) if record.resident_ranges else 0
+        except BaseException:
+            ctx.executor.close_session(session_id)
+            if previous is not None:
+                ctx.sessions[session_id] = previous
+            else:
+                del ctx.sessions[session_id]
+            raise
+        ctx.refresh_resident(session_id)
+        if recomputed and not s.exact:
+            ctx.count(session_id, "inexact_recomputed_tokens", recomputed)
+            log.warning("session %r: %d tokens recomputed from its log differ from the KV they replace "
+                        "(it evicted tokens that later ones had attended to); its continuation may differ "
+                        "from an uninterrupted run", session_id, recomputed)
+        self.durability.commit(session_id, later=True)
+        ctx.publish()
+        return recomputed

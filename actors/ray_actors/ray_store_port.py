@@ -1,0 +1,384 @@
+"""The store port over the cold-store actors: write-behind through a local stage, reads ahead.
+
+Primitives:
+- ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port (``kvres.actors.host.store_ports.StorePort``)
+  over ``ColdStoreActor``s looked up by name; every call, batched ones included, is one Ray call;
+  writes are write-behind through a local stage (``STAGE_BYTES``), so a resume right after a suspend
+  reads nothing over Ray.
+  ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
+  ``WRITE_DEFER_S``, until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it): the calls do
+  not share the CPU with them;
+  ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
+  handed to another backend, which reads its blocks from the store). ``prefetch(refs)``: start
+  reading parked blocks a coming ``take`` will want (a call for a suspended session came in), in
+  order with the writes before it and without waiting, so the resume finds them here instead of
+  asking the store inside a step.
+
+A store whose node died (``kvres.actors.ray_actors.nodes.store_node_dead``) is gone for good: a call
+of another node's port raises ``ColdStoreGoneError``, which ``StorePort``'s batched calls by
+``ColdRef`` answer as None.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from kvres.actors.host.store_ports import ColdRef, StorePort
+from kvres.coldstore import BlockKey, ColdStore, KVBlock, PutResult, Tier
+from kvres.policy.errors import ColdStoreGoneError, ColdStoreLostError
+from kvres.policy.recall import RecallCosts
+
+from .nodes import store_node_dead
+
+logger = logging.getLogger("kvres.coldstore")
+STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
+STAGE_BYTES = 256 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
+WRITE_DEFER_S = 2.0  # how long a write-behind send may wait for its backend to be between calls
+SEND_AFTER_IDLE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
+PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
+PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
+
+
+class RayStorePort(StorePort):
+    """The port over the cold-store actors. Writes to the home store are write-behind: a batch is
+    kept in a small local stage (``stage_bytes``, oldest out first) and handed to a sender thread
+    that submits it (one Ray call, in order with this port's later calls, which wait until
+    everything before them is submitted), so a suspend does not wait for the store and the resume
+    that follows reads its blocks here and only tells the store to drop them. While the backend
+    runs calls (``defer_writes``) the sender holds its batches until the backend is between calls,
+    a later call of this port needs them out, or the oldest has waited ``WRITE_DEFER_S``: sending
+    (serializing in this process, storing in the store's) would otherwise take CPU from the call
+    that made them. The sender waits for the store to finish each batch (a failure is logged as
+    it happens) and sends what queued meanwhile as one. Every other call waits for its answer."""
+
+    def __init__(self, name: str, namespace: str, stage_bytes: int = STAGE_BYTES, foreign: bool = False) -> None:
+        self.name = name
+        self._foreign = foreign  # another node's store: its node's death is checked before each call
+        self._namespace = namespace
+        self._handle: Any = None
+        self._stage: OrderedDict[BlockKey, KVBlock] = OrderedDict()
+        self._stage_bytes = 0
+        self._stage_limit = stage_bytes
+        self._outbox: deque[tuple[str, tuple[Any, ...], float]] = deque()  # (method, args, when queued)
+        self._sent = threading.Condition()
+        self._sender: threading.Thread | None = None
+        self._defer = False
+        self._idle_since = 0.0
+        self._flushing = 0  # calls waiting for the outbox to empty
+        self._urgent = False  # send_now: what is queued goes out now
+        self._sending = False  # a batch is out of the outbox, not yet submitted
+        self._settling = False  # a submitted batch the store has not finished yet
+        # prefetch: keys asked for and not here yet, and blocks read ahead for a coming take (they are
+        # also still in the store); a take, delete or new write of a key cancels what is under way for it
+        self._fetching: set[BlockKey] = set()
+        self._fetched: OrderedDict[BlockKey, KVBlock] = OrderedDict()
+        self._fetched_bytes = 0
+        self._fetch_limit = PREFETCH_BYTES if stage_bytes > 0 else 0  # another node's port reads nothing ahead
+
+    def at(self, store: str) -> ColdStore:
+        return self if store == self.name else RayStorePort(store, self._namespace, stage_bytes=0, foreign=True)
+
+    def _actor(self) -> Any:
+        if self._handle is None:
+            self._handle = ray.get_actor(self.name, namespace=self._namespace)
+        return self._handle
+
+    def _call(self, method: str, *args: Any) -> Any:
+        with self._sent:
+            self._flushing += 1
+            self._sent.notify_all()
+            try:
+                while self._outbox or self._sending:  # calls keep the order they were made in
+                    self._sent.wait()
+            finally:
+                self._flushing -= 1
+        if self._foreign:
+            self._check_node()
+        try:
+            return ray.get(getattr(self._actor(), method).remote(*args))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError, ValueError) as exc:
+            first = f"{type(exc).__name__}"  # ValueError: no actor by that name (now)
+        # the store died (Ray restarts it: its disk tier survives, RAM blocks are gone): wait for
+        # it, looked up by name again, and repeat the call once; a store whose node died is gone
+        self._handle = None
+        deadline = time.monotonic() + STORE_RESTART_WAIT_S
+        while True:
+            self._check_node()
+            try:
+                return ray.get(getattr(self._actor(), method).remote(*args), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError,
+                    ray.exceptions.GetTimeoutError, ValueError) as exc:
+                self._handle = None
+                if time.monotonic() >= deadline:
+                    raise ColdStoreLostError(
+                        f"cold store {self.name!r} died ({first}) and did not answer again within "
+                        f"{STORE_RESTART_WAIT_S:.0f} s ({type(exc).__name__}); the call {method!r} was not done"
+                    ) from None
+            time.sleep(0.2)
+
+    def _check_node(self) -> None:
+        if store_node_dead(self.name):
+            raise ColdStoreGoneError(f"cold store {self.name!r} is gone with its node (dead): its blocks are "
+                                     "lost and recomputed from the token log")
+
+    def _send(self, method: str, *args: Any) -> None:
+        """Submit without waiting (from the sender thread); a failure is logged when noticed."""
+        self._actor()
+        with self._sent:
+            self._outbox.append((method, args, time.monotonic()))
+            if self._sender is None or not self._sender.is_alive():
+                self._sender = threading.Thread(target=self._send_loop, name=f"kvres-send-{self.name}", daemon=True)
+                self._sender.start()
+            self._sent.notify_all()
+
+    def defer_writes(self, defer: bool) -> None:
+        with self._sent:
+            self._defer = defer
+            if not defer:
+                self._idle_since = time.monotonic()
+            self._sent.notify_all()
+
+    def send_now(self) -> None:
+        with self._sent:
+            if self._outbox:
+                self._urgent = True
+                self._sent.notify_all()
+
+    def flush(self) -> None:
+        with self._sent:
+            self._flushing += 1  # what is held goes out now
+            self._sent.notify_all()
+            try:
+                while self._outbox or self._sending or self._settling:
+                    self._sent.wait()
+            finally:
+                self._flushing -= 1
+
+    def _held_for(self) -> float | None:
+        """How much longer the oldest batch waits (None: send it now)."""
+        if self._flushing or self._urgent:
+            return None
+        now = time.monotonic()
+        left = self._outbox[0][2] + WRITE_DEFER_S - now
+        if not self._defer:
+            left = min(left, self._idle_since + SEND_AFTER_IDLE_S - now)
+        return left if left > 0 else None
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._sent:
+                while not self._outbox or (wait := self._held_for()) is not None:
+                    self._sent.wait(wait if self._outbox else None)
+                method, args = self._next_batch()
+                self._sending = True
+            try:
+                ref = getattr(self._actor(), method).remote(*args)
+            except Exception as exc:
+                ref = None
+                logger.warning("cold store %s: could not send %s: %s", self.name, method, exc)
+            with self._sent:
+                self._sending, self._settling = False, ref is not None
+                if ref is None and method == "get_many":
+                    self._fetching.difference_update(args[0])
+                self._sent.notify_all()
+            if ref is not None:
+                try:
+                    self._settle(ref, method, args)
+                finally:
+                    with self._sent:
+                        self._settling = False
+                        self._sent.notify_all()
+
+    def _next_batch(self) -> tuple[str, tuple[Any, ...]]:
+        """The oldest batch, with the batches of the same call queued right behind it merged in
+        (a prefill that evicts chunk by chunk queues many): one Ray call for them all."""
+        method, args, _ = self._outbox.popleft()
+        if method in ("put_many", "delete_many"):
+            items = list(args[0])
+            while self._outbox and self._outbox[0][0] == method and self._outbox[0][1][1:] == args[1:]:
+                items.extend(self._outbox.popleft()[1][0])
+            args = (items, *args[1:])
+        if not self._outbox:
+            self._urgent = False
+        return method, args
+
+    def _settle(self, ref: Any, method: str, args: tuple[Any, ...]) -> None:
+        """Wait (without the GIL) until the store has done a write-behind call, so a failure is
+        logged when it happens; what is queued meanwhile goes out as one batch after it. A read
+        ahead (``prefetch``) keeps what it read for the take that comes."""
+        try:
+            answer = ray.get(ref)
+        except Exception as exc:  # the staged copy, while it lasts, still serves a resume
+            if method == "get_many":  # the take asks the store itself
+                logger.debug("cold store %s: a read ahead failed: %s", self.name, exc)
+                answer = [None] * len(args[0])
+            else:
+                logger.warning("cold store %s: a write-behind %s failed: %s", self.name, method, exc)
+                return
+        if method == "get_many":
+            self._arrived(args[0], answer)
+
+    def _arrived(self, keys: Sequence[BlockKey], blocks: Sequence[KVBlock | None]) -> None:
+        with self._sent:
+            for key, block in zip(keys, blocks, strict=True):
+                if key not in self._fetching:
+                    continue  # taken, deleted or written again meanwhile: this copy is stale
+                self._fetching.discard(key)
+                if block is not None:
+                    self._fetched[key] = block
+                    self._fetched_bytes += block.payload_nbytes
+            while self._fetched_bytes > self._fetch_limit:  # a read ahead no take came for
+                _, old = self._fetched.popitem(last=False)
+                self._fetched_bytes -= old.payload_nbytes
+            self._sent.notify_all()
+
+    def prefetch(self, refs: Sequence[ColdRef]) -> None:
+        if self._fetch_limit <= 0:
+            return
+        with self._sent:
+            wanted = [r.key for r in refs if r.store == self.name and r.key not in self._fetching]
+            for key in wanted:  # staged: kept for the take, whatever later suspends push out of the stage
+                block = self._stage.get(key)
+                if block is not None and key not in self._fetched:
+                    self._fetched[key] = block
+                    self._fetched_bytes += block.payload_nbytes
+            keys = [k for k in wanted if k not in self._fetched]
+            if not keys:
+                return
+            self._fetching.update(keys)
+        self._send("get_many", keys)
+        with self._sent:  # the writes queued before it go out now, then it
+            self._urgent = True
+            self._sent.notify_all()
+
+    def _forget_fetched(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
+        """Cancel what a read ahead is doing for ``keys`` and hand over what it read (the caller
+        holds ``_sent``)."""
+        self._fetching.difference_update(keys)
+        out = [self._fetched.pop(k, None) for k in keys]
+        self._fetched_bytes -= sum(b.payload_nbytes for b in out if b is not None)
+        return out
+
+    def _unqueue_puts(self, keys: set[BlockKey]) -> list[BlockKey]:
+        """Take ``keys`` out of the writes still queued here (a resume right after its suspend:
+        the store never sees them); returns the keys that were already sent, to delete there."""
+        if not keys:
+            return []
+        with self._sent:
+            kept: deque[tuple[str, tuple[Any, ...], float]] = deque()
+            for method, args, when in self._outbox:
+                if method == "put_many":
+                    queued = [(BlockKey.of(b), b) for b in args[0]]
+                    blocks = [b for key, b in queued if key not in keys]
+                    if len(blocks) < len(queued):
+                        keys = keys - {key for key, _ in queued}
+                        if not blocks:
+                            continue
+                        args = (blocks, *args[1:])
+                kept.append((method, args, when))
+            self._outbox = kept
+            if not kept:
+                self._urgent = False
+        return list(keys)
+
+    def _stage_blocks(self, blocks: Sequence[KVBlock]) -> None:
+        for block in blocks:
+            key = BlockKey.of(block)
+            old = self._stage.pop(key, None)
+            self._stage_bytes -= old.payload_nbytes if old is not None else 0
+            if block.payload_nbytes <= self._stage_limit:
+                self._stage[key] = block
+                self._stage_bytes += block.payload_nbytes
+        while self._stage_bytes > self._stage_limit:
+            _, oldest = self._stage.popitem(last=False)
+            self._stage_bytes -= oldest.payload_nbytes
+
+    def _unstage(self, key: BlockKey) -> KVBlock | None:
+        block = self._stage.pop(key, None)
+        if block is not None:
+            self._stage_bytes -= block.payload_nbytes
+        return block
+
+    def put(self, block: KVBlock, priority: int = 0) -> PutResult:
+        return self.put_many([block], priority)[0]
+
+    def put_many(self, blocks: Sequence[KVBlock], priority: int = 0) -> list[PutResult]:
+        """Stage and send; the results are provisional (every block "ram", nothing displaced):
+        the store's own log (``drain_dropped``) says what it later dropped."""
+        if not blocks:
+            return []
+        with self._sent:
+            self._forget_fetched([BlockKey.of(b) for b in blocks])
+        self._stage_blocks(blocks)
+        self._send("put_many", list(blocks), priority)
+        return [PutResult(BlockKey.of(b), "ram") for b in blocks]
+
+    def get(self, key: BlockKey) -> KVBlock | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[BlockKey]) -> list[KVBlock | None]:
+        out: list[KVBlock | None] = [self._stage.get(k) for k in keys]
+        rest = [i for i, block in enumerate(out) if block is None]
+        if rest:
+            for i, block in zip(rest, self._call("get_many", [keys[i] for i in rest]), strict=True):
+                out[i] = block
+        return out
+
+    def pop_many(
+        self, keys: Sequence[BlockKey], nbytes: Sequence[int] | None = None, costs: RecallCosts | None = None
+    ) -> list[KVBlock | None]:
+        if not keys:
+            return []
+        with self._sent:  # a read ahead of this take still under way: wait for it (bounded)
+            deadline = time.monotonic() + PREFETCH_WAIT_S
+            while any(k in self._fetching for k in keys) and (left := deadline - time.monotonic()) > 0:
+                self._sent.wait(left)
+            fetched = self._forget_fetched(keys)
+        out: list[KVBlock | None] = [self._unstage(k) for k in keys]
+        for i, block in enumerate(fetched):
+            if out[i] is None:
+                out[i] = block
+        # here (staged or read ahead): a write still queued is dropped, one already sent deleted there
+        staged = self._unqueue_puts({keys[i] for i, block in enumerate(out) if block is not None})
+        rest = [i for i, block in enumerate(out) if block is None]
+        if staged:
+            self._send("delete_many", staged)
+        if rest:
+            sizes = None if nbytes is None else [nbytes[i] for i in rest]
+            for i, block in zip(rest, self._call("pop_many", [keys[i] for i in rest], sizes, costs), strict=True):
+                out[i] = block
+        return out
+
+    def delete(self, key: BlockKey) -> bool:
+        return self.delete_many([key]) == 1
+
+    def delete_many(self, keys: Sequence[BlockKey]) -> int:
+        with self._sent:
+            self._forget_fetched(keys)
+        for key in keys:
+            self._unstage(key)
+        return int(self._call("delete_many", list(keys))) if keys else 0
+
+    def tier_of(self, key: BlockKey) -> Tier | None:
+        tier: Tier | None = self._call("tier_of", key)
+        return tier
+
+    def tiers(self, keys: Sequence[BlockKey]) -> list[Tier | None]:
+        return list(self._call("tiers", list(keys))) if keys else []
+
+    def list_session(self, session_id: str) -> list[BlockKey]:
+        return list(self._call("list_session", session_id))
+
+    def drop_session(self, session_id: str) -> int:
+        with self._sent:
+            self._forget_fetched([k for k in {*self._fetching, *self._fetched} if k.session_id == session_id])
+        for key in [k for k in self._stage if k.session_id == session_id]:
+            self._unstage(key)
+        return int(self._call("drop_session", session_id))
