@@ -1,4 +1,6 @@
 """A driver's typed client of one backend actor: one method per actor method, each one Ray call.
+The operations and their parameters are those ``kvres.actors.backend_surface.BackendSurface``
+declares (mypy checks this class against it).
 
 Primitives:
 - ``BackendClient(name, handle, revive, lease=None, routes=None)``: ``handle()`` is the actor's handle
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ray import ObjectRef
 from ray.exceptions import ActorUnschedulableError, RayActorError
@@ -40,6 +42,9 @@ from kvres.policy import SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, NodeLostError
 
 from .remote_calls import answer, call
+
+if TYPE_CHECKING:
+    from kvres.actors.backend_surface import BackendSurface
 
 
 class Routes(Protocol):
@@ -129,7 +134,7 @@ class BackendClient:
         return answer_
 
     def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-               messages: list[dict[str, Any]] | None = None, follow: Follow | None = None) -> TokenStream:
+               messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None) -> TokenStream:
         """``follow``: where the session went when this backend does not know it (its handle's
         ``_followed``): the stream starts there instead, once, before any token."""
         return TokenStream(self, session_id, request, request_id, prompt, messages, follow)
@@ -139,7 +144,7 @@ class BackendClient:
         """The backend's streaming generator of one request (tokens, then the ``Generation``);
         ``prompt`` / ``messages``: appended first, in the same call."""
         lease = None if self._lease is None else [self._lease]  # in a list: handed over, not resolved
-        return self._handle().stream.remote(session_id, request, request_id, lease, prompt, messages)
+        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, lease=lease)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:
@@ -175,7 +180,7 @@ class BackendClient:
     def suspend(self, session_id: str) -> None:
         self._session_call(session_id, lambda h: h.suspend.remote(session_id))
 
-    def resume(self, session_id: str, record: SessionRecord | None = None, once: bool = False,
+    def resume(self, session_id: str, record: SessionRecord | None = None, *, once: bool = False,
                retry_ok: tuple[type[BaseException], ...] = ()) -> int:
         """Tokens recomputed. With ``record`` (handed over by another backend) the session comes
         from it instead of this backend's own record (and is sent here, never routed)."""
@@ -183,7 +188,7 @@ class BackendClient:
             return int(self._call(lambda h: h.resume.remote(session_id, record), retry_ok=retry_ok, once=once) or 0)
         return int(self._session_call(session_id, lambda h: h.resume.remote(session_id, None)) or 0)
 
-    def detach(self, session_id: str, once: bool = False) -> SessionRecord:
+    def detach(self, session_id: str, *, once: bool = False) -> SessionRecord:
         """The session's record, taken off this backend (served by none until it is resumed)."""
         record: SessionRecord = self._call(lambda h: h.detach.remote(session_id), once=once)
         return record
@@ -320,3 +325,8 @@ def _leave(state: _StreamState) -> None:
         logging.getLogger("kvres.cluster").warning(
             "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, state.delivered,
             type(exc).__name__, exc)
+
+
+if TYPE_CHECKING:
+    def _declared(client: BackendClient) -> BackendSurface[TokenStream, int]:
+        return client  # mypy checks the client's operations against their declaration

@@ -8,6 +8,8 @@ Primitives:
   ``truncate(n)``, ``rollback(k)``, ``fork(new_id)``, ``export(path)``, ``suspend``, ``resume``,
   ``migrate(backend)``, ``stats()``, ``detokenize``, ``close()``; a context manager that closes it.
 
+The operations are those ``kvres.cluster.session_surface.SessionSurface`` declares (mypy checks
+``Session`` against it; ``SESSION_FORWARDS`` there names the backend operations each one reaches).
 Calls go through the backend's typed client (``BackendClient``); errors raised by the actors
 arrive as their kvres types. Each call carries a request id, so a call repeated after a backend
 died is never applied twice. A handle follows its session when another handle (of this driver or
@@ -20,7 +22,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kvres.actors.chat_template import messages_of
 from kvres.actors.generation import Generation, GenerationRequest
@@ -30,6 +32,9 @@ from kvres.policy.tokens import token_ids
 
 from .backend_client import BackendClient, TokenStream
 from .planner_client import PlannerClient
+
+if TYPE_CHECKING:
+    from .session_surface import SessionSurface
 
 T = TypeVar("T")
 
@@ -251,3 +256,8 @@ def _seed_for(temperature: float, seed: int | None) -> int | None:
     if temperature > 0 and seed is None:
         return int.from_bytes(os.urandom(4), "little")
     return seed
+
+
+if TYPE_CHECKING:
+    def _declared(session: Session) -> SessionSurface:
+        return session  # mypy checks the session's operations against their declaration

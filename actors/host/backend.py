@@ -12,10 +12,12 @@ Primitives:
   ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
   ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``;
-  ``shutdown()``: the host stops (its retention timer and step loop, pending calls failing with
-  ``LoopStoppedError``) and its engine is freed.
+  the model's ``tokenize``, ``detokenize``; ``shutdown()``: the host stops (its retention timer
+  and step loop, pending calls failing with ``LoopStoppedError``) and its engine is freed.
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
-  commit; the first token comes in the step after the prompt's last chunk).
+  commit; the first token comes in the step after the prompt's last chunk); ``stream`` takes a
+  chat turn's ``messages`` instead. The operations a backend serves are declared once, in
+  ``kvres.actors.backend_surface`` (``BackendSurface``), and mypy checks this class against it.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -45,7 +47,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvres.policy import SessionExistsError
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
@@ -80,6 +82,9 @@ from .spill_recall import Recall
 from .stats import backend_stats, session_stats
 from .stepper import KVStepper
 from .store_ports import StorePort
+
+if TYPE_CHECKING:
+    from ..backend_surface import BackendSurface
 
 
 class TokenStream:
@@ -206,6 +211,12 @@ class BackendHost:
     def session_stats(self, session_id: str) -> dict[str, Any]:
         with self._ctx.lock:
             return session_stats(self._ctx, session_id)
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.executor.tokenize(text, add_bos, special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self.executor.detokenize(tokens, special)
 
     def stats(self) -> dict[str, Any]:
         with self._ctx.lock:
@@ -425,21 +436,26 @@ class BackendHost:
         return tokens
 
     def stream(
-        self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
-        request_id: str | None = None, prompt: Sequence[int] | None = None,
+        self, session_id: str, request: int | GenerationRequest, request_id: str | None = None,
+        prompt: Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None, *,
+        temperature: float = 0.0, seed: int | None = None,
     ) -> TokenStream:
         """Tokens as they are produced; committed when the stream ends (or, when it is left, up to
-        what ``cancel`` says was delivered). ``prompt``: tokens appended first, in the same call."""
+        what ``cancel`` says was delivered). ``prompt``: tokens appended first, in the same call;
+        ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
+        sampling of a ``request`` given as just ``max_tokens`` (without ``messages``)."""
+        if messages is not None:
+            return self.chat_stream(session_id, messages, request, request_id)
         return TokenStream(self._generate_job(session_id, request, temperature, seed, True, request_id, prompt))
 
     def generate(
-        self, session_id: str, request: int | GenerationRequest, temperature: float = 0.0, seed: int | None = None,
-        request_id: str | None = None, prompt: Sequence[int] | None = None,
+        self, session_id: str, request: int | GenerationRequest, request_id: str | None = None,
+        prompt: Sequence[int] | None = None, *, temperature: float = 0.0, seed: int | None = None,
     ) -> Generation:
         """Generate until an end-of-generation token, a stop id or string, or ``max_tokens``
-        (``request``: a ``GenerationRequest``, or just ``max_tokens``); like an append, all of the
-        tokens are committed or none. ``prompt``: tokens appended first, in the same call and
-        commit (``prompt_tokens`` of the answer counts them)."""
+        (``request``: a ``GenerationRequest``, or just ``max_tokens``, sampled with ``temperature``
+        and ``seed``); like an append, all of the tokens are committed or none. ``prompt``: tokens
+        appended first, in the same call and commit (``prompt_tokens`` of the answer counts them)."""
         job = self._generate_job(session_id, request, temperature, seed, False, request_id, prompt)
         job.wait()
         assert isinstance(job.answer, Generation)
@@ -458,6 +474,11 @@ class BackendHost:
                                 sampler=sampler,
                                 streaming=streaming, request_id=request_id, request=request, stop=stop,
                                 logprobs=[] if request.sampling.logprobs else None))
+
+
+if TYPE_CHECKING:
+    def _declared(host: BackendHost) -> BackendSurface[TokenStream, tuple[str, int]]:
+        return host  # mypy checks the host's operations against their declaration
 
 
 __all__ = ["BackendFullError", "BackendHost", "Generation", "GenerationRequest", "SessionBusyError", "SuspendRecord"]

@@ -7,10 +7,13 @@ Primitives:
   costs in the background where its engine takes them and can shift positions
   (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
   on the disk folder of this node's cold store; ``stats()["recall_costs"]`` says how far that got),
-  freezes the heap it started with (``heap.freeze_startup_heap``), and forwards:
-  ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray streaming
-  generator: one object per token), ``suspend``, ``resume``, ``detach``, ``close``,
-  ``session_stats``, ``stats``, ``tokenize``, ``detokenize``.
+  freezes the heap it started with (``heap.freeze_startup_heap``), and forwards to its host the
+  operations ``kvres.actors.backend_surface.BackendSurface`` declares (mypy checks this class
+  against it): ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray
+  streaming generator: one object per token), ``chat``, ``append_messages``, ``cancel``,
+  ``tokens``, ``truncate``, ``fork``, ``export``, ``restore``, ``suspend``, ``resume``,
+  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``; and ``stats``,
+  ``ping``, ``pid``.
   It measures what a caller sees: every call's latency, a stream's time to first token and the
   gaps between its tokens, the calls it holds (``kvres.actors.metrics``: kvres_call_seconds,
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
@@ -22,7 +25,8 @@ Primitives:
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
   (appends and generations of up to ``CALL_THREADS`` sessions at once, batched together by the
   host's step loop) and "control" (stats, suspend, resume, close, ...), so a control call never
-  queues behind running generations; ``backend_actor_name(name)``.
+  queues behind running generations (``_method``: ``ray.method`` keeping the method's type);
+  ``backend_actor_name(name)``.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ray
 
@@ -57,6 +61,9 @@ from .progress import loading, watch
 from .ray_journal import RayJournal
 from .ray_store_port import RayStorePort
 
+if TYPE_CHECKING:
+    from kvres.actors.backend_surface import BackendSurface
+
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
 LEASE_CHECK_S = 0.25  # how often a stream asks whether its driver is still there
@@ -73,6 +80,21 @@ def driver_alive(lease: ray.ObjectRef[bytes]) -> bool:
     return True
 CONTROL_THREADS = 8
 STORE_ANSWER_S = 60.0  # how long the recall probe waits for the cold store to name its disk folder
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _method(concurrency_group: str, streaming: bool = False) -> Callable[[Method], Method]:
+    """``ray.method`` that keeps the method's type. Ray's stubs make a decorated method a
+    ``_RemoteMethodN`` of its positional types (names, defaults and keyword-only parameters gone,
+    not callable), which no protocol of methods matches: mypy could not check this class against
+    ``BackendSurface``. At run time ``ray.method`` only marks the function and returns it."""
+    options: dict[str, Any] = {"concurrency_group": concurrency_group}
+    if streaming:
+        options["num_returns"] = "streaming"
+    decorate: Callable[[Method], Method] = cast(Any, ray.method)(**options)
+    return decorate
 
 
 def backend_actor_name(name: str) -> str:
@@ -161,21 +183,21 @@ class BackendServer:
         """A whole answer reached the caller: its first token came with it."""
         self.metrics.observe_first_token(self.host.name, method, time.perf_counter() - t0)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def ping(self) -> str:
         return self.node_id
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def pid(self) -> int:
         """The worker process serving this actor (what an operator or a fault test signals)."""
         return os.getpid()
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         with self._call("open_session"):
             self.host.open_session(session_id, policy)
 
-    @ray.method(concurrency_group="calls")
+    @_method("calls")
     def append(self, session_id: str, tokens: Sequence[int], request_id: str | None = None) -> int:
         with self._call("append"):
             if len(tokens) < PROGRESS_TOKENS:
@@ -191,12 +213,12 @@ class BackendServer:
             watcher.stop(len(tokens))
             return length
 
-    @ray.method(concurrency_group="calls")
+    @_method("calls")
     def append_text(self, session_id: str, text: str, request_id: str | None = None) -> list[int]:
         with self._call("append_text"):
             return self.host.append_text(session_id, text, request_id)
 
-    @ray.method(concurrency_group="calls")
+    @_method("calls")
     def generate(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                  prompt: list[int] | None = None) -> Generation:
         with self._call("generate") as t0:
@@ -204,20 +226,17 @@ class BackendServer:
             self._answered("generate", t0)
             return answer
 
-    @ray.method(num_returns="streaming", concurrency_group="calls")
+    @_method("calls", streaming=True)
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
-               lease: list[ray.ObjectRef[bytes]] | None = None, prompt: list[int] | None = None,
-               messages: list[dict[str, Any]] | None = None) -> Iterator[int | Generation]:
+               prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
+               lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
         """One object per token, then the ``Generation`` (why it ended). A stream its consumer
         leaves keeps only the tokens it yielded: the generator closed, or the driver that called
         gone (``lease``: an object the driver owns; Ray reports its owner's death to whoever
         holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens) or
         ``messages`` (a chat turn): appended first, in the same call."""
         with self._call("stream") as t0:
-            if messages is not None:
-                stream = self.host.chat_stream(session_id, messages, request, request_id)
-            else:
-                stream = self.host.stream(session_id, request, request_id=request_id, prompt=prompt)
+            stream = self.host.stream(session_id, request, request_id, prompt, messages)
             yielded = 0
             checked = time.monotonic()
             name, last = self.host.name, t0
@@ -241,7 +260,7 @@ class BackendServer:
             if stream.generation is not None:
                 yield stream.generation
 
-    @ray.method(concurrency_group="calls")
+    @_method("calls")
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str | None = None) -> Generation:
         with self._call("chat") as t0:
@@ -249,41 +268,41 @@ class BackendServer:
             self._answered("chat", t0)
             return answer
 
-    @ray.method(concurrency_group="calls")
+    @_method("calls")
     def append_messages(self, session_id: str, messages: list[dict[str, Any]], request_id: str | None = None) -> int:
         with self._call("append_messages"):
             return self.host.append_messages(session_id, messages, request_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def cancel(self, session_id: str, request_id: str | None = None, keep: int | None = None) -> Generation | None:
         return self.host.cancel(session_id, request_id, keep)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def truncate(self, session_id: str, length: int) -> int:
         return self.host.truncate(session_id, length)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def fork(self, source_id: str, new_id: str) -> None:
         self.host.fork(source_id, new_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def tokens(self, session_id: str) -> list[int]:
         return self.host.tokens(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def export(self, session_id: str) -> bytes:
         return self.host.export(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def restore(self, data: bytes, session_id: str | None = None) -> tuple[str, int]:
         return self.host.restore(data, session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def suspend(self, session_id: str) -> None:
         with self._call("suspend"), self._explicit(session_id, "explicit_suspends", was_live=True):
             self.host.suspend(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
         with self._call("resume"), self._explicit(session_id, "explicit_resumes", was_live=False):
             return self.host.resume(session_id, record)
@@ -306,21 +325,21 @@ class BackendServer:
             if changes and session_id in ctx.sessions:
                 ctx.count(session_id, counter)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def detach(self, session_id: str) -> SuspendRecord:
         with self._call("detach"):
             return self.host.detach(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def close(self, session_id: str) -> None:
         with self._call("close"):
             self.host.close(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def session_stats(self, session_id: str) -> dict[str, Any]:
         return self.host.session_stats(session_id)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def stats(self) -> dict[str, Any]:
         tier = self.tier_decision.as_dict() if self.tier_decision is not None else None
         recall = None if self.recall_costs is None else self.recall_costs.status
@@ -328,13 +347,18 @@ class BackendServer:
                 self.host.config.type_v), "tier_decision": tier, "recall_costs": recall,
                 "calls_in_flight": self._in_flight}
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self.host.executor.tokenize(text, add_bos, special)
+        return self.host.tokenize(text, add_bos, special)
 
-    @ray.method(concurrency_group="control")
+    @_method("control")
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
-        return self.host.executor.detokenize(tokens, special)
+        return self.host.detokenize(tokens, special)
+
+
+if TYPE_CHECKING:
+    def _declared(server: BackendServer) -> BackendSurface[Iterator[int | Generation], tuple[str, int]]:
+        return server  # mypy checks the shell's operations against their declaration
 
 
 # Ray's stubs do not list concurrency_groups among ray.remote's keywords; Ray accepts it.
