@@ -5,7 +5,14 @@ Primitives: ``connect``, ``SessionManager``, ``Session``; configuration ``KvresC
 Ray; ``connect`` does.
 """
 
-from .config import BackendConfig, ColdStoreConfig, KvresConfig, PlacementConfig, SessionPolicy, TenantQuota
+from .kvres_config import (
+    BackendConfig,
+    ColdStoreConfig,
+    KvresConfig,
+    PlacementConfig,
+    SessionPolicy,
+    TenantQuota,
+)
 
 __all__ = [
     "BackendConfig",

@@ -1,5 +1,5 @@
 """A driver's typed client of one backend actor: one method per actor method, each one Ray call.
-The operations and their parameters are those ``kvres.actors.backend_surface.BackendSurface``
+The operations and their parameters are those ``kvres.actors.host.backend_surface.BackendSurface``
 declares (mypy checks this class against it).
 
 Primitives:
@@ -44,7 +44,7 @@ from kvres.policy.errors import BackendLostError, NodeLostError
 from .remote_calls import answer, call
 
 if TYPE_CHECKING:
-    from kvres.actors.backend_surface import BackendSurface
+    from kvres.actors.host.backend_surface import BackendSurface
 
 
 class Routes(Protocol):

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvres.policy.errors import KvresError
 
-from .config import KvresConfig
+from .kvres_config import KvresConfig
 
 
 class ConfigConflictError(KvresError, ValueError):

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from kvres.policy import KvresError
 
-from .config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
+from .kvres_config import BackendConfig, ColdStoreConfig, KvresConfig, SessionPolicy
 from .status_view import format_table, human_bytes
 
 BACKENDS = ("demo-0", "demo-1")

@@ -37,7 +37,7 @@ from kvres.policy import UnknownSessionError
 from kvres.policy.errors import NodeLostError, SessionExistsError
 from kvres.policy.placement import LoadReport, PlacementError
 
-from .config import BackendConfig, KvresConfig
+from .kvres_config import BackendConfig, KvresConfig
 from .planner_client import PlannerClient
 
 log = logging.getLogger("kvres.cluster")

@@ -11,7 +11,7 @@ kvres's command line loads to build its parser.
 
 from __future__ import annotations
 
-from .config import KvresConfig
+from .kvres_config import KvresConfig
 
 STANDING_KV_NAMESPACE = "kvres-standing"  # Ray's internal key-value namespace the configurations live in
 

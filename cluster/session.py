@@ -55,10 +55,10 @@ from kvres.policy.placement import PlacementError, PlacementPolicy
 from .actor_ops import ConnectError as ConnectError  # re-exported: where callers import it from
 from .actor_ops import actor_exists, destroy_stores, start_error, status_row
 from .backend_client import BackendClient
-from .config import BackendConfig, KvresConfig, SessionPolicy
 from .config_agreement import check_agreement
 from .failover import Failover, seeds
 from .gcs_config import publish_config, published_config
+from .kvres_config import BackendConfig, KvresConfig, SessionPolicy
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
 from .reachability import check_reachable

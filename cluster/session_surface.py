@@ -6,7 +6,7 @@ Primitives:
   token ids, sampling as keywords, a path to export to). mypy checks ``Session`` against it (in
   ``session_handle.py``).
 - ``SESSION_FORWARDS``: each session operation and the backend operations
-  (``kvres.actors.backend_surface.BackendSurface``) it reaches, through the session's client or
+  (``kvres.actors.host.backend_surface.BackendSurface``) it reaches, through the session's client or
   its manager. ``NOT_ON_SESSION``: the backend operations no session operation reaches, and what
   calls them. ``tests/test_surface.py`` checks that the two tables cover both surfaces exactly, so
   an operation added to one surface and not to the other fails.

@@ -51,9 +51,9 @@ from typing import Any
 
 from kvres.policy import KvresError
 
-from .config import BackendConfig, KvresConfig, json_object
 from .gcs_config import forget_config, publish_config, published_config
 from .head_ports import HeadPorts, choose_head_ports
+from .kvres_config import BackendConfig, KvresConfig, json_object
 from .ray_auth import exposed_token_file, follow_local_token, token_auth
 from .reachability import DEFAULT_PORT, ClusterUnreachableError, check_reachable, port_open, split_address
 

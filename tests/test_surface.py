@@ -1,4 +1,4 @@
-"""The backend's operations are declared once (``kvres.actors.backend_surface.BackendSurface``) and the
+"""The backend's operations are declared once (``kvres.actors.host.backend_surface.BackendSurface``) and the
 driver's session operations once (``kvres.cluster.session_surface.SessionSurface``): the host, the Ray
 shell, the driver's client and ``Session`` are checked against them.
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from kvres.actors.backend_surface import BackendSurface
 from kvres.actors.host.backend import BackendHost
+from kvres.actors.host.backend_surface import BackendSurface
 from kvres.actors.ray_actors.backend_actor import BackendServer
 from kvres.cluster.backend_client import BackendClient
 from kvres.cluster.session_handle import Session

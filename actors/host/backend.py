@@ -17,7 +17,7 @@ Primitives:
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
   commit; the first token comes in the step after the prompt's last chunk); ``stream`` takes a
   chat turn's ``messages`` instead. The operations a backend serves are declared once, in
-  ``kvres.actors.backend_surface`` (``BackendSurface``), and mypy checks this class against it.
+  ``kvres.actors.host.backend_surface`` (``BackendSurface``), and mypy checks this class against it.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -84,7 +84,7 @@ from .stepper import KVStepper
 from .store_ports import StorePort
 
 if TYPE_CHECKING:
-    from ..backend_surface import BackendSurface
+    from .backend_surface import BackendSurface
 
 
 class TokenStream:

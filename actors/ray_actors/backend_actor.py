@@ -8,7 +8,7 @@ Primitives:
   (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
   on the disk folder of this node's cold store; ``stats()["recall_costs"]`` says how far that got),
   freezes the heap it started with (``heap.freeze_startup_heap``), and forwards to its host the
-  operations ``kvres.actors.backend_surface.BackendSurface`` declares (mypy checks this class
+  operations ``kvres.actors.host.backend_surface.BackendSurface`` declares (mypy checks this class
   against it): ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray
   streaming generator: one object per token), ``chat``, ``append_messages``, ``cancel``,
   ``tokens``, ``truncate``, ``fork``, ``export``, ``restore``, ``suspend``, ``resume``,
@@ -62,7 +62,7 @@ from .ray_journal import RayJournal
 from .ray_store_port import RayStorePort
 
 if TYPE_CHECKING:
-    from kvres.actors.backend_surface import BackendSurface
+    from kvres.actors.host.backend_surface import BackendSurface
 
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)

@@ -29,7 +29,7 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ..config import KvresConfig
+from ..kvres_config import KvresConfig
 from . import chat_api, responses_api, sessions_api
 from .auth import key_digests, load_key_entries
 from .http_glue import FrontDoor, answers_errors, service_of
@@ -73,7 +73,7 @@ def make_fastapi(service: Service) -> FastAPI:
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     @answers_errors
     async def unknown(request: Request, path: str) -> Response:
-        from .errors import not_found
+        from .http_errors import not_found
 
         raise not_found(f"no route {request.method} /{path}; see docs/serving.md for the API", code="unknown_route")
 

@@ -23,7 +23,7 @@ from typing import Any
 from kvres.actors.config import BackendConfig
 from kvres.actors.default_model import default_model_path
 
-from .errors import ApiError
+from .http_errors import ApiError
 
 
 @dataclass

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .catalog import ServedModel
-from .errors import api_error
+from .http_errors import api_error
 from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, api_error, bad_request
+from .http_errors import ApiError, api_error, bad_request
 from .metrics import RequestSample
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from kvres.policy import UnknownSessionError
 
 from ..session_handle import Session
 from .catalog import ServedModel
-from .errors import ApiError, api_error, bad_request, not_found
+from .http_errors import ApiError, api_error, bad_request, not_found
 from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
 from .owners import may_use
 from .records import ResponseRecord

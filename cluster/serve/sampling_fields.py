@@ -36,7 +36,7 @@ from pydantic import (
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.sampling import SEED_LIMIT, SamplingParams
 
-from .errors import api_error, bad_request
+from .http_errors import api_error, bad_request
 
 
 def only_chosen_logprobs(v: int | None) -> int | None:

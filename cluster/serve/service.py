@@ -37,12 +37,12 @@ from typing import Any, TypeVar
 from kvres.coldstore import validate_session_id
 from kvres.policy import UnknownSessionError
 
-from ..config import KvresConfig
+from ..kvres_config import KvresConfig
 from ..session import SessionManager, connect
 from ..session_handle import Session
 from .auth import KeyCheck
 from .catalog import ModelCatalog, ServedModel
-from .errors import ApiError, bad_request
+from .http_errors import ApiError, bad_request
 from .owners import Owner, may_use
 from .state_actor import ServeState
 

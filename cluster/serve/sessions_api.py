@@ -36,7 +36,7 @@ from kvres.coldstore import validate_session_id
 from kvres.coldstore.session_file import peek_session
 
 from ..session_handle import Session
-from .errors import bad_request
+from .http_errors import bad_request
 from .http_glue import answers_errors, parse, service_of, tenant_of
 from .owners import may_use
 from .service import Service

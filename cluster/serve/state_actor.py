@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from .errors import SessionLockedError
+from .http_errors import SessionLockedError
 from .leases import SessionLeases
 from .metrics import RequestSample, ServeMetrics
 from .owners import Owner, SessionOwners

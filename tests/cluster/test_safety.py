@@ -22,7 +22,7 @@ import ray
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name
 from kvres.actors.metrics import MetricsConfigError, hashed_label, session_ids_opted_in, session_label
 from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig, connect
-from kvres.cluster.config import ConfigEnvError
+from kvres.cluster.kvres_config import ConfigEnvError
 from kvres.cluster.session import ConnectError
 from kvres.coldstore import BlockKey, InvalidSessionIdError, new_secret
 from tests.coldstore.helpers import forge, make_block, payload_of

@@ -19,7 +19,7 @@ from kvres.cluster.serve.auth import (
     load_keys,
 )
 from kvres.cluster.serve.catalog import ModelCatalog
-from kvres.cluster.serve.errors import ApiError, SessionLockedError, api_error
+from kvres.cluster.serve.http_errors import ApiError, SessionLockedError, api_error
 from kvres.cluster.serve.http_glue import parse, route_label
 from kvres.cluster.serve.leases import SessionLeases
 from kvres.cluster.serve.metrics import TOKEN_GAP_BUCKETS, Histogram, RequestSample, ServeMetrics

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .config import SessionPolicy
-    from .generation import Generation, GenerationRequest
-    from .host.sessions import SuspendRecord
+    from ..config import SessionPolicy
+    from ..generation import Generation, GenerationRequest
+    from .sessions import SuspendRecord
 
 StreamT = TypeVar("StreamT", covariant=True)
 RestoredT = TypeVar("RestoredT", covariant=True)
