@@ -65,10 +65,10 @@ class LoadReport:
     model: str = ""  # the model file's path, as the backend was configured
     model_id: str | None = None  # SHA-256 of the model file, when the backend knows it
     engine: str = ""  # the engine's name ("" unknown)
-    engine_evicts: bool = False  # the engine evicts by itself (kvres does not address its KV)
     node: str = ""  # the Ray node id ("" unknown)
     labels: Mapping[str, str] = field(default_factory=dict)  # the node's labels
     at: float = 0.0  # the backend's wall clock when measured; 0: never measured (a seed)
+    engine_evicts: bool = False  # the engine evicts by itself (kvres does not address its KV)
 
     def __post_init__(self) -> None:
         if not self.backend:

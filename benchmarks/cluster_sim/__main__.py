@@ -41,6 +41,7 @@ import numpy as np
 from kvres.policy import Range
 from kvres.policy.backend_planner import BackendPlanInput, SessionView
 from kvres.policy.placement import LoadReport
+from kvres.policy.residency import EngineNeed
 
 from .model import Costs, Workload, as_dict, open_latency_s, planner_load, saturation_backends
 
@@ -181,7 +182,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         sid = f"s-{uuid.uuid4().hex[:12]}"
         model = rng.choice(MODELS)
         t0 = time.perf_counter()
-        backend = ray.get(planner.place.remote(sid, model, None, "streaming", SESSION_BUDGET))
+        backend = ray.get(planner.place.remote(sid, model, None, EngineNeed.KVRES_ADDRESSED, SESSION_BUDGET))
         t1 = time.perf_counter()
         ray.get(host_of[backend].open.remote(backend, sid, SESSION_BUDGET))
         t2 = time.perf_counter()

@@ -94,8 +94,9 @@ class SimBackend:
 
     def report(self, at: float) -> LoadReport:
         live = self.live()
-        return LoadReport(self.name, self.budget, self.resident(), len(live), len(self.sessions) - len(live),
-                          self.n_seq_max, self.model, None, "sim", self.node, self.labels, at)
+        return LoadReport(self.name, self.budget, self.resident(), live_sessions=len(live),
+                          suspended_sessions=len(self.sessions) - len(live), n_seq_max=self.n_seq_max,
+                          model=self.model, engine="sim", node=self.node, labels=self.labels, at=at)
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model, "free_tokens": self.budget - self.resident()}
