@@ -153,7 +153,7 @@ class BackendHost:
         self._loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy, on_idle=on_idle,
                               on_start=executor.claim_decode_threads, jobs=ctx.jobs)
         # the engine's multi-threaded decodes belong to the step loop's thread (see
-        # kvres.actors.engines.llama.engine): other threads decode on one thread until it has started
+        # kvres.actors.engines.llama.decode_threads): other threads decode on one thread until it has started
         executor.reserve_decode_threads()
         self._kv_profile: LayerKVProfile | None = None
         self._kv_profile_read = False
