@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvres-installed
 
-.PHONY: install demo test lint typecheck unit bench clean prometheus-check dashboard-shot system-deps
+.PHONY: install demo test lint typecheck unit fuzz bench clean prometheus-check dashboard-shot system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ system-deps:
 		  echo "could not install redis-server (apt-get install -y redis-server): the head-restart tests will fail"; }
 
 test: lint typecheck unit
+
+# The longer random run (not part of `make test`, whose property tests draw from fixed seeds): every
+# test file that uses hypothesis, with random seeds and ten times the examples (tests/hypothesis_profiles.py).
+# A failure prints its @reproduce_failure blob; the next `make fuzz` replays it first (.hypothesis/).
+FUZZ_TESTS = $(shell grep -rlE '^from hypothesis' tests --include='test_*.py' | sort)
+fuzz: $(STAMP)
+	KVRES_HYPOTHESIS_PROFILE=fuzz PYTHONFAULTHANDLER=1 $(BIN)/pytest --timeout=3600 $(FUZZ_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.plan_scaling

@@ -9,7 +9,7 @@ Primitives:
   number of backends; a session id is ASCII letters, digits, ``.``, ``_``, ``-``, not starting
   with ``.``, at most 128 characters, else ``InvalidSessionIdError``), ``session(session_id)``,
   ``sessions()`` (every open session), ``fork(session, new_id)``, ``restore(path)`` (a session
-  ``Session.export`` wrote),
+  ``Session.export`` wrote; a path that names no readable file: ``SessionFileError``),
   ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
   namespace's cold blocks and store folders unless told to keep them).
 - ``ConnectError`` (``actor_ops``): a kvres actor could not start; ``connect`` then leaves nothing running.
@@ -29,7 +29,6 @@ import os
 import re
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -64,6 +63,7 @@ from .ray_auth import follow_local_token
 from .reachability import check_reachable
 from .remote_calls import wait_until_answers
 from .restarts import sweep_previous_runs, unknown_session
+from .session_files import read_session_file
 from .session_handle import Session
 
 log = logging.getLogger("kvres.cluster")
@@ -278,6 +278,9 @@ class SessionManager:
         first call also hands it this configuration's backends, so a backend that has not
         reported yet counts as empty; so does a call that finds the planner without them (it was
         restarted)."""
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise ArgumentError(f"model must be a model file's path (a str or a path) or None, got "
+                                f"{type(model).__name__} {model!r}")
         seeded = seeds(self.config)
         residency = policy.residency
         planner = self.planner_client
@@ -343,7 +346,7 @@ class SessionManager:
         opened on ``backend`` or where placement puts a session of ``model`` and of the file's
         policy; its KV is imported where this backend can take it and recomputed from its log
         where not. ``session_id`` defaults to the exported session's id."""
-        data = Path(path).read_bytes()
+        data = read_session_file(path)
         image_id, policy_fields = peek_session(data)
         policy = SessionPolicy.model_validate(policy_fields)
         session_id = session_id or image_id
@@ -352,6 +355,9 @@ class SessionManager:
         if backend is None:
             backend = self._place(model, policy, session_id, None)
         else:
+            self.backend(backend)  # a known backend, or a KvresError naming the known ones
+            if self.planner_client.where(session_id) is not None:
+                raise SessionExistsError(session_id)  # before the open session's directory entry is touched
             self.planner_client.register(session_id, backend)
         try:
             self.backend(backend).restore(data, session_id)

@@ -32,6 +32,7 @@ from kvres.policy.tokens import token_ids
 
 from .backend_client import BackendClient, TokenStream
 from .planner_client import PlannerClient
+from .session_files import export_target, write_session_file
 
 if TYPE_CHECKING:
     from .session_surface import SessionSurface
@@ -189,14 +190,12 @@ class Session:
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Write the session (its log, policy, last logits and KV) to ``path``, authenticated with
         the cluster's block secret; ``SessionManager.restore(path)`` loads it on any backend of the
-        same model of this cluster. The session runs on. Returns the path written."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise ArgumentError(f"path must be a str or a path, got {type(path).__name__} {path!r}")
+        same model of this cluster. The session runs on. Returns the path written. A path that names
+        no file that can be written (empty, ``.``, a directory, in a folder that does not exist or
+        cannot be written) raises ``SessionFileError`` naming it, and writes nothing."""
+        target = export_target(path)  # refused before the backend is asked for anything
         data = self._call(lambda: self._backend.export(self.session_id))
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        write_session_file(target, data)
         return target
 
     def suspend(self) -> None:

@@ -1,6 +1,8 @@
-"""Shared fixtures: the shared test model, a guard that keeps engines to one thread each,
-``wait_until`` (poll a condition with a deadline), and ``local_host(config, cold_dir)`` (a backend
-host on the real engine over a local cold store, stopped and closed after the test that made it)."""
+"""Shared fixtures: the hypothesis profile (``tests/hypothesis_profiles.py``: a fixed seed unless
+``KVRES_HYPOTHESIS_PROFILE=fuzz``), the shared test model, a guard that keeps engines to one thread
+each, ``wait_until`` (poll a condition with a deadline), and ``local_host(config, cold_dir)`` (a
+backend host on the real engine over a local cold store, stopped and closed after the test that
+made it)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.hypothesis_profiles import load_profile
+
+load_profile()  # before any test module builds its @settings: they inherit the profile's
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODEL = REPO_ROOT.parent / "shared" / "models" / "stories260K.gguf"

@@ -27,6 +27,7 @@ from kvres.coldstore import (
     TieredStore,
     ram_cost,
 )
+from tests.hypothesis_profiles import examples
 
 from .helpers import make_block
 
@@ -139,7 +140,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 StoreMachine.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=examples(100),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from kvres.coldstore import ColdStoreError, KVBlock, decode_block, encode_block
 from kvres.coldstore.codec import FORMAT_VERSION, MAGIC, PREFIX, PREFIX_SIZE, decode_head
+from tests.hypothesis_profiles import examples
 
 from .helpers import make_block, seal
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VALID = encode_block(make_block(bytes(range(256)) * 4))
 _, VALID_OFFSET = decode_head(VALID)
 VALID_HEADER = msgpack.unpackb(VALID[PREFIX_SIZE:VALID_OFFSET], raw=False)

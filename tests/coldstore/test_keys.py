@@ -21,6 +21,7 @@ from kvres.coldstore import (
     validate_session_id,
 )
 from kvres.policy.ranges import Range
+from tests.hypothesis_profiles import examples
 
 from .helpers import FINGERPRINT, make_block
 
@@ -79,7 +80,7 @@ def test_disk_tier_refuses_traversal(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=140))
 def test_any_accepted_id_is_one_plain_path_component(session_id: str) -> None:
     try:

@@ -22,6 +22,7 @@ from kvres.actors.engines.llama.stream_batches import FILLER_ROW_COST, MAX_GAP, 
 from kvres.coldstore.block import BlockFingerprintError
 from kvres.policy import Range
 from tests.conftest import shared_model_path
+from tests.hypothesis_profiles import examples
 
 from .conftest import story_tokens
 
@@ -52,7 +53,7 @@ def debug_split_context() -> Iterator[LlamaContext]:
     model.close()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.dictionaries(st.integers(0, STREAMS - 1), st.integers(1, 6), min_size=1, max_size=STREAMS))
 def test_micro_batches_counts_what_llama_cpp_runs(debug_split_context: LlamaContext, lengths: dict[int, int]) -> None:
     ctx = debug_split_context

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvres.policy import Capabilities, Range, StreamPolicy, backend_planner
 from kvres.policy.backend_planner import BackendPlanInput, SessionView, plan_backend
 from kvres.policy.planner import plan_streaming
+from tests.hypothesis_profiles import examples
 
 CAPS = Capabilities(remove_middle=True, position_shift=True)
 STREAM = StreamPolicy(True, sink_tokens=4, recent_tokens=32)
@@ -107,7 +108,7 @@ def backends(draw: st.DrawFn) -> BackendPlanInput:
     return BackendPlanInput(views, draw(st.integers(0, 600)), CAPS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(backends(), st.data())
 def test_plans_from_ranges_equal_plans_from_blocks(inp: BackendPlanInput, data) -> None:
     """Three roads to one plan: plan_streaming on ranges without scores; with equal scores, which

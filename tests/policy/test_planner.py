@@ -24,6 +24,7 @@ from kvres.policy import (
 from kvres.policy import planner as planner_module
 from kvres.policy.blocks import BlockTable
 from kvres.policy.planner import missing_capabilities, plan_streaming
+from tests.hypothesis_profiles import examples
 
 FULL = Capabilities(remove_middle=True, position_shift=True)
 
@@ -175,7 +176,7 @@ def plan_inputs(draw: st.DrawFn) -> PlanInput:
     return PlanInput(blocks, draw(st.integers(0, sum(sizes) + 10)), stream, caps, scores)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(plan_inputs())
 def test_keep_and_evict_partition_the_input(inp: PlanInput) -> None:
     plan = plan_hot_set(inp)
@@ -186,7 +187,7 @@ def test_keep_and_evict_partition_the_input(inp: PlanInput) -> None:
     assert plan.over_budget == (plan.hot_tokens > inp.budget_tokens)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(plan_inputs())
 def test_protected_blocks_are_never_evicted(inp: PlanInput) -> None:
     plan = plan_hot_set(inp)
@@ -200,7 +201,7 @@ def test_protected_blocks_are_never_evicted(inp: PlanInput) -> None:
         assert max(b.range for b in inp.blocks) not in {b.range for b in plan.evict_cold}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(plan_inputs())
 def test_no_or_equal_scores_equal_recency_planning(inp: PlanInput) -> None:
     unscored = PlanInput(inp.blocks, inp.budget_tokens, inp.stream_policy, inp.capabilities, None)
@@ -284,7 +285,7 @@ def tied_plan_inputs(draw: st.DrawFn) -> PlanInput:
                      [scores[i] for i in order] if draw(st.booleans()) else None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(plan_inputs(), tied_plan_inputs()))
 def test_plan_evicts_exactly_the_sorted_prefix(inp: PlanInput) -> None:
     expected = sorted_plan(inp)
@@ -321,7 +322,7 @@ def streaming_sessions(draw: st.DrawFn) -> tuple[list[Range], int, int, StreamPo
     return ranges, draw(st.sampled_from([1, 4, 16, 32])), draw(st.integers(0, total + 8)), policy
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(streaming_sessions(), st.data())
 def test_plan_streaming_is_plan_hot_set_from_ranges(case, data) -> None:
     ranges, block_size, budget, policy = case
@@ -356,7 +357,7 @@ def test_plan_streaming_bad_input() -> None:
         plan_streaming([Range(0, 20)], 16, 8, policy, [1.0, float("nan")])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(streaming_sessions())
 def test_block_table_from_ranges_cuts_like_split_into_blocks(case) -> None:
     ranges, block_size, _, _ = case

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvres.policy.step_costs import MIN_PROMPT_TOKENS, StepCosts
+from tests.hypothesis_profiles import examples
 
 
 def _cpu_like(costs: StepCosts, pass_s: float = 0.007, row_s: float = 0.0022, token_s: float = 0.001) -> StepCosts:
@@ -62,7 +63,7 @@ def test_the_costs_follow_the_load() -> None:
     assert costs.fixed_s(4) == pytest.approx(0.030, rel=0.01)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 2.0), st.integers(0, 600), st.integers(0, 64)), max_size=40),
        st.integers(0, 16), st.integers(1, 512), st.integers(0, 64))
 def test_any_steps_give_finite_costs_and_an_answer(steps: list[tuple[float, int, int]], finishing: int,

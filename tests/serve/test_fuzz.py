@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
+
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -127,7 +129,7 @@ FIELDS = st.sampled_from(["model", "messages", "max_tokens", "temperature", "top
 def test_random_bodies_never_get_a_500(server) -> None:
     http = server.http()
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
            body=st.dictionaries(FIELDS, JSON, max_size=6))
     def check(path: str, body: dict) -> None:

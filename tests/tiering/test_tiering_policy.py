@@ -33,6 +33,7 @@ from kvres.policy.tiering import (
     tier_supported,
     tstar_bytes,
 )
+from tests.hypothesis_profiles import examples
 
 from .refs import (
     C_ENGAGE_S,
@@ -247,7 +248,7 @@ def test_slow_link_tstar_grows_with_target_drop_like_the_reference() -> None:
     assert got == sorted(got)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     d1=st.floats(0.0, 2.0),
     d2=st.floats(0.0, 2.0),
@@ -268,7 +269,7 @@ def test_tstar_monotone_in_target_drop_and_context(d1, d2, c1, c2, weights, host
     assert a.tstar_bytes <= 800 * MIB
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(budget_mib=st.floats(0, 20_000), n_ctx=st.integers(0, 200_000), drop=st.floats(0.0, 1.0))
 def test_choice_is_first_fitting_tier_else_floor(budget_mib, n_ctx, drop) -> None:
     d = _choose(QWEN14B, n_ctx, budget=budget_mib * MIB, weights=15.7e9, target_drop=drop)

@@ -12,8 +12,9 @@ Primitives:
   token only); ``prime`` feeds the log's last
   tokens to the penalties only (a prompt is not grammar text); ``accept`` feeds both, and refuses
   (``ValueError``) a token the grammar does not allow, which llama.cpp would abort on. A grammar
-  llama.cpp refuses raises ``ValueError`` with what its parser printed (on stderr, captured while
-  the refusal is repeated). The chain is freed by ``close()`` or when the sampler is collected.
+  llama.cpp refuses raises ``GrammarError`` (a ``ValueError``) with what its parser printed (on
+  stderr, captured while the refusal is repeated), as does a JSON schema its converter cannot
+  express. The chain is freed by ``close()`` or when the sampler is collected.
 - ``to_gbnf(params) -> str | None``: the grammar text ``params`` ask for.
 """
 
@@ -47,7 +48,7 @@ def to_gbnf(params: SamplingParams) -> str | None:
     try:
         gbnf = str(json_schema_to_gbnf(json.dumps(params.json_schema)))
     except Exception as exc:  # the converter raises assorted errors on schemas it cannot express
-        raise ValueError(f"json_schema cannot be turned into a grammar: {exc}") from exc
+        raise GrammarError(f"json_schema cannot be turned into a grammar: {exc}") from exc
     # 0.3.36's converter lets raw control characters into strings, which JSON forbids (llama.cpp's
     # own converter excludes them the same way)
     return gbnf.replace(_LAX_CHAR, _JSON_CHAR)
