@@ -5,7 +5,8 @@ Primitives:
 - ``UnknownSessionError`` (also a KeyError), ``SessionExistsError``,
   ``RangeError`` (also a ValueError): a range outside the session or in the wrong residency state,
   ``ContextLengthError`` (a ``RangeError``): a call's tokens would take a session past the most it
-  can hold (a policy that keeps every token, on a backend it fills alone); nothing was applied,
+  can hold (a policy that keeps every token, on a backend it fills alone, or an engine that
+  prefills its whole log in each request); nothing was applied,
   ``CapabilityError``: the backend cannot do what was asked,
   ``ModelLoadError``: a model file is missing or not what it claims to be,
   ``BlockMismatchError``: a KV block made by another model / KV type / geometry,
@@ -57,8 +58,8 @@ class RangeError(KvresError, ValueError):
 
 class ContextLengthError(RangeError):
     """A call would take a session past its context limit: the most tokens it can hold where its
-    policy keeps every token resident (``kvres.actors.host.context_limit``). Nothing of the call
-    was applied; the session is as it was."""
+    policy keeps every token resident, or where its engine prefills the whole log in each request
+    (``kvres.actors.host.context_limit``). Nothing of the call was applied; the session is as it was."""
 
 
 class CapabilityError(KvresError, NotImplementedError):

@@ -16,8 +16,9 @@ Primitives:
   ``sampling.TokenSampler``; a grammar raises ``CapabilityError``), ``kv_profile`` (KV bytes per
   token, None where unknown),
   ``reserve_decode_threads`` / ``claim_decode_threads`` (which thread's decodes may use several
-  threads; nothing by default); attributes ``engine`` (a name) and ``fingerprint`` (binds KV blocks
-  to model, precision and geometry).
+  threads; nothing by default), ``session_cells()`` (the most KV cells one session can hold where
+  the engine bounds a session on its own; None); attributes ``engine`` (a name) and
+  ``fingerprint`` (binds KV blocks to model, precision and geometry).
 - ``Executor(EngineSessions)``: an engine whose KV kvres addresses range by range:
   ``evict_range``, ``admit_range``, ``export_range``, ``import_range``, ``fork_session`` (by
   default ``open_session`` with the source's log, then every resident range exported and imported),
@@ -26,8 +27,7 @@ Primitives:
   scorer objects in ``kvres.policy.scorers``, the one scoring path. For recall, optionally:
   ``recall_attention`` (score cold blocks by a new turn's attention without importing them),
   ``prepare_recall`` (do the part of it that needs no turn ahead, while the backend is idle) and
-  ``exchange`` (evict and import many ranges as one change). ``session_cells()``: the most KV cells
-  one session can hold where the engine bounds a session on its own (None by default).
+  ``exchange`` (evict and import many ranges as one change).
 - ``RECALL_PREP_BYTES``: what prepared recalls may hold, all sessions of an executor together.
 - ``EngineManagedExecutor(EngineSessions)``: an engine that decides residency itself inside each
   request (openvino-genai): ``set_eviction`` and ``generate`` instead of range operations.
@@ -97,6 +97,12 @@ class EngineSessions(ABC):
     def append(self, session_id: str, tokens: Sequence[int]) -> Logits:
         """Add tokens (batched prefill); return the next-token logits (empty where the engine
         computes them only inside ``generate``)."""
+
+    def session_cells(self) -> int | None:
+        """The most KV cells one session can hold in the engine, where the engine bounds a session
+        on its own (llama.cpp's split layout: its stream; openvino-genai: its KV pool, which each
+        request fills with the whole log); None: only the backend's budget does."""
+        return None
 
     def append_many(self, items: Sequence[tuple[str, Sequence[int]]]) -> list[Logits]:
         """``append`` for several sessions (each at most once); an engine that can decode them in
@@ -179,11 +185,6 @@ class EngineSessions(ABC):
 class Executor(EngineSessions):
     @abstractmethod
     def evict_range(self, session_id: str, rng: Range, rebase: bool = False) -> None: ...
-
-    def session_cells(self) -> int | None:
-        """The most KV cells one session can hold in the engine, where the engine bounds a session
-        on its own (llama.cpp's split layout: its stream); None: only the backend's budget does."""
-        return None
 
     def share_prefix(self, source_id: str, session_id: str, n: int) -> None:
         """The empty session ``session_id`` takes the source's first ``n`` tokens with their KV,

@@ -4,7 +4,10 @@ kvres to address the KV is refused.
 Primitives:
 - ``ManagedStepper(ctx, executor, durability, resumption)``: ``step(jobs)`` runs every pending call
   at once on the engine (it cannot batch across sessions from here), a suspended session resumed
-  first; ``joins_prompts`` (False: a generate's prompt is appended by a call of its own first) and
+  first. Each request prefills the session's whole log, so the log is what the engine holds: an
+  append past the session's context limit is refused before any of it goes in, and a generate
+  ends there (finish_reason "length"), as on an engine whose KV kvres addresses
+  (``context_limit``); ``joins_prompts`` (False: a generate's prompt is appended by a call of its own first) and
   ``sampler(params)`` (None: the engine samples itself), which the facade asks of its stepper.
 - ``ManagedKV(ctx, executor)``: this engine's ``kv_access.SessionKV`` and ``pressure.Evictor``:
   ``check_policy`` refuses policies that need kvres to evict, ``open_on_engine`` tells the engine
@@ -19,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from kvres.coldstore import KVBlock
-from kvres.policy import CapabilityError, KvresError, Range
+from kvres.policy import CapabilityError, KvresError, Range, UnknownSessionError
 from kvres.policy.backend_planner import SessionView
 from kvres.policy.residency import Residency
 
@@ -28,6 +31,7 @@ from ..engines.executor import EngineManagedExecutor
 from ..sampling import Sampler, SamplingParams
 from .admission import check_managed_policy
 from .context import HostContext
+from .context_limit import check_prompt, session_limit
 from .durability import Durability
 from .resumption import Resumption
 from .scheduler import Job
@@ -92,10 +96,15 @@ class ManagedStepper:
         ctx = self.ctx
         try:
             s = ctx.sessions.get(job.session_id)
-            if s is not None and not s.live:
+            if s is None:
+                raise UnknownSessionError(job.session_id)
+            if not s.live:
                 self.resumption.resume(job.session_id, None)
+            held = len(self.executor.token_log(job.session_id))  # all of it goes into each request
+            limit = session_limit(ctx.config, self.executor, s.residency)
             started = time.perf_counter()
             if job.kind == "append":
+                check_prompt(ctx.config, self.executor, job.session_id, held, len(job.feed), limit, s.residency)
                 self.executor.append(job.session_id, job.feed)
                 ctx.jobs.profile.engine(time.perf_counter() - started, len(job.feed))
                 ctx.metrics.count_tokens(ctx.name, "prompt", len(job.feed))
@@ -108,7 +117,8 @@ class ManagedStepper:
                     raise CapabilityError(
                         f"backend {ctx.name!r} ({ctx.config.engine}) generates by temperature and seed only: "
                         "no stop strings or ids, top-k / top-p / min-p, penalties, grammar or logprobs")
-                tokens = self.executor.generate(job.session_id, job.remaining, params.temperature, params.seed)
+                room = job.remaining if limit is None else max(0, min(job.remaining, limit - held))
+                tokens = self.executor.generate(job.session_id, room, params.temperature, params.seed)
                 ctx.jobs.profile.engine(time.perf_counter() - started, len(tokens))
                 for token in tokens:
                     job.emit(token)

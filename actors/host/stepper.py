@@ -140,7 +140,7 @@ class KVStepper:
                 held = None  # a recall may change what the session holds
                 try:
                     check_prompt(self.ctx.config, self.executor, job.session_id, s.resident, len(job.feed),
-                                 self._limit(s))
+                                 self._limit(s), s.residency)
                 except KvresError as exc:
                     self.durability.fail(job, exc)
                     progressed = True

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.openvino_mechanism.llama_native import LlamaNative, NativeSession
 from kvres.actors.engines.openvino.genai import EngineEviction, GenAIEngine, export_genai_model
-from kvres.policy import StreamPolicy
+from kvres.policy import ContextLengthError, StreamPolicy
 
 TEXTS = [
     "Once upon a time, there was a little girl named Lily. She liked to play outside!",
@@ -88,3 +88,21 @@ def test_executor_tokenizes_like_llama_cpp(stories_gguf: Path, genai_dir: Path, 
             assert ids == llama.tokenize(text)
             assert ex.tokenize(text, add_bos=False) == ids[1:]
             assert ex.detokenize(ids[1:]) == text
+
+
+def test_executor_keeps_within_its_kv_pool(stories_gguf: Path, tmp_path: Path) -> None:
+    """genai answers a prompt longer than its KV pool with no tokens and no error: the executor
+    stops a generation where the log fills the pool, and refuses a log past it."""
+    from kvres.actors.engines.openvino.genai_executor import GenAIExecutor
+
+    ex = GenAIExecutor(stories_gguf, work_dir=tmp_path, kv_blocks=8)
+    assert ex.session_cells() == 256
+    ex.open_session("s", LONG_PROMPT[:250])
+    tokens = ex.generate("s", 20)
+    assert len(tokens) == 6 and len(ex.token_log("s")) == 256
+    assert ex.generate("s", 5) == []
+    ex.append("s", [5])
+    with pytest.raises(ContextLengthError, match=r"session 's' holds 257 tokens, past the 256 cells of the "
+                                                 r"openvino-genai KV pool \(8 blocks of 32\)"):
+        ex.generate("s", 5)
+    assert len(ex.token_log("s")) == 257

@@ -10,11 +10,15 @@ Primitives:
   snapkv_window_size=8)``: "let the engine evict", a kvres-side description of genai's
   ``CacheEvictionConfig``; ``from_stream_policy(policy, budget)`` maps a StreamingLLM policy and a
   token budget onto it (sizes rounded up to whole KV blocks, as genai requires); ``to_genai()``.
-- ``GenAIEngine(model_dir, eviction=None, f32=True, num_threads=1)``: a continuous-batching
-  pipeline; ``generate(prompts, max_new_tokens) -> list[list[int]]`` (greedy, token ids in and out).
+- ``GenAIEngine(model_dir, eviction=None, f32=True, num_threads=1, num_kv_blocks=KV_BLOCKS)``: a
+  continuous-batching pipeline over a KV pool of ``num_kv_blocks`` blocks of ``KV_BLOCK`` cells;
+  ``generate(prompts, max_new_tokens) -> list[list[int]]`` (greedy, token ids in and out).
 
 KV here is not range-addressable from Python: eviction is genai's (SUM / NORM_SUM aggregation of
-attention inside its paged attention); kvres's own mechanisms live in ``executor.py``.
+attention inside its paged attention); kvres's own mechanisms live in ``executor.py``. genai
+evicts only as it generates, never inside a prompt: a prompt longer than the pool comes back with
+no tokens, and a generation that fills it ends short, both without an error (measured on
+stories260K), so the callers keep within the pool.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from .graph import build_llama_model
 from .model import IR_FILE
 
 KV_BLOCK = 32  # genai's CPU KV block size: eviction sizes are whole blocks
+KV_BLOCKS = 256  # a pipeline's KV pool, in blocks: one request's prompt and its tokens must fit it
 AGGREGATIONS = ("SUM", "NORM_SUM")
 
 
@@ -103,7 +108,7 @@ class EngineEviction:
 
 class GenAIEngine:
     def __init__(self, model_dir: str | os.PathLike[str], eviction: EngineEviction | None = None,
-                 f32: bool = True, num_threads: int = 1, num_kv_blocks: int = 256) -> None:
+                 f32: bool = True, num_threads: int = 1, num_kv_blocks: int = KV_BLOCKS) -> None:
         import openvino_genai as genai
 
         self._genai = genai

@@ -1,10 +1,12 @@
 """Sessions whose KV the engine manages: openvino-genai's continuous batching with its own eviction.
 
 Primitives:
-- ``GenAIExecutor(model_path, num_threads=1, work_dir=None)``: a
+- ``GenAIExecutor(model_path, num_threads=1, work_dir=None, kv_blocks=KV_BLOCKS)``: a
   ``kvres.actors.engines.executor.EngineManagedExecutor``, for when kvres does not own the KV:
   ``open_session`` / ``append`` (the token log), ``generate`` (one genai request over the whole
-  log; greedy), ``token_log``, ``resident_ranges`` (always empty: no KV is kept between calls),
+  log; greedy; it ends where the log fills the pool, and a log past it is a ``ContextLengthError``),
+  ``session_cells()`` (the pool: ``kv_blocks * KV_BLOCK`` cells, the most a session's log can
+  be), ``token_log``, ``resident_ranges`` (always empty: no KV is kept between calls),
   ``close_session``, ``tokenize`` / ``detokenize`` (``special`` as the OpenVINO executor's),
   ``n_vocab``, ``end_of_generation``, ``chat_template`` (the source GGUF's), ``truncate`` (the log
   only: no KV outlives a request; no logits), ``fork_session`` (the log and the eviction setting);
@@ -14,7 +16,8 @@ Primitives:
   its pipeline.
 
 The model is exported once into ``work_dir / <first 16 hex digits of its model id>``; one
-``GenAIEngine`` (pipeline) is built per distinct eviction config and reused.
+``GenAIEngine`` (pipeline, with a pool of ``kv_blocks``) is built per distinct eviction config and
+reused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from kvres.actors.sampling import Sampler, SamplingParams
 from kvres.policy import (
     Capabilities,
     CapabilityError,
+    ContextLengthError,
     Range,
     SessionExistsError,
     StreamPolicy,
@@ -44,7 +48,7 @@ from kvres.policy import (
 from kvres.policy.tokens import token_ids
 
 from ..session_table import check_truncate_length
-from .genai import EngineEviction, GenAIEngine, export_genai_model
+from .genai import KV_BLOCK, KV_BLOCKS, EngineEviction, GenAIEngine, export_genai_model
 from .text import TextCodec
 
 ENGINE = "openvino-genai"
@@ -54,7 +58,7 @@ class GenAIExecutor(EngineManagedExecutor):
     engine = ENGINE
 
     def __init__(self, model_path: str | os.PathLike[str], num_threads: int = 1,
-                 work_dir: str | os.PathLike[str] | None = None) -> None:
+                 work_dir: str | os.PathLike[str] | None = None, kv_blocks: int = KV_BLOCKS) -> None:
         source = self.source = Path(model_path)
         self.model_id = model_id(source)
         root = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "kvres-genai"
@@ -63,6 +67,7 @@ class GenAIExecutor(EngineManagedExecutor):
             export_genai_model(source, self.model_dir)
         self.fingerprint = f"{ENGINE}:{self.model_id}"
         self.num_threads = num_threads
+        self.kv_blocks = kv_blocks
         self._engines: dict[EngineEviction | None, GenAIEngine] = {}
         self._logs: dict[str, list[int]] = {}
         self._eviction: dict[str, EngineEviction | None] = {}
@@ -72,6 +77,9 @@ class GenAIExecutor(EngineManagedExecutor):
 
     def capabilities(self) -> Capabilities:
         return Capabilities()
+
+    def session_cells(self) -> int:
+        return self.kv_blocks * KV_BLOCK
 
     def _log(self, session_id: str) -> list[int]:
         try:
@@ -116,7 +124,8 @@ class GenAIExecutor(EngineManagedExecutor):
 
     def _engine(self, eviction: EngineEviction | None) -> GenAIEngine:
         if eviction not in self._engines:
-            self._engines[eviction] = GenAIEngine(self.model_dir, eviction, num_threads=self.num_threads)
+            self._engines[eviction] = GenAIEngine(self.model_dir, eviction, num_threads=self.num_threads,
+                                                  num_kv_blocks=self.kv_blocks)
         return self._engines[eviction]
 
     def generate(self, session_id: str, max_tokens: int, temperature: float = 0.0,
@@ -128,6 +137,12 @@ class GenAIExecutor(EngineManagedExecutor):
             raise CapabilityError(f"the openvino-genai backend decodes greedily; temperature={temperature}")
         if not log:
             raise ValueError(f"session {session_id!r} has no tokens; append a prompt first")
+        cells = self.session_cells()
+        if len(log) > cells:  # genai would answer with no tokens and no error
+            raise ContextLengthError(
+                f"session {session_id!r} holds {len(log)} tokens, past the {cells} cells of the {ENGINE} KV pool "
+                f"({self.kv_blocks} blocks of {KV_BLOCK}), which each request fills with the whole log")
+        max_tokens = min(max_tokens, cells - len(log))  # the pool full: it ends there, as at max_tokens
         if max_tokens == 0:
             return []
         new = self._engine(self._eviction[session_id]).generate([log], max_tokens)[0]
