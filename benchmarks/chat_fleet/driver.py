@@ -5,7 +5,9 @@ Primitives:
   replies stay text that renders and tokenizes back the same on every server).
 - ``chat_turn(client, side, messages, session, reply_tokens, t0) -> (reply text, TurnRecord)``: one
   streamed ``POST /v1/chat/completions`` (greedy, ``reply_tokens`` tokens, end of generation
-  ignored, usage asked for); the first non-empty text delta is the time to first token.
+  ignored, usage asked for); the first non-empty text delta is the time to first token. A request
+  whose kept-alive connection the server had closed (no answer at all) is sent once more, on a
+  fresh connection, and counted (``retries``); the turn's time starts with the first try.
 - ``TurnRecord``: one turn as its client saw it (seconds since the clock started) and the prompt,
   cached and completion tokens the server counted.
 - ``wait_quiet(roots) -> (seconds waited, cores)``: waits until the process trees of ``roots``
@@ -48,6 +50,41 @@ class TurnRecord:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    retries: int = 0  # the request sent again on a fresh connection (see ``chat_turn``)
+
+
+def _stream(client: Any, body: dict[str, Any], headers: dict[str, str], t0: float) -> tuple[float | None, str,
+                                                                                          dict[str, Any]]:
+    import httpx
+
+    for attempt in (0, 1):
+        answered = False
+        first, text = None, ""
+        usage: dict[str, Any] = {}
+        try:
+            with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                answered = True
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise RuntimeError(f"error event: {chunk['error']}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            first = first if first is not None else time.perf_counter() - t0
+                            text += piece
+            return first, text, {**usage, "retries": attempt}
+        except (httpx.RemoteProtocolError, httpx.ConnectError):
+            # a kept-alive connection the server closed while this client was slow to send its next
+            # request (both servers close idle ones after 5 s): sent again once, as clients do
+            if answered or attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 def chat_turn(client: Any, side: Side, messages: list[Message], session: str | None, reply_tokens: int,
@@ -59,28 +96,12 @@ def chat_turn(client: Any, side: Side, messages: list[Message], session: str | N
         body["cache_prompt"] = True
     headers = {"X-Session-Id": session} if session else {}
     start = time.perf_counter() - t0
-    first, text = None, ""
-    usage: dict[str, Any] = {}
-    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"error event: {chunk['error']}")
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first if first is not None else time.perf_counter() - t0
-                    text += piece
+    first, text, usage = _stream(client, body, headers, t0)
     end = time.perf_counter() - t0
     details = usage.get("prompt_tokens_details") or {}
     record = TurnRecord(conversation, turn, start, first if first is not None else end, end,
                         int(usage.get("prompt_tokens", 0)), int(details.get("cached_tokens", 0)),
-                        int(usage.get("completion_tokens", 0)))
+                        int(usage.get("completion_tokens", 0)), int(usage["retries"]))
     if record.completion_tokens != reply_tokens:
         raise RuntimeError(f"{record.completion_tokens} reply tokens, not {reply_tokens}")
     return text, record
@@ -189,6 +210,7 @@ def run_side(side: Side, other: Side | None, w: ChatWorkload, conversations: lis
         "cached_tokens": sum(r.cached_tokens for r in records),
         "prefilled_tokens": sum(r.prompt_tokens - r.cached_tokens for r in records),
         "completion_tokens": sum(r.completion_tokens for r in records),
+        "retried_requests": sum(r.retries for r in records),
         "prompt_tokens_by_turn": [sum(r.prompt_tokens for r in records if r.turn == k) / max(
             1, sum(1 for r in records if r.turn == k)) for k in range(w.turns)],
         "records": [asdict(r) for r in sorted(records, key=lambda r: (r.conversation, r.turn))],
