@@ -59,10 +59,12 @@ prometheus-check: $(STAMP)
 dashboard-shot: $(STAMP)
 	$(BIN)/python scripts/dashboard_screenshot.py
 
-# The peer a user would pick instead of kvres, for benchmarks.serve / benchmarks.fleet --peer llama-server
-# (not part of `make test`): llama-server built once, Release, CPU, from the llama.cpp that the sdist of
-# the pinned llama-cpp-python vendors (the engine code kvres runs), cached as build/peers/llama-server-<pin>.
-# The web UI is left out (no download); PEER_JOBS=1 by default: a shared machine builds it in ~30 min.
+# The peer a user would pick instead of kvres, for `benchmarks.serve --peer llama-server` and
+# `benchmarks.fleet --http` (docs/serving.md; not part of `make test`): llama-server built once, Release,
+# CPU (ggml's defaults, -march=native as llama-cpp-python's own build), from the llama.cpp that the sdist
+# of the pinned llama-cpp-python vendors (the engine code kvres runs), cached as
+# build/peers/llama-server-<pin>. The web UI is left out (no download); PEER_JOBS=1 by default: a shared
+# 2-core machine took ~30 min.
 LLAMA_PIN    := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"$$/\1/p' actors/pins.py)
 PEERS        := build/peers
 PEER_SRC     := $(PEERS)/src-$(LLAMA_PIN)

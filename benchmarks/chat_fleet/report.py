@@ -80,7 +80,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = result["sides"]
     names = list(rows)
     x = np.arange(len(names))
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.8))
     ax1.bar(x, [rows[n]["turns_per_s"] for n in names], color="tab:blue")
     ax1.set_xticks(x, names)
     ax1.set_ylabel("turns/s")
@@ -97,13 +97,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     bottom = np.zeros(len(names))
     labels = sorted({p for n in names for p in rows[n]["cpu_by_process"]},
                     key=lambda p: -max(rows[n]["cpu_by_process"].get(p, {}).get("cpu_s_per_turn", 0.0) for n in names))
-    for p in labels:
+    colors = plt.get_cmap("tab20")
+    for i, p in enumerate(labels):
         heights = np.array([rows[n]["cpu_by_process"].get(p, {}).get("cpu_s_per_turn", 0.0) for n in names])
-        ax3.bar(x, heights * 1e3, bottom=bottom * 1e3, label=p)
+        ax3.bar(x, heights * 1e3, bottom=bottom * 1e3, label=p, color=colors(i % 20))
         bottom += heights
     ax3.set_xticks(x, names)
     ax3.set_ylabel("CPU ms per turn (every process of the side)")
-    ax3.legend(fontsize="x-small", ncol=1 if len(labels) < 8 else 2)
+    ax3.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

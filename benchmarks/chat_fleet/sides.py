@@ -16,7 +16,7 @@ Primitives:
 - ``KvresServe(model, w, tokens_per_conversation, threads, kv_layout, cold_ram_bytes, folder)``:
   ``kvres serve`` in a process of its own (an embedded Ray cluster, one backend with ``w.slots``
   sequence slots and a KV budget of ``w.slots`` conversations, one Serve replica), started on a
-  free port and stopped (SIGTERM; whatever of its tree is left, killed); ``side()``.
+  free port (a second try where it exits while starting) and stopped (SIGTERM; whatever of its tree is left, killed); ``side()``.
 - ``llama_server_flags(w, tokens_per_conversation, threads, cache_ram_mib) -> list[str]``: ``-np``
   slots, unified KV of as many conversations as kvres's budget, ``--cache-ram``, the threads, the
   GGUF's template through Jinja (``--jinja``); ``peer_side(server)``: a started ``LlamaServer`` as a
@@ -160,7 +160,19 @@ class KvresServe:
                                disk_dir=self.folder / "cold")
         return str(KvresConfig(backends=[backend], cold_store=cold).model_dump_json())
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> KvresServe:
+    def start(self, timeout_s: float = START_TIMEOUT_S, attempts: int = 2) -> KvresServe:
+        """Started; once more where it exits while starting (on a loaded machine Ray's node can miss
+        its 30 s to register)."""
+        for attempt in range(attempts):
+            try:
+                return self._start(timeout_s)
+            except PeerStartError as exc:
+                if attempt + 1 == attempts or "exited" not in str(exc):
+                    raise
+                print(f"kvres serve did not start, once more: {str(exc).splitlines()[-1]}", flush=True)
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout_s: float) -> KvresServe:
         import httpx
 
         self.port = free_port()
