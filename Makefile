@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvres-installed
 
-.PHONY: install demo test lint typecheck unit fuzz bench clean prometheus-check dashboard-shot system-deps
+.PHONY: install demo test lint typecheck unit fuzz bench clean prometheus-check dashboard-shot system-deps peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,34 @@ prometheus-check: $(STAMP)
 
 dashboard-shot: $(STAMP)
 	$(BIN)/python scripts/dashboard_screenshot.py
+
+# The peer a user would pick instead of kvres, for `benchmarks.serve --peer llama-server` and
+# `benchmarks.fleet --http` (docs/serving.md; not part of `make test`): llama-server built once, Release,
+# CPU (ggml's defaults, -march=native as llama-cpp-python's own build), from the llama.cpp that the sdist
+# of the pinned llama-cpp-python vendors (the engine code kvres runs), cached as
+# build/peers/llama-server-<pin>. The web UI is left out (no download); PEER_JOBS=1 by default: a shared
+# 2-core machine took ~30 min.
+LLAMA_PIN    := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"$$/\1/p' actors/pins.py)
+PEERS        := build/peers
+PEER_SRC     := $(PEERS)/src-$(LLAMA_PIN)
+LLAMA_SERVER := $(PEERS)/llama-server-$(LLAMA_PIN)
+PEER_JOBS    ?= 1
+
+peers: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(STAMP)
+	@test -n "$(LLAMA_PIN)" || { echo "no LLAMA_CPP_PYTHON pin found in actors/pins.py"; exit 1; }
+	rm -rf $(PEER_SRC) && mkdir -p $(PEER_SRC)
+	$(BIN)/python -m pip download --quiet --no-binary :all: --no-deps --dest $(PEER_SRC) \
+		llama-cpp-python==$(LLAMA_PIN)
+	tar -xzf $(PEER_SRC)/llama_cpp_python-$(LLAMA_PIN).tar.gz -C $(PEER_SRC)
+	cmake -S $(PEER_SRC)/llama_cpp_python-$(LLAMA_PIN)/vendor/llama.cpp -B $(PEER_SRC)/build \
+		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+	cmake --build $(PEER_SRC)/build --config Release --target llama-server -j $(PEER_JOBS)
+	cp $(PEER_SRC)/build/bin/llama-server $@.tmp && mv $@.tmp $@
+	rm -rf $(PEER_SRC)
 
 clean:
 	rm -rf $(VENV) build *.egg-info benchmarks/results

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python -m benchmarks.fleet [--large | --tiny] [--engine llama|openvino] [--kv-layout split|unified] [--model PATH]
 [--sessions 16] [--history 512] [--turns 3] [--user-tokens 32] [--reply-tokens 16] [--users 8]
 [--slots 4,16] [--shared-prefix 256] [--threads 2] [--reprefill-sessions 4] [--repeats 1]
-[--two-calls] [--high 4] [--out DIR]``
+[--two-calls] [--high 4] [--http] [--out DIR]``
 Writes ``fleet.json`` and ``fleet.png`` (``fleet-openvino.*`` with ``--engine openvino``) into DIR
 (default benchmarks/results).
 
@@ -37,6 +37,11 @@ Reported: turns/s, time to first token and turn latency p50 / p99, suspends / re
 first turns of one session on the fewest slots right after the cluster starts (a fresh probe cache,
 ``KVRES_CACHE_DIR``, so the backend's recall-cost probes run meanwhile: ``first_turns``), and the
 ratios the acceptance of issue #32 names.
+
+``--http``: instead, the same sizes as a chat fleet over HTTP (``benchmarks.chat_fleet``):
+``kvres serve`` with the fewest ``--slots`` against llama-server (``make peers`` builds it once),
+the sessions as conversations, the users as clients, ``--repeats`` runs of each side alternating;
+writes ``fleet-http-<preset>.json`` / ``.png``.
 """
 
 from __future__ import annotations
@@ -91,14 +96,33 @@ def _row(name: str, timings: list[TurnTiming], wall: float, extra: dict[str, Any
     return row
 
 
+def _tiny_shape() -> Any:
+    from benchmarks.realistic_model import ModelShape
+
+    return ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=512, context_length=4096)
+
+
 def _model(args: argparse.Namespace, tmp: Path) -> str:
     if args.model:
         return str(args.model)
-    from benchmarks.realistic_model import REALISTIC, ModelShape, write_realistic_model
+    from benchmarks.realistic_model import REALISTIC, write_realistic_model
 
-    shape = ModelShape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=512,
-                       context_length=4096) if args.tiny else REALISTIC
+    shape = _tiny_shape() if args.tiny else REALISTIC
     return str(write_realistic_model(tmp / "fleet.gguf", shape))
+
+
+def _http(args: argparse.Namespace, sizes: dict[str, Any], slots: list[int]) -> dict[str, Any]:
+    """The fleet's sizes as a chat fleet over HTTP: kvres serve against llama-server."""
+    from benchmarks.chat_fleet.__main__ import Settings, run
+    from benchmarks.chat_fleet.workload import ChatWorkload
+
+    w = ChatWorkload(conversations=sizes["sessions"], slots=min(slots), clients=sizes["users"], turns=sizes["turns"],
+                     history_tokens=sizes["history"], user_tokens=sizes["user_tokens"],
+                     reply_tokens=sizes["reply_tokens"])
+    preset = "large" if args.large else "tiny" if args.tiny else "default"
+    return run(Settings(config=preset, workload=w, model_kind="realistic", model=args.model,
+                        shape=_tiny_shape() if args.tiny else None, threads=int(sizes["threads"]),
+                        repeats=args.repeats, kv_layout=args.kv_layout), args.out, stem="fleet-http")
 
 
 def _median_row(rs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,8 +197,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--kv-layout", choices=("unified", "split"), default="split",
                         help="the kvres backends' llama.cpp KV layout (BackendConfig.kv_layout; split, the default: "
                              "one stream per session, what many resident chat sessions run fastest on)")
+    parser.add_argument("--http", action="store_true",
+                        help="the same sizes over HTTP: kvres serve (the fewest --slots) against llama-server "
+                             "(benchmarks.chat_fleet; `make peers` first)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
+    if args.http and args.engine != "llama":
+        parser.error("--http runs llama-server beside kvres: --engine llama only")
     if args.high is None:
         args.high = 1 if args.tiny else 4
     sizes = dict(PRESETS["large" if args.large else "tiny" if args.tiny else "default"])
@@ -183,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     w = Workload(**{k: sizes[k] for k in ("sessions", "history", "turns", "user_tokens", "reply_tokens", "users")})
     shared = replace(w, shared_prefix=min(int(sizes["shared_prefix"]), w.history))
     threads = int(sizes["threads"])
+    if args.http:
+        return _http(args, sizes, slots)
     slot_run, reprefill_run, batch_run = BASELINES[args.engine]
 
     import ray

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m benchmarks.serve [--clients 8] [--turns 10] [--conversation-tokens 512]
 [--history-tokens 0] [--reply-tokens 16] [--repeats 3] [--threads 2] [--kv-layout split|unified] [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --ff 2048
---vocab 32000] [--model PATH] [--out DIR]``. Writes ``serve.json`` and ``serve.png`` into DIR
+--vocab 32000] [--model PATH] [--out DIR]`` (or ``--peer llama-server ...``). Writes ``serve.json`` and ``serve.png`` into DIR
 (default benchmarks/results).
 
 - The model: a random-weight llama GGUF of realistic shape written by ``benchmarks.realistic_model``
@@ -23,6 +23,10 @@ Run: ``.venv/bin/python -m benchmarks.serve [--clients 8] [--turns 10] [--conver
 Reported per mode: turns/s, time to first token (the first streamed text) p50 / p99 over every
 turn of every repeat and by turn, the prompt and cached tokens the server counted; and the ratio of
 the bound p50 to the stateless p50 (the bar: at most 0.25), overall and per repeat.
+
+``--peer llama-server [--config engine-free|realistic-16|realistic-64] ...``: instead, the chat
+fleet against llama-server, the peer a user would pick (``benchmarks.chat_fleet``: its options
+follow; ``make peers`` builds the peer once). Writes ``serve-peers-<config>.json`` / ``.png``.
 """
 
 from __future__ import annotations
@@ -196,7 +200,16 @@ def _serve(model: Path, args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    peer = argparse.ArgumentParser(add_help=False)
+    peer.add_argument("--peer", choices=("llama-server",), default=None)
+    chosen, rest = peer.parse_known_args(argv)
+    if chosen.peer:
+        from benchmarks.chat_fleet.__main__ import main as chat_fleet
+
+        return chat_fleet(rest, stem="serve-peers")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", choices=("llama-server",), default=None,
+                        help="run the chat fleet against this peer instead (benchmarks.chat_fleet; see its --help)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--conversation-tokens", type=int, default=512, help="about what a conversation grows to")
