@@ -2,8 +2,9 @@
 
 Primitives:
 - ``ServeStateActor(namespace)``: one named, detached Ray actor per kvres namespace
-  (``state_actor_name()``), restarted by Ray when it dies. Its stored responses are written
-  through to Ray's GCS key-value store (``RESPONSES_KV_NAMESPACE``) and read back when it starts,
+  (``state_actor_name()``), restarted by Ray when it dies (a call made meanwhile, or in flight
+  at its death, waits for the new process). Its stored responses are written through to Ray's
+  GCS key-value store (``RESPONSES_KV_NAMESPACE``) and read back when it starts,
   so they survive its death and every replica's; its leases, session owners (``owners``: a cache
   of each session's tenant) and metrics are memory only.
 - ``ServeState(namespace)``: a replica's client of it: ``put_response``, ``get_response``,
@@ -45,7 +46,11 @@ def _kv_prefix(namespace: str) -> str:
     return f"{namespace}/"
 
 
-@ray.remote(num_cpus=0, max_restarts=-1)
+# max_task_retries: a call sent while Ray restarts it (or in flight at its death) waits for the new
+# process and runs there, instead of failing its request (ActorUnavailableError). Run again, a call
+# does what it did: a lease re-acquired by its holder, a record put again under its id, a metric
+# counted (a deletion that had happened finds nothing).
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ServeStateActor:
     def __init__(self, namespace: str) -> None:
         from ray.experimental import internal_kv
