@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ray import ObjectRef
@@ -234,6 +234,7 @@ class _StreamState:
     generation: Generation | None = None
     delivered: int = 0
     follow: Follow | None = None
+    handed: list[int] = field(default_factory=list)  # the tokens handed out, that a repeat must give again
 
 
 class TokenStream:
@@ -241,7 +242,8 @@ class TokenStream:
     ended) once it has. Leaving it early (``close()``, dropping it after a ``break``) ends the
     call on the backend with only the tokens handed out committed. After a backend death the
     request is sent again once the backend is back: the same sampler and seed give the same
-    tokens, and those already handed out are skipped."""
+    tokens, and those already handed out are skipped; where the repeat gives other ones (the
+    session's KV recomputed inexactly) the stream ends with ``BackendLostError`` (``_diverged``)."""
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
                  prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
@@ -294,7 +296,10 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                     produced += 1
                     if produced > state.delivered:
                         state.delivered = produced
+                        state.handed.append(int(item))
                         yield int(item)
+                    elif int(item) != state.handed[produced - 1]:
+                        _diverged(state, client.name, produced - 1)
                 return
             except UnknownSessionError:
                 moved = None if followed or state.delivered or state.follow is None else state.follow()
@@ -316,6 +321,19 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
     finally:
         if state.generation is None:
             _leave(state)
+
+
+def _diverged(state: _StreamState, backend: str, agreed: int) -> None:
+    """The repeat after a backend's death gives other tokens than those handed out (the session's
+    KV was recomputed from its log inexactly, after an eviction): the stream ends here, its call
+    keeping (``_leave``) the tokens handed out that the repeat gave too, so the log never holds a
+    token its reader was not given."""
+    handed = state.delivered
+    state.delivered = agreed
+    raise BackendLostError(
+        f"backend {backend!r} died during a stream of session {state.session_id!r} and its repeat diverged from "
+        f"the {handed} tokens handed out at token {agreed} (the session's KV was recomputed inexactly); the log "
+        f"keeps the {agreed} tokens before it: read it (tokens()) and go on from there")
 
 
 def _leave(state: _StreamState) -> None:
