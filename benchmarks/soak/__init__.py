@@ -1,0 +1,1 @@
+"""``python -m benchmarks.soak``: kvres serve under HTTP chat traffic for a long while, its processes killed on a schedule."""
