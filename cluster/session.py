@@ -60,6 +60,7 @@ from .gcs_config import publish_config, published_config
 from .kvres_config import BackendConfig, KvresConfig, SessionPolicy
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
+from .ray_task_events import actor_task_events, started_cluster_config
 from .reachability import check_reachable
 from .remote_calls import wait_until_answers
 from .restarts import sweep_previous_runs, unknown_session
@@ -159,7 +160,7 @@ class SessionManager:
                 MeteredColdStoreActor.options(
                     name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    max_restarts=-1,
+                    max_restarts=-1, **actor_task_events(),
                 ).remote, cfg.ram_budget_bytes, disk, cfg.disk_budget_bytes, secret=secret,
                 cache_folder=None if disk else folder,
             ))
@@ -174,6 +175,7 @@ class SessionManager:
         options: dict[str, Any] = {
             "name": backend_actor_name(cfg.name), "namespace": self.namespace, "get_if_exists": True,
             "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus, "max_restarts": -1,
+            **actor_task_events(),
         }
         if cfg.node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(cfg.node_id, soft=False)
@@ -182,7 +184,7 @@ class SessionManager:
     def _ensure_planner(self) -> Any:
         return PlannerActor.options(
             name=PLANNER_NAME, namespace=self.namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
-            max_restarts=-1,
+            max_restarts=-1, **actor_task_events(),
         ).remote(self.namespace)
 
     # -- calls that survive an actor's death ------------------------------------------------
@@ -486,7 +488,9 @@ def connect(
     set, else the configuration ``kvres start`` created the namespace's actors with, else defaults.
 
     Without an address an embedded local cluster is started, and it ends when this driver exits:
-    every session on it ends with it (this is logged). For sessions that outlive drivers run a
+    every session on it ends with it (this is logged); it bounds Ray's task-event store
+    (``ray_task_events.TASK_EVENT_STORE``, under a ``_system_config`` given). kvres's actors report
+    no task events wherever they are created. For sessions that outlive drivers run a
     standing cluster (``kvres start``, or ``ray start --head``) and connect to its address: kvres's
     actors are detached there, restart when they die, and any driver may exit.
     """
@@ -498,6 +502,8 @@ def connect(
         # no address: start an embedded local cluster ("local"), never a stray one found running
         if address and address not in ("auto", "local") and "://" not in address:
             check_reachable(address)  # seconds, not the minutes ray.init retries for
+        if (address or "local") == "local":  # a cluster started here: Ray's task-event store bounded
+            ray_init["_system_config"] = started_cluster_config(ray_init.get("_system_config"))
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
         if started:
