@@ -6,7 +6,7 @@ Primitives:
 - ``BackendClient(name, handle, revive, lease=None, routes=None)``: ``handle()`` is the actor's handle
   now (looked up again after a death: a backend created anew has a new one), ``revive()`` waits
   until the actor answers again (or raises ``BackendLostError``; ``NodeLostError`` when its node
-  died). ``routes`` (``failover.Failover``): a backend lost with its node hands each session's call
+  died; ``BackendStartError``, at once, when it could not start). ``routes`` (``failover.Failover``): a backend lost with its node hands each session's call
   to the backend the session moved to (``routed(session_id)``), and calls that name no session
   to a live backend of the same model. Calls that wait for their answer: ``open_session``,
   ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,

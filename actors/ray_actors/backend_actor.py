@@ -1,7 +1,11 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.backend_setup``;
+- ``BackendServer(config, namespace)``: starts within bounded attempts (``start_attempts``: an
+  engine that raises fails the backend at once; a process that dies while starting, its stderr
+  kept by ``engine_output.captured_stderr``, is started again by Ray at most ``START_ATTEMPTS``
+  times in a row; then the backend is failed, its reason the engine's own words, in Ray's GCS, and
+  the planner drops it from placement: ``start_failed``). It builds the executor (``kvres.actors.backend_setup``;
   its KV tier decision goes to the host, which runs its sessions by it), finds this node's cold
   store by name (``RayStorePort``; the journal is ``RayJournal``), starts measuring its recall
   costs in the background where its engine takes them and can shift positions
@@ -31,13 +35,14 @@ Primitives:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import ray
 
@@ -53,13 +58,16 @@ from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
 from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
 from kvres.coldstore import new_secret
+from kvres.policy.errors import BackendStartError
 
+from .engine_output import captured_stderr, last_words
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
 from .nodes import cold_store_name
 from .progress import loading, watch
 from .ray_journal import RayJournal
 from .ray_store_port import RayStorePort
+from .start_attempts import StartAttempts
 
 if TYPE_CHECKING:
     from kvres.actors.host.backend_surface import BackendSurface
@@ -109,6 +117,14 @@ def store_disk_folder(store_name: str, namespace: str) -> str | None:
     return None if folder is None else str(Path(folder).parent)
 
 
+def start_failed(namespace: str, backend: str) -> None:
+    """The planner's load view drops a backend that could not start: placement never picks it."""
+    from .planner_actor import PLANNER_NAME
+
+    with contextlib.suppress(ValueError):  # no planner (yet): it reads the failures when it starts
+        ray.get_actor(PLANNER_NAME, namespace=namespace).start_failed.remote(backend)
+
+
 def forget_session(namespace: str, session_id: str) -> None:
     """The planner's directory forgets a session its backend closed by itself (its ``ttl_s``)."""
     from .planner_actor import PLANNER_NAME
@@ -117,6 +133,25 @@ def forget_session(namespace: str, session_id: str) -> None:
 
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
+        attempts = StartAttempts(namespace, config.name)
+        try:
+            attempts.begin()  # BackendStartError once START_ATTEMPTS starts in a row died
+        except BackendStartError:
+            start_failed(namespace, config.name)
+            raise
+        with captured_stderr() as output:  # what native code says before it ends the process
+            attempts.output(output.path)
+            try:
+                self._start(config, namespace, output.stderr)
+            except Exception as exc:  # the engine refused: failed at once (Ray does not restart it)
+                words = last_words(output.said())
+                attempts.failed(f"{type(exc).__name__}: {exc}".splitlines()[0]
+                                + (f" (the engine wrote: {words})" if words else ""))
+                start_failed(namespace, config.name)
+                raise
+        attempts.started()
+
+    def _start(self, config: BackendConfig, namespace: str, log: TextIO) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         model = config.model_path or default_model_path()
         spec = engine_spec(config.engine)
@@ -126,7 +161,8 @@ class BackendServer:
         store = RayStorePort(store_name, namespace)
         self._reports = LoadReporter(config, str(model), self.node_id, namespace)
         size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
-        with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}"):
+        with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}",
+                     stream=log):
             executor = make_executor(config, model, placement)
         # the costs choose which parked blocks a resume recomputes, which only an engine that can
         # shift positions does (not llama.cpp's split layout): elsewhere they are not measured

@@ -20,7 +20,9 @@ suspended), test_store_faults (the cold store killed during resume; corrupt, tru
 forged block files), test_atomic_calls (a call that fails mid-append commits nothing, a full disk,
 a repeated request id), test_inexact_recompute (a re-based streaming session rebuilt after a
 death reports its divergence), test_folder_sweep (store folders an earlier
-run left are removed); a worker node's death is tests/multinode/test_node_death.py, a head
+run left are removed), test_start_failures (a backend that cannot start: bounded attempts, the
+engine's error from connect, add_backend, its sessions' calls and the status views; its own
+local cluster, no fixture of this file); a worker node's death is tests/multinode/test_node_death.py, a head
 restart tests/restarts/test_head_restart.py. 16 threads on 8 sequence slots, where sessions suspended to make
 room come back by themselves on their next call, is
 tests/host/test_concurrency.py::test_budget_holds_at_every_step_with_16_sessions_on_8_slots.
