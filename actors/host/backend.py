@@ -144,6 +144,8 @@ class BackendHost:
         pause_probes = self._pause_probes = getattr(recall_costs, "pause", None)  # a probe child waits out the calls
 
         def on_busy(busy: bool) -> None:
+            if not busy:
+                ctx.room.prune()  # calls that ended while they waited for room (closed, cancelled)
             if store is not None:
                 store.defer_writes(busy)
             if pause_probes is not None:

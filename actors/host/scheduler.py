@@ -132,6 +132,7 @@ class Job:
     appended: int = 0  # append: how many tokens it appends in all
     produced: list[int] = field(default_factory=list)  # generate: every token so far
     started: bool = False  # the loop has taken its first step
+    ran: bool = False  # it has had room in a step (a call that has not yet waits behind earlier ones for room)
     error: BaseException | None = None
     request: GenerationRequest | None = None  # generate: what the caller asked for
     stop: StopRule | None = None  # generate: when it ends before max_tokens
