@@ -14,11 +14,13 @@ Primitives:
   before it bring); then one ``executor.append_many_first`` for the whole batch (its prompts
   first), and each session's logits, counters and scoring after it (``_score``: compression, a
   prompt larger than the free room ranked by its own last tokens, H2O's rows taken before one
-  capture overflows). A call no room can be made for waits while any other call runs (its
-  session frees room when it ends); when none runs, the waiting call that handed out the fewest
-  tokens fails. A prompt past its session's context limit is refused before any of it goes in,
-  and a generate ends there ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
-  committed, then answered.
+  capture overflows). A streamed call ``STREAM_AHEAD`` tokens past its reader sits a step out
+  (``Job.waits_for_reader``), and one whose tokens are all out is committed once its reader took
+  them. A call no room can be made for waits while any other call runs (its session frees room
+  when it ends); when none runs, the waiting call that handed out the fewest tokens fails. A
+  prompt past its session's context limit is refused before any of it goes in, and a generate
+  ends there ("length"; ``context_limit``). A call that fails is rolled back; a call that is done
+  is committed, then answered.
   ``joins_prompts`` (True: a generate's prompt is fed by its own job) and ``sampler(params)``
   (kvres samples each token), which the facade asks of its stepper.
 
@@ -111,6 +113,9 @@ class KVStepper:
         """One engine step for ``jobs``; True when any of them progressed."""
         progressed = False
         busy = {job.session_id for job in jobs}
+        waiting = len(jobs)
+        jobs = [job for job in jobs if not job.waits_for_reader()]  # a stream runs ahead of its reader no further
+        waiting -= len(jobs)
         batch: list[tuple[Job, list[int]]] = []
         incoming: dict[str, int] = {}
         capacity = self.step_tokens
@@ -182,9 +187,10 @@ class KVStepper:
             incoming[job.session_id] = n
             capacity -= n
         if not batch:
-            if refused:
-                # nothing runs, so nothing will free room: the refused job that handed out the
-                # fewest tokens fails (its session becomes idle, so the others can have its room)
+            if refused and not waiting:
+                # nothing runs (or waits for its reader), so nothing will free room: the refused job
+                # that handed out the fewest tokens fails (its session becomes idle, so the others
+                # can have its room)
                 job, refusal = min(refused, key=lambda pair: len(pair[0].produced))
                 self.durability.fail(job, refusal)
                 progressed = True
@@ -244,7 +250,8 @@ class KVStepper:
         if limit is None or s.resident < limit:
             return False
         job.remaining = 0
-        complete(self.ctx, self.durability, job)
+        if not job.waits_for_reader():  # else committed once its reader took every token
+            complete(self.ctx, self.durability, job)
         return True
 
     def _ahead(self, job: Job, s: HostSession) -> int:
@@ -380,7 +387,7 @@ class KVStepper:
                 self._score(job, s, done)
             except Exception as exc:
                 self.durability.fail(job, exc)
-            if done and not job.done:
+            if done and not job.done and not job.waits_for_reader():  # else once its reader took them all
                 complete(ctx, self.durability, job)
             finished |= job.done
         if finished:
