@@ -332,9 +332,13 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                     produced += 1
                     if produced > state.delivered:
                         with state.lock:
-                            if state.left:
-                                return
-                            state.delivered = produced
+                            left, kept = state.left, state.delivered
+                            if not left:
+                                state.delivered = produced
+                        if left:  # by another thread; where the backend did not have the call yet, now it has
+                            if state.generation is None:
+                                _cancel(state, kept)
+                            return
                         yield int(item)
                 return
             except UnknownSessionError:
@@ -369,6 +373,10 @@ def _leave(state: _StreamState) -> None:
         if not state.sent:
             return
         keep = state.delivered
+    _cancel(state, keep)
+
+
+def _cancel(state: _StreamState, keep: int) -> None:
     try:
         generation = state.client.cancel(state.session_id, state.request_id, keep)
         if state.generation is None:  # (the reader of another thread may have had it from the backend)

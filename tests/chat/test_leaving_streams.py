@@ -135,3 +135,16 @@ def test_a_stream_collected_by_the_garbage_collector_commits_what_it_handed_out(
         assert manager.session(s.session_id).tokens() == PROMPT + got
         s.append([5])
         assert s.tokens() == PROMPT + got + [5]
+
+
+def test_a_chat_stream_left_with_break_keeps_what_it_handed_out_for_the_next_turn(manager) -> None:
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    with manager.open_session(backend="chat") as s:
+        stream = s.chat_stream(messages, max_tokens=200, ignore_eos=True)
+        got = _take(stream, 3)
+        held = len(s.tokens())  # the turn's prompt and the 3 tokens handed out
+        assert stream.finish_reason == "cancelled" and list(stream.generation or []) == got
+        assert s.tokens()[held - 3:] == got
+        reply = s.chat(messages + [{"role": "assistant", "content": s.detokenize(got)},
+                                   {"role": "user", "content": "And then?"}], max_tokens=4)
+        assert len(reply) <= 4

@@ -93,12 +93,15 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
 
 
 def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
-                 tenant_key: str | None = None) -> Server:
+                 tenant_key: str | None = None, backends: list[dict[str, object]] | None = None) -> Server:
+    """``backends``: the configuration's backends (each of the served model when it names none), in
+    place of the one llama backend "b0"."""
     model = served_model_path(folder)
     config = {
-        "backends": [{"name": "b0", "model_path": str(model), "n_ctx": 2048, "n_seq_max": 8,
-                      "kv_budget_tokens": 2000, "n_threads": 1,
-                      "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
+        "backends": [{"model_path": str(model), **b} for b in backends] if backends else [
+            {"name": "b0", "model_path": str(model), "n_ctx": 2048, "n_seq_max": 8,
+             "kv_budget_tokens": 2000, "n_threads": 1,
+             "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
         "cold_store": {"ram_budget_bytes": 16 << 20, "disk_budget_bytes": 64 << 20,
                        "disk_dir": str(folder / "coldstore")},
     }
