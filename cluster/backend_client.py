@@ -14,9 +14,9 @@ Primitives:
   ``suspend``, ``resume``,
   ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``.
 - ``TokenStream``: the tokens of a streaming generate (the backend runs at most
-  ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out); ``generation`` once it ended; a context
-  manager. Leaving it early (``close()``, the end of a ``with`` block, dropping it, or
-  ``end_stream``) commits only what it handed out.
+  ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out); ``generation``
+  once it ended; a context manager. Leaving it early (``close()``, the end of a ``with`` block,
+  dropping it, or ``end_stream``) commits only what it handed out.
 - ``end_stream(session_id, only=None)``: ends this driver's unfinished stream of the session (only
   when it is ``only``, where given), committing what it handed out; ``Session`` calls it before
   its calls, so a new call is not refused as busy.

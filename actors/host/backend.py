@@ -18,8 +18,9 @@ Primitives:
   commit; the first token comes in the step after the prompt's last chunk); ``stream`` takes a
   chat turn's ``messages`` instead. ``stream`` / ``chat_stream`` return a ``TokenStream``: its job
   runs at most ``STREAM_AHEAD`` tokens past what its reader took and is committed once the reader
-  took them all; ``close()`` leaves it, keeping what it handed out. The operations a backend serves are declared once, in
-  ``kvres.actors.host.backend_surface`` (``BackendSurface``), and mypy checks this class against it.
+  took them all; ``close()`` leaves it, keeping what it handed out. The operations a backend
+  serves are declared once, in ``kvres.actors.host.backend_surface`` (``BackendSurface``), and
+  mypy checks this class against it.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -471,8 +472,8 @@ class BackendHost:
     ) -> TokenStream:
         """Tokens as they are produced, at most ``STREAM_AHEAD`` past what its reader took;
         committed once the reader took them all (or, when it is left, up to what ``cancel`` /
-        ``TokenStream.close`` says was delivered). ``prompt``: tokens appended first, in the same call;
-        ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
+        ``TokenStream.close`` says was delivered). ``prompt``: tokens appended first, in the same
+        call; ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
         sampling of a ``request`` given as just ``max_tokens`` (without ``messages``)."""
         if messages is not None:
             return self.chat_stream(session_id, messages, request, request_id)
