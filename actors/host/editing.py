@@ -69,6 +69,7 @@ class Editing:
             if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
                 job = jobs[0]
                 job.remaining, job.finish_reason, job.stopped_by = 0, "cancelled", None
+                job.ahead = None  # its reader left: the call ends without waiting for it
                 ctx.jobs.poke()
                 return job
             if s is None or not jobs or not ctx.jobs.withdraw(jobs[0]):

@@ -14,7 +14,9 @@ Primitives:
   before it bring); then one ``executor.append_many_first`` for the whole batch (its prompts
   first), and each session's logits, counters and scoring after it (``_score``: compression, a
   prompt larger than the free room ranked by its own last tokens, H2O's rows taken before one
-  capture overflows). Calls are served in the room queue's order (``RoomQueue.order``: priority,
+  capture overflows). A streamed call ``STREAM_AHEAD`` tokens past its reader sits a step out
+  (``Job.waits_for_reader``), and one whose tokens are all out is committed once its reader took
+  them. Calls are served in the room queue's order (``RoomQueue.order``: priority,
   then arrival); a call no room can be made for waits there (``RoomQueue.wait``) until a call that
   runs frees room, and calls that have not run yet wait behind it; a room check may park the
   session of a call behind it, never one ahead or one whose call ran; when no call can run, the
@@ -117,8 +119,11 @@ class KVStepper:
         """One engine step for ``jobs``, served in the room queue's order; True when any of them
         progressed."""
         progressed = self._expire()
-        jobs = self.ctx.room.order([job for job in jobs if not job.done], self._priority)
-        ran = {job.session_id for job in jobs if job.ran}
+        pending = [job for job in jobs if not job.done]
+        jobs = [job for job in pending if not job.waits_for_reader()]  # a stream runs ahead of its reader no further
+        reading = len(pending) - len(jobs)  # streams that go on once their readers take what is out
+        jobs = self.ctx.room.order(jobs, self._priority)
+        ran = {job.session_id for job in pending if job.ran}
         served: set[str] = set()  # the sessions of the calls served so far in this step
         stalled: list[Job] = []  # left waiting for room in this step, in the order served
         batch: list[tuple[Job, list[int]]] = []
@@ -204,8 +209,9 @@ class KVStepper:
             incoming[job.session_id] = n
             capacity -= n
         if not batch:
-            # nothing runs, so no call will free room: the last waiting call that holds room gives it up
-            return self._preempt(stalled) or progressed
+            # nothing runs, so no call will free room: the last waiting call that holds room gives it
+            # up (unless a stream waits for its reader: once read, it runs and frees room)
+            return (not reading and self._preempt(stalled)) or progressed
         self._run(batch, incoming)
         return True
 
@@ -304,7 +310,8 @@ class KVStepper:
         if limit is None or s.resident < limit:
             return False
         job.remaining = 0
-        complete(self.ctx, self.durability, job)
+        if not job.waits_for_reader():  # else committed once its reader took every token
+            complete(self.ctx, self.durability, job)
         return True
 
     def _ahead(self, job: Job, s: HostSession) -> int:
@@ -439,7 +446,7 @@ class KVStepper:
                 self._score(job, s, done)
             except Exception as exc:
                 self.durability.fail(job, exc)
-            if done and not job.done:
+            if done and not job.done and not job.waits_for_reader():  # else once its reader took them all
                 complete(ctx, self.durability, job)
             finished |= job.done
         if finished:

@@ -14,10 +14,10 @@ Primitives:
   freezes the heap it started with (``heap.freeze_startup_heap``), and forwards to its host the
   operations ``kvres.actors.host.backend_surface.BackendSurface`` declares (mypy checks this class
   against it): ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray
-  streaming generator: one object per token), ``chat``, ``append_messages``, ``cancel``,
-  ``tokens``, ``truncate``, ``fork``, ``export``, ``restore``, ``suspend``, ``resume``,
-  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``; and ``stats``,
-  ``ping``, ``pid``.
+  streaming generator: one object per token, each yield returning once the driver took it),
+  ``chat``, ``append_messages``, ``cancel``, ``tokens``, ``truncate``, ``fork``, ``export``,
+  ``restore``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``tokenize``,
+  ``detokenize``; and ``stats``, ``ping``, ``pid``.
   It measures what a caller sees: every call's latency, a stream's time to first token and the
   gaps between its tokens, the calls it holds (``kvres.actors.metrics``: kvres_call_seconds,
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
 LEASE_CHECK_S = 0.25  # how often a stream asks whether its driver is still there
+# a stream's yield returns once its driver took the token (Ray's backpressure, in objects): what
+# the shell yielded is what the driver took, so a stream left or orphaned keeps exactly that
+STREAM_OBJECTS_AHEAD = 1
 
 
 def driver_alive(lease: ray.ObjectRef[bytes]) -> bool:
@@ -101,6 +104,7 @@ def _method(concurrency_group: str, streaming: bool = False) -> Callable[[Method
     options: dict[str, Any] = {"concurrency_group": concurrency_group}
     if streaming:
         options["num_returns"] = "streaming"
+        options["_generator_backpressure_num_objects"] = STREAM_OBJECTS_AHEAD
     decorate: Callable[[Method], Method] = cast(Any, ray.method)(**options)
     return decorate
 
@@ -266,11 +270,14 @@ class BackendServer:
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
                lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
-        """One object per token, then the ``Generation`` (why it ended). A stream its consumer
-        leaves keeps only the tokens it yielded: the generator closed, or the driver that called
-        gone (``lease``: an object the driver owns; Ray reports its owner's death to whoever
-        holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens) or
-        ``messages`` (a chat turn): appended first, in the same call."""
+        """One object per token, then the ``Generation`` (why it ended). Each yield returns once
+        the driver took its token (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
+        count it read, so the host's job runs at most ``STREAM_AHEAD`` tokens past the driver and
+        is committed once the driver took them all. A stream its consumer leaves keeps only the
+        tokens it yielded: the generator closed (by Ray too, when the driver that called dies), or
+        the driver gone (``lease``: an object the driver owns; Ray reports its owner's death to
+        whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens)
+        or ``messages`` (a chat turn): appended first, in the same call."""
         with self._call("stream") as t0:
             stream = self.host.stream(session_id, request, request_id, prompt, messages)
             yielded = 0
@@ -291,8 +298,7 @@ class BackendServer:
                         if not driver_alive(lease[0]):
                             break
             finally:
-                if stream.generation is None and not stream.job.done:
-                    self.host.cancel(session_id, stream.job.request_id, yielded)
+                stream.close(keep=yielded)  # a stream left before its end keeps what the driver took
             if stream.generation is not None:
                 yield stream.generation
 

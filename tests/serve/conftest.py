@@ -94,15 +94,17 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
 
 
 def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
-                 tenant_key: str | None = None, config: dict[str, Any] | None = None, replicas: int = 2) -> Server:
+                 tenant_key: str | None = None, config: dict[str, Any] | None = None, replicas: int = 2,
+                 backends: list[dict[str, object]] | None = None) -> Server:
     """``config``: the KvresConfig to serve (its ``model_path`` fields unset: the served model);
-    by default one backend ``b0`` with a quota for ``TENANT``."""
+    by default one backend ``b0`` with a quota for ``TENANT``, or ``backends`` in its place (each of
+    the served model when it names none)."""
     model = served_model_path(folder)
     config = config or {
-        "backends": [{"name": "b0", "n_ctx": 2048, "n_seq_max": 8, "kv_budget_tokens": 2000, "n_threads": 1,
-                      "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
+        "backends": backends or [{"name": "b0", "n_ctx": 2048, "n_seq_max": 8, "kv_budget_tokens": 2000,
+                                  "n_threads": 1, "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
     }
-    backends = [{**backend, "model_path": str(model)} for backend in config["backends"]]
+    backends = [{"model_path": str(model), **backend} for backend in config["backends"]]
     config = {"cold_store": {"ram_budget_bytes": 16 << 20, "disk_budget_bytes": 64 << 20,
                              "disk_dir": str(folder / "coldstore")}, **config, "backends": backends}
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "KVRES_CONFIG", "KVRES_API_KEY_FILE")}
