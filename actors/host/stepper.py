@@ -121,7 +121,6 @@ class KVStepper:
         progressed = self._expire()
         pending = [job for job in jobs if not job.done]
         jobs = [job for job in pending if not job.waits_for_reader()]  # a stream runs ahead of its reader no further
-        reading = len(pending) - len(jobs)  # streams that go on once their readers take what is out
         jobs = self.ctx.room.order(jobs, self._priority)
         ran = {job.session_id for job in pending if job.ran}
         served: set[str] = set()  # the sessions of the calls served so far in this step
@@ -209,9 +208,8 @@ class KVStepper:
             incoming[job.session_id] = n
             capacity -= n
         if not batch:
-            # nothing runs, so no call will free room: the last waiting call that holds room gives it
-            # up (unless a stream waits for its reader: once read, it runs and frees room)
-            return (not reading and self._preempt(stalled)) or progressed
+            # nothing runs, so no call will free room: the last waiting call that holds room gives it up
+            return self._preempt(stalled) or progressed
         self._run(batch, incoming)
         return True
 

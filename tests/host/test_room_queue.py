@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,22 @@ def suspends(h: BackendHost, sid: str) -> int:
     return int(h.session_stats(sid)["counters"]["suspends"])
 
 
+
+def read_all(streams: list[Any]) -> list[list[int]]:
+    """Every stream read to its end at once, each by its own reader (a stream runs only a few
+    tokens ahead of its reader, so streams read one after another could wait on each other)."""
+    got: list[list[int]] = [[] for _ in streams]
+
+    def read(i: int) -> None:
+        got[i] = list(streams[i])
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(streams))]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(timeout=300)
+    return got
+
 def test_a_burst_past_the_budget_completes_the_last_call_giving_its_room_up(tmp_path: Path) -> None:
     """Four sessions that keep every token (kind "none") hold 32 tokens each of a 136-token budget
     and generate 16 more each at once: together they need 192. Each call holds what it has and
@@ -71,7 +88,7 @@ def test_a_burst_past_the_budget_completes_the_last_call_giving_its_room_up(tmp_
         h.append(sid, prompt(i, 32, vocab=133))
     with h._ctx.lock:  # the loop waits: the four calls arrive in this order before its next step
         streams = [h.stream(sid, exactly(16)) for sid in sids]
-    got = [list(stream) for stream in streams]
+    got = read_all(streams)
 
     assert got == [alone[sid] for sid in sids]
     stats = h.stats()
@@ -95,8 +112,8 @@ def test_first_come_first_served_a_later_call_that_fits_waits_behind_an_earlier_
         a = h.stream("a", exactly(40), prompt=prompt(1, 60))
         b = h.stream("b", exactly(8), prompt=prompt(2, 112))
         c = h.stream("c", exactly(8), prompt=prompt(3, 52))
-    for stream in (a, b, c):
-        assert len(list(stream)) in (40, 8)
+    for got in read_all([a, b, c]):
+        assert len(got) in (40, 8)
     assert suspends(h, "a") == 1 and suspends(h, "b") == 1 and suspends(h, "c") == 0
     assert [len(h.tokens(sid)) for sid in "abc"] == [100, 120, 60]
     assert h.stats()["room_queue"]["waited"] >= 2  # b and c waited, and got room
@@ -112,7 +129,7 @@ def test_a_higher_priority_call_gets_room_first(tmp_path: Path) -> None:
     with h._ctx.lock:
         low = h.stream("low", exactly(8), prompt=prompt(4, 112))
         high = h.stream("high", exactly(8), prompt=prompt(5, 112))
-    assert len(list(low)) == len(list(high)) == 8
+    assert [len(got) for got in read_all([low, high])] == [8, 8]
     assert suspends(h, "high") == 1 and suspends(h, "low") == 0
 
 
@@ -209,9 +226,21 @@ def test_a_stream_left_while_its_session_is_preempted_keeps_what_it_says(tmp_pat
                 answer = h.cancel("s3", None, keep=1)
         return answer is not None
 
+    readers = [threading.Thread(target=list, args=(stream,)) for stream in streams[3:]]  # s3's, left below
+    for reader in readers:
+        reader.start()
+    got = [[] for _ in streams[:3]]
+
+    def read(i: int) -> None:
+        got[i] = list(streams[i])
+
+    others = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for reader in others:
+        reader.start()
     assert wait_until(left, every_s=0.001)
-    for stream in streams[:3]:
-        assert len(list(stream)) == 64
+    for reader in others + readers:
+        reader.join(timeout=300)
+    assert [len(g) for g in got] == [64, 64, 64]
     assert answer is not None and answer.finish_reason == "cancelled"
     assert list(answer) in ([], alone[:1])
     assert h.tokens("s3") == prompt(3, 32, vocab=133) + list(answer)
