@@ -24,7 +24,10 @@ Primitives:
   ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves ``n_ctx`` and
   ``kv_budget_tokens`` from the model's KV profile (``kvres.actors.backend_setup.kv_budget``), and an
   explicit ``n_ctx`` / ``kv_budget_tokens`` only caps them; ``max_pinned_tokens``, what pinned
-  sessions may hold under their pins; ``tenant_quotas``, per tenant label.
+  sessions may hold under their pins; ``tenant_quotas``, per tenant label; ``max_room_wait_s`` and
+  ``max_waiting_calls``: how long, and how many, calls that cannot get room wait for it (first
+  come, first served within a priority) before they are refused (``BackendFullError`` with a
+  retry-after hint; HTTP 429 with ``Retry-After``).
 
 Every bad value is a ``pydantic.ValidationError`` (a ValueError) whose message names the field.
 Drivers import both from ``kvres.cluster``.
@@ -183,6 +186,10 @@ class BackendConfig(BaseModel):
     max_pinned_tokens: int | None = Field(None, ge=0)
     # per tenant label (SessionPolicy.tenant): what its sessions may hold here together
     tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
+    # a call that cannot get room now waits for it this long (0: refused at once), first come first
+    # served within a priority; at most this many wait at once (one more is refused at once)
+    max_room_wait_s: float = Field(60.0, ge=0.0, le=3600.0)
+    max_waiting_calls: int = Field(256, ge=0, le=1 << 16)
 
     @property
     def memory_budgeted(self) -> bool:

@@ -24,7 +24,8 @@ Primitives:
   weaker policy than it asked, ``kvres.policy.degrade``: counted once per session), dropped_blocks
   (blocks a session found gone: recomputed from its log), idle_suspends (parked after its
   ``idle_suspend_s``), ttl_closes (closed after its ``ttl_s``), quota_drops (cold blocks dropped
-  to keep its tenant within ``cold_bytes``), ...), kvres_plan_latency_ms (histogram,
+  to keep its tenant within ``cold_bytes``), preemptions (parked mid-call: its call waited for room
+  that only waiting calls held; also counted in suspends), ...), kvres_plan_latency_ms (histogram,
   {backend}), kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens
   decoded), kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started:
   event "drops", "spill_errors", "corrupt"; a gauge, present from the start);
@@ -33,7 +34,10 @@ Primitives:
   ``generate`` / ``chat`` the whole answer, which is when its first token reaches the caller),
   kvres_inter_token_seconds{backend} (histogram: between a stream's tokens),
   kvres_call_seconds{backend,method} (histogram: every call, from its arrival to its answer),
-  kvres_queue_depth{backend} (calls the backend accepted and has not answered: waiting or running).
+  kvres_queue_depth{backend} (calls the backend accepted and has not answered: waiting or running);
+  kvres_room_queue_depth{backend} (calls waiting for room, ``kvres.actors.host.room_queue``) and
+  kvres_room_wait_seconds{backend,outcome} (histogram: how long a call waited for room; outcome
+  "room": it got room, "refused": it was refused, at once when the queue was full).
 
 Session ids are what ``SessionManager.session(id)`` needs to take a session over, and the metrics
 endpoint has no authentication, so labels carry a keyed hash of the id instead. The secret (or the
@@ -72,7 +76,7 @@ COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped
             "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
             "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes",
-            "quota_drops")
+            "quota_drops", "preemptions")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 # histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -167,6 +171,10 @@ class Metrics:
     def observe_token_gap(self, backend: str, seconds: float) -> None: ...
 
     def set_queue_depth(self, backend: str, calls: int) -> None: ...
+
+    def set_room_queue_depth(self, backend: str, calls: int) -> None: ...
+
+    def observe_room_wait(self, backend: str, seconds: float, outcome: str) -> None: ...
 
 
 NullMetrics = Metrics
@@ -329,6 +337,13 @@ class RayMetrics(Metrics):
         self._queue = metrics.Gauge(
             "kvres_queue_depth", "Calls a backend accepted and has not answered yet (waiting or running)",
             tag_keys=("backend",))
+        self._room_queue = metrics.Gauge(
+            "kvres_room_queue_depth", "Calls waiting for room on a backend (first come, first served within a "
+            "priority, up to its max_room_wait_s)", tag_keys=("backend",))
+        self._room_wait = metrics.Histogram(
+            "kvres_room_wait_seconds", "How long a call waited for room: outcome=room (it got room) or refused "
+            "(past max_room_wait_s, or at once when max_waiting_calls wait)",
+            boundaries=list(CALL_BUCKETS_S), tag_keys=("backend", "outcome"))
 
     def _session(self, session_id: str) -> str:
         if self._label_secret is None:
@@ -393,3 +408,9 @@ class RayMetrics(Metrics):
 
     def set_queue_depth(self, backend: str, calls: int) -> None:
         self._refresher.record(self._queue, calls, {"backend": backend})
+
+    def set_room_queue_depth(self, backend: str, calls: int) -> None:
+        self._refresher.record(self._room_queue, calls, {"backend": backend})
+
+    def observe_room_wait(self, backend: str, seconds: float, outcome: str) -> None:
+        self._refresher.observe(self._room_wait, seconds, {"backend": backend, "outcome": outcome})

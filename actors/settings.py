@@ -7,7 +7,10 @@ Primitives:
   ``config`` (KVRES_CONFIG: a KvresConfig as JSON, or a file holding it),
   ``metrics_per_session`` (KVRES_METRICS_PER_SESSION: per-session metric series, off by default
   so a busy cluster's series stay bounded), ``metrics_session_ids`` (KVRES_METRICS_SESSION_IDS:
-  plain session ids as their label instead of keyed hashes; implies per-session series).
+  plain session ids as their label instead of keyed hashes; implies per-session series),
+  ``ray_task_events`` (KVRES_RAY_TASK_EVENTS: Ray's defaults for task events, off by default: the
+  clusters kvres starts bound Ray's task-event store and kvres's actors report none,
+  ``kvres.cluster.ray_task_events``).
 - ``read_settings(env=None) -> KvresSettings``: from ``os.environ``, or from ``env`` alone (tests);
   a value kvres cannot read raises ``SettingsError`` naming the variable and the value.
 - ``backend_overrides(env=None) -> dict``: every ``BackendConfig`` field but ``name`` and
@@ -50,6 +53,7 @@ class KvresSettings(BaseSettings):
     config: str | None = None
     metrics_per_session: bool = False
     metrics_session_ids: bool = False
+    ray_task_events: bool = False
 
     @property
     def per_session_series(self) -> bool:

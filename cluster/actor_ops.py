@@ -2,8 +2,9 @@
 
 Primitives:
 - ``ConnectError``: a kvres actor could not start (its own error is quoted); nothing was left running.
-- ``start_error(kind, name, exc) -> ConnectError``: the actor's own error (the last line Ray quotes
-  of its creation task) as a kvres error.
+- ``start_error(kind, name, exc, failure=None, undone=CONNECT_UNDONE) -> ConnectError``: the actor's
+  own error (a backend's ``BackendStartError`` record where it has one: the engine's words, else
+  the last line Ray quotes of its creation task) as a kvres error; ``undone`` says what became of it.
 - ``destroy_stores(stores, timeout_s=60.0)``: every block of each store dropped and its folder
   removed; a failure is logged, not raised.
 - ``actor_exists(name, namespace) -> bool``.
@@ -22,6 +23,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError
 
 from kvres.policy import KvresError
+from kvres.policy.errors import BackendStartError
 
 from .remote_calls import answer
 
@@ -35,13 +37,19 @@ class ConnectError(KvresError, RuntimeError):
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def start_error(kind: str, name: str, exc: BaseException) -> ConnectError:
-    """The actor's own error (the last line Ray quotes of its creation task) as a kvres error."""
+CONNECT_UNDONE = "the actors this connect() created are stopped"
+
+
+def start_error(kind: str, name: str, exc: BaseException, failure: BackendStartError | None = None,
+                undone: str = CONNECT_UNDONE) -> ConnectError:
+    """The actor's own error as a kvres error: the reason a backend's start record gives (with its
+    attempts), else the last line Ray quotes of the creation task."""
+    if failure is not None:
+        tries = f"{failure.attempts} attempt{'' if failure.attempts == 1 else 's'}"
+        return ConnectError(f"{kind} {name!r} could not start: {failure.reason} ({tries}; {undone})")
     text = _ANSI.sub("", str(getattr(exc, "error_msg", None) or exc)).strip()
     cause = text.splitlines()[-1].strip() if text else type(exc).__name__
-    return ConnectError(
-        f"{kind} {name!r} could not start: {cause} (the actors this connect() created are stopped)"
-    )
+    return ConnectError(f"{kind} {name!r} could not start: {cause} ({undone})")
 
 
 def destroy_stores(stores: Sequence[Any], timeout_s: float = 60.0) -> None:

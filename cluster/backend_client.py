@@ -6,16 +6,21 @@ Primitives:
 - ``BackendClient(name, handle, revive, lease=None, routes=None)``: ``handle()`` is the actor's handle
   now (looked up again after a death: a backend created anew has a new one), ``revive()`` waits
   until the actor answers again (or raises ``BackendLostError``; ``NodeLostError`` when its node
-  died). ``routes`` (``failover.Failover``): a backend lost with its node hands each session's call
+  died; ``BackendStartError``, at once, when it could not start). ``routes`` (``failover.Failover``): a backend lost with its node hands each session's call
   to the backend the session moved to (``routed(session_id)``), and calls that name no session
   to a live backend of the same model. Calls that wait for their answer: ``open_session``,
   ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,
   ``append_messages``, ``cancel``, ``truncate``, ``fork``, ``tokens``, ``export``, ``restore``,
   ``suspend``, ``resume``,
   ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``.
-- ``TokenStream``: the tokens of a streaming generate; ``generation`` once it ended; leaving it
-  early commits only what it handed out. Calls sent
-  without waiting, returning the ``ObjectRef``: ``ping_ref``, ``stats_ref``.
+- ``TokenStream``: the tokens of a streaming generate (the backend runs at most
+  ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out); ``generation``
+  once it ended; a context manager. Leaving it early (``close()``, the end of a ``with`` block,
+  dropping it, or ``end_stream``) commits only what it handed out.
+- ``end_stream(session_id, only=None)``: ends this driver's unfinished stream of the session (only
+  when it is ``only``, where given), committing what it handed out; ``Session`` calls it before
+  its calls, so a new call is not refused as busy.
+- Calls sent without waiting, returning the ``ObjectRef``: ``ping_ref``, ``stats_ref``.
 
 A call that meets the backend's death waits for it to come back and is sent once more
 (``remote_calls.call``; every call that changes a session carries a request id or is safe to
@@ -27,8 +32,11 @@ that means.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Generator, Iterator, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -234,24 +242,47 @@ class _StreamState:
     generation: Generation | None = None
     delivered: int = 0
     follow: Follow | None = None
+    sent: bool = False  # the backend was asked (at the first next())
+    left: bool = False  # its caller left it: nothing more is handed out
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     handed: list[int] = field(default_factory=list)  # the tokens handed out, that a repeat must give again
 
 
+# this driver's latest stream of each session, while something holds it
+_streams: weakref.WeakValueDictionary[str, TokenStream] = weakref.WeakValueDictionary()
+_streams_lock = threading.Lock()
+
+
+def end_stream(session_id: str, only: TokenStream | None = None) -> None:
+    """End this driver's unfinished stream of ``session_id`` (only where it is ``only``), committing
+    the tokens it handed out; a stream that ended already is left as it is."""
+    with _streams_lock:
+        stream = _streams.get(session_id)
+        if stream is None or (only is not None and stream is not only):
+            return
+        del _streams[session_id]
+    stream.close()
+
+
 class TokenStream:
-    """Tokens as the backend produces them (a Ray streaming generator); ``generation`` (why it
-    ended) once it has. Leaving it early (``close()``, dropping it after a ``break``) ends the
-    call on the backend with only the tokens handed out committed. After a backend death the
-    request is sent again once the backend is back: the same sampler and seed give the same
-    tokens, and those already handed out are skipped; where the repeat gives other ones (the
-    session's KV recomputed inexactly) the stream ends with ``BackendLostError`` (``_diverged``)."""
+    """Tokens as the backend produces them (a Ray streaming generator), at most ``STREAM_AHEAD``
+    ahead of what it handed out (the backend waits for its reader); ``generation`` (why it ended)
+    once it has. Leaving it early (``close()``, a ``with`` block's end, dropping it, or the next
+    call of the session through its handle: ``end_stream``) ends the call on the backend with only
+    the tokens handed out committed. After a backend death the request is sent again once the
+    backend is back: the same sampler and seed give the same tokens, and those already handed out
+    are skipped; where the repeat gives other ones (the session's KV recomputed inexactly) the
+    stream ends with ``BackendLostError`` (``_diverged``)."""
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
                  prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
                  follow: Follow | None = None) -> None:
         self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow)
         self._tokens = _run(self._state)
+        with _streams_lock:
+            _streams[session_id] = self
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
@@ -276,8 +307,11 @@ class TokenStream:
         return None if self._state.generation is None else self._state.generation.finish_reason
 
     def close(self) -> None:
-        """Leave the stream: the backend keeps (commits) only the tokens handed out so far."""
-        self._tokens.close()
+        """Leave the stream: the backend keeps (commits) only the tokens handed out so far. From
+        another thread than the one reading it, that reader gets no more tokens."""
+        _leave(self._state)
+        with contextlib.suppress(ValueError):  # being read in another thread: it stops at its next token
+            self._tokens.close()
 
 
 def _run(state: _StreamState) -> Generator[int, None, None]:
@@ -287,6 +321,10 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
         while True:
             produced = 0
             try:
+                with state.lock:
+                    if state.left:
+                        return
+                    state.sent = True
                 for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
                                                state.messages):
                     item = answer(ref)
@@ -295,8 +333,15 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                         continue
                     produced += 1
                     if produced > state.delivered:
-                        state.delivered = produced
-                        state.handed.append(int(item))
+                        with state.lock:
+                            left, kept = state.left, state.delivered
+                            if not left:
+                                state.delivered = produced
+                                state.handed.append(int(item))
+                        if left:  # by another thread; where the backend did not have the call yet, now it has
+                            if state.generation is None:
+                                _cancel(state, kept)
+                            return
                         yield int(item)
                     elif int(item) != state.handed[produced - 1]:
                         _diverged(state, client.name, produced - 1)
@@ -337,11 +382,26 @@ def _diverged(state: _StreamState, backend: str, agreed: int) -> None:
 
 
 def _leave(state: _StreamState) -> None:
+    """The call ends on the backend with the tokens handed out committed (once; nothing to do for
+    a stream that ended, or that never asked the backend)."""
+    with state.lock:
+        if state.left or state.generation is not None:
+            return
+        state.left = True
+        if not state.sent:
+            return
+        keep = state.delivered
+    _cancel(state, keep)
+
+
+def _cancel(state: _StreamState, keep: int) -> None:
     try:
-        state.generation = state.client.cancel(state.session_id, state.request_id, state.delivered)
+        generation = state.client.cancel(state.session_id, state.request_id, keep)
+        if state.generation is None:  # (the reader of another thread may have had it from the backend)
+            state.generation = generation
     except Exception as exc:  # the stream was left: its caller has nothing to receive an error
         logging.getLogger("kvres.cluster").warning(
-            "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, state.delivered,
+            "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, keep,
             type(exc).__name__, exc)
 
 

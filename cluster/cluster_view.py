@@ -6,7 +6,9 @@ Primitives:
   connected, and checks that kvres runs in ``namespace``.
 - ``ClusterView(namespace)``: ``status()`` (the shape of ``SessionManager.status()``: backends in
   name order, the planner's load view, cold stores, the session directory; an actor that does not
-  answer within ``ROW_TIMEOUT_S`` shows as a row with an ``error``),
+  answer within ``ROW_TIMEOUT_S`` shows as a row with an ``error``, and so does a backend that is
+  starting or could not start, with the engine's error: ``start_attempts``, read from Ray's GCS,
+  since a backend that failed to start has no actor left to ask),
   ``session_stats(session_id)``, ``reprs()`` (every kvres actor's live ``repr``).
 - ``NoClusterError``: no kvres actors in that namespace.
 
@@ -23,6 +25,7 @@ from typing import Any
 import ray
 
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
+from kvres.actors.ray_actors.start_attempts import failed_backends, start_state
 from kvres.policy import KvresError, UnknownSessionError
 
 from .ray_auth import follow_local_token
@@ -73,11 +76,17 @@ class ClusterView:
         stores = self._named(COLDSTORE_PREFIX)
         planner = self.actors[PLANNER_NAME]
         load = planner.load.remote()
-        stats = {n: h.stats.remote() for n, h in backends.items()}
+        starts = {n: state for n in backends if (state := start_state(self.namespace, n[len(BACKEND_PREFIX):]))}
+        stats = {n: h.stats.remote() for n, h in backends.items() if n not in starts}
         store_stats = {n: h.stats.remote() for n, h in stores.items()}
+        rows = {n[len(BACKEND_PREFIX):]: _answer(ref, backend=n[len(BACKEND_PREFIX):]) for n, ref in stats.items()}
+        rows |= {n[len(BACKEND_PREFIX):]: {"backend": n[len(BACKEND_PREFIX):], "error": state}
+                 for n, state in starts.items()}
+        rows |= {name: {"backend": name, "error": str(failure)}
+                 for name, failure in failed_backends(self.namespace).items() if name not in rows}
         return {
             "namespace": self.namespace,
-            "backends": [_answer(ref, backend=n[len(BACKEND_PREFIX):]) for n, ref in stats.items()],
+            "backends": [rows[name] for name in sorted(rows)],
             "load": ray.get(load),
             "cold_stores": {n: _answer(ref) for n, ref in store_stats.items()},
             "sessions": ray.get(planner.directory.remote()),

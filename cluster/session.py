@@ -13,6 +13,12 @@ Primitives:
   ``backends()``, ``status(detail=True)``, ``shutdown(keep_blocks=False)`` (also removes the
   namespace's cold blocks and store folders unless told to keep them).
 - ``ConnectError`` (``actor_ops``): a kvres actor could not start; ``connect`` then leaves nothing running.
+  A backend that cannot start (its engine raised, or its process died starting
+  ``START_ATTEMPTS`` times in a row: ``kvres.actors.ray_actors.start_attempts``) fails
+  ``connect`` and ``add_backend`` with a ``ConnectError`` naming it and the engine's error (its
+  cause a ``BackendStartError``); one that fails later (restarted after a crash) is not started
+  again by calls: each call on its sessions raises ``BackendStartError`` at once, ``status()``
+  shows it failed with the reason, and a later ``connect()`` starts it anew.
 - ``Session`` (``kvres.cluster.session_handle``): what ``open_session`` and ``session`` return.
 
 Each call is one Ray call (generation is batched inside the backend, never one remote call per
@@ -28,7 +34,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
@@ -44,6 +50,7 @@ from kvres.actors.ray_actors.coldstore_actor import MeteredColdStoreActor
 from kvres.actors.ray_actors.nodes import cold_store_name, store_node_dead
 from kvres.actors.ray_actors.planner_actor import PLANNER_NAME, PlannerActor
 from kvres.actors.ray_actors.ray_journal import RayDirectory, RayJournal
+from kvres.actors.ray_actors.start_attempts import forget_start, forget_starts, start_failure, start_state
 from kvres.actors.settings import read_settings
 from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session
@@ -51,8 +58,8 @@ from kvres.policy import ArgumentError, KvresError, SessionExistsError, UnknownS
 from kvres.policy.errors import BackendLostError, NodeLostError, PlannerLostError
 from kvres.policy.placement import PlacementError, PlacementPolicy
 
+from .actor_ops import CONNECT_UNDONE, actor_exists, destroy_stores, start_error, status_row
 from .actor_ops import ConnectError as ConnectError  # re-exported: where callers import it from
-from .actor_ops import actor_exists, destroy_stores, start_error, status_row
 from .backend_client import BackendClient
 from .config_agreement import check_agreement
 from .failover import Failover, seeds
@@ -60,6 +67,7 @@ from .gcs_config import publish_config, published_config
 from .kvres_config import BackendConfig, KvresConfig, SessionPolicy
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
+from .ray_task_events import actor_task_events, started_cluster_config
 from .reachability import check_reachable
 from .remote_calls import wait_until_answers
 from .restarts import sweep_previous_runs, unknown_session
@@ -90,8 +98,7 @@ class SessionManager:
                 self._backends[backend.name] = self._adopt(
                     backend_actor_name(backend.name), functools.partial(self._ensure_backend, backend)
                 )
-            self._await_started("backend", {n: self.backend(n).ping_ref() for n, h in self._backends.items()
-                                            if h is not None})
+            self._await_backends(self._backends)
             self._collect_orphans()
             sweep_previous_runs(namespace, self.cold_stores)  # folders an earlier run left on the nodes
         except BaseException:
@@ -131,12 +138,27 @@ class SessionManager:
             except ray.exceptions.RayActorError as exc:
                 raise start_error(kind, name, exc) from exc
 
+    def _await_backends(self, names: Iterable[str], undone: str = CONNECT_UNDONE) -> None:
+        """Each backend answers once started; one that could not start raises a ``ConnectError``
+        with the engine's error (its record, ``start_attempts``), within its bounded attempts."""
+        calls = {n: self.backend(n).ping_ref() for n in names if self._backends.get(n) is not None}
+        for name, ref in calls.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                failure = start_failure(self.namespace, name)
+                raise start_error("backend", name, exc, failure, undone) from failure or exc
+
     def _undo_start(self) -> None:
         """Kill the actors this manager created (the folders of its new cold stores removed
-        first); actors it found running, which others may use, are left alone."""
+        first); actors it found running, which others may use, are left alone. A backend killed
+        while starting leaves no record of it; one that failed keeps its reason for ``kvres status``."""
         destroy_stores(self._created_stores)
         for handle in self._created:
             ray.kill(handle)
+        for name, handle in self._backends.items():
+            if any(handle is h for h in self._created) and start_failure(self.namespace, name) is None:
+                forget_start(self.namespace, name)
         self._created.clear()
         self._created_stores.clear()
 
@@ -159,7 +181,7 @@ class SessionManager:
                 MeteredColdStoreActor.options(
                     name=name, namespace=self.namespace, get_if_exists=True, lifetime="detached",
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    max_restarts=-1,
+                    max_restarts=-1, **actor_task_events(),
                 ).remote, cfg.ram_budget_bytes, disk, cfg.disk_budget_bytes, secret=secret,
                 cache_folder=None if disk else folder,
             ))
@@ -171,9 +193,12 @@ class SessionManager:
     def _ensure_backend(self, cfg: BackendConfig) -> Any:
         if cfg.model_path is None:
             cfg = cfg.model_copy(update={"model_path": default_model_path()})
+        if not actor_exists(backend_actor_name(cfg.name), self.namespace):
+            forget_start(self.namespace, cfg.name)  # created anew: an earlier failure no longer holds
         options: dict[str, Any] = {
             "name": backend_actor_name(cfg.name), "namespace": self.namespace, "get_if_exists": True,
             "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus, "max_restarts": -1,
+            **actor_task_events(),
         }
         if cfg.node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(cfg.node_id, soft=False)
@@ -182,13 +207,14 @@ class SessionManager:
     def _ensure_planner(self) -> Any:
         return PlannerActor.options(
             name=PLANNER_NAME, namespace=self.namespace, get_if_exists=True, lifetime="detached", num_cpus=0,
-            max_restarts=-1,
+            max_restarts=-1, **actor_task_events(),
         ).remote(self.namespace)
 
     # -- calls that survive an actor's death ------------------------------------------------
     # Every kvres actor restarts when it dies (Ray restarts it, with the arguments it was created
     # with); one killed for good is created again from this configuration. A call that met a death
-    # waits for the actor to answer again and is repeated once (see remote_calls).
+    # waits for the actor to answer again and is repeated once (see remote_calls). A backend that
+    # could not start (start_attempts) is neither waited for nor created again: BackendStartError.
     def backend(self, name: str) -> BackendClient:
         """The typed client of backend ``name`` (a ``KvresError`` naming the known ones if none)."""
         self.backend_handle(name)
@@ -204,6 +230,9 @@ class SessionManager:
 
         def ping() -> Any:
             self._failover.check(name)  # NodeLostError when it was pinned to a node that died
+            failure = start_failure(self.namespace, name)
+            if failure is not None:
+                raise failure
             try:
                 self._backends[name] = ray.get_actor(backend_actor_name(name), namespace=self.namespace)
             except ValueError:
@@ -260,7 +289,11 @@ class SessionManager:
         config = self.config.model_copy(update={"backends": [*self.config.backends, backend]})
         self._backends[backend.name] = self._adopt(backend_actor_name(backend.name),
                                                    functools.partial(self._ensure_backend, backend))
-        self._await_started("backend", {backend.name: self.backend(backend.name).ping_ref()})
+        try:
+            self._await_backends([backend.name], undone="it was not added")
+        except ConnectError:
+            del self._backends[backend.name]
+            raise
         self.config = config
         self._placement_seeded = False  # the next placement hands the planner the new backend
         publish_config(self.namespace, config)
@@ -433,8 +466,13 @@ class SessionManager:
         """The cluster: ``load`` is the planner's load view (one call, whatever the size);
         ``backends`` each backend's own stats (one call per backend, sent together), or with
         ``detail=False`` the load view's rows. An actor that is down (restarting) shows as
-        ``{"error": ...}`` in its row instead of failing the whole status."""
+        ``{"error": ...}`` in its row instead of failing the whole status; so does a backend that
+        is starting (``starting: attempt k of N``, not waited for) or could not start (its
+        ``BackendStartError``: the engine's error)."""
         lost = {n: row for n in self._backends if (row := self._failover.status_row(n)) is not None}
+        starts = {n: {"backend": n, "error": state} for n in self._backends
+                  if n not in lost and (state := start_state(self.namespace, n)) is not None}
+        lost |= starts
         stats = {n: self.backend(n).stats_ref() for n in self._backends if n not in lost} if detail else {}
         gone = {n for n in self.cold_stores if store_node_dead(n)}
         stores = {n: s.stats.remote() for n, s in self.cold_stores.items() if n not in gone}
@@ -442,7 +480,7 @@ class SessionManager:
         rows = {**{name: status_row(ref, backend=name) for name, ref in stats.items()}, **lost}
         return {
             "namespace": self.namespace,
-            "backends": [rows[n] for n in self._backends] if detail else view["backends"],
+            "backends": [rows[n] for n in self._backends] if detail else [*view["backends"], *starts.values()],
             "load": view,
             "cold_stores": {name: {"error": "node dead: store gone"} if name in gone else status_row(stores[name])
                             for name in self.cold_stores},
@@ -471,6 +509,7 @@ class SessionManager:
             forget_secret(coldstore_secret_name(self.namespace))
             RayJournal(self.namespace).clear()  # and the sessions' records: nothing of them is left
             RayDirectory(self.namespace).clear()
+        forget_starts(self.namespace)
         for handle in [*self.cold_stores.values(), self.planner]:
             ray.kill(handle)
         if self._started_ray:
@@ -486,7 +525,9 @@ def connect(
     set, else the configuration ``kvres start`` created the namespace's actors with, else defaults.
 
     Without an address an embedded local cluster is started, and it ends when this driver exits:
-    every session on it ends with it (this is logged). For sessions that outlive drivers run a
+    every session on it ends with it (this is logged); it bounds Ray's task-event store
+    (``ray_task_events.TASK_EVENT_STORE``, under a ``_system_config`` given). kvres's actors report
+    no task events wherever they are created. For sessions that outlive drivers run a
     standing cluster (``kvres start``, or ``ray start --head``) and connect to its address: kvres's
     actors are detached there, restart when they die, and any driver may exit.
     """
@@ -498,6 +539,8 @@ def connect(
         # no address: start an embedded local cluster ("local"), never a stray one found running
         if address and address not in ("auto", "local") and "://" not in address:
             check_reachable(address)  # seconds, not the minutes ray.init retries for
+        if (address or "local") == "local":  # a cluster started here: Ray's task-event store bounded
+            ray_init["_system_config"] = started_cluster_config(ray_init.get("_system_config"))
         ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
         if started:

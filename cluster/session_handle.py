@@ -14,12 +14,20 @@ Calls go through the backend's typed client (``BackendClient``); errors raised b
 arrive as their kvres types. Each call carries a request id, so a call repeated after a backend
 died is never applied twice. A handle follows its session when another handle (of this driver or
 another) migrated it: a call its old backend does not know goes where the planner's directory says.
+
+Streams end where the caller leaves them: a handle's next call on its session (``detokenize``, the
+model's, aside) first ends the stream it left unfinished (``break`` with the stream still held),
+committing exactly the tokens it handed out; a call that changes the session does so for this
+driver's unfinished stream of it whichever handle made it (reads through another handle,
+``tokens``, ``text``, ``stats``, leave it running). So a new call is not refused with
+``SessionBusyError`` because of a stream this driver left.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -30,7 +38,7 @@ from kvres.actors.sampling import SamplingParams
 from kvres.policy import ArgumentError, KvresError, RangeError, UnknownSessionError
 from kvres.policy.tokens import token_ids
 
-from .backend_client import BackendClient, TokenStream
+from .backend_client import BackendClient, TokenStream, end_stream
 from .planner_client import PlannerClient
 from .session_files import export_target, write_session_file
 
@@ -58,6 +66,7 @@ class Session:
         self._manager = manager
         self.session_id = session_id
         self.backend = backend
+        self._stream: weakref.ref[TokenStream] | None = None  # the last stream made through this handle
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r} on {self.backend!r})"
@@ -70,10 +79,22 @@ class Session:
         self.backend = client.name
         return client
 
-    def _call(self, op: Callable[[], T]) -> T:
-        """``op`` on the backend serving the session. Where that backend does not know the session
-        and the planner's directory says it lives elsewhere now (another handle migrated it), the
-        handle follows it and ``op`` runs there once more (the first backend applied nothing)."""
+    def _end_stream(self, changes: bool = True) -> None:
+        """Before a call: end the stream this handle left unfinished, and, for a call that
+        ``changes`` the session, this driver's unfinished stream of it from any handle."""
+        if changes:
+            end_stream(self.session_id)
+            return
+        mine = None if self._stream is None else self._stream()
+        if mine is not None:
+            end_stream(self.session_id, only=mine)
+
+    def _call(self, op: Callable[[], T], changes: bool = True) -> T:
+        """``op`` on the backend serving the session, once the streams it ends have ended
+        (``changes``: False for a read). Where that backend does not know the session and the
+        planner's directory says it lives elsewhere now (another handle migrated it), the handle
+        follows it and ``op`` runs there once more (the first backend applied nothing)."""
+        self._end_stream(changes)
         try:
             return op()
         except UnknownSessionError:
@@ -125,22 +146,36 @@ class Session:
                prompt: Sequence[int] | None = None, **sampling: Any) -> TokenStream:
         """Tokens as they are produced (a Ray streaming generator underneath), under the same
         rules as ``generate`` (``prompt``: token ids appended first, in the same call: the first
-        token comes right after they are in). Leaving the stream early (``break``, ``close()``)
-        commits only the tokens it handed out (left before the prompt was in: nothing, the prompt
-        neither); ``finish_reason`` and ``generation`` say how it ended. If the backend dies
-        midway the stream goes on from the same request once it is back."""
+        token comes right after they are in). The backend produces at most ``STREAM_AHEAD`` (4)
+        tokens past what the stream handed out, and commits the call once all were handed out.
+        The stream ends where its caller leaves it, committing only the tokens it handed out (left
+        before the prompt was in: nothing, the prompt neither): ``break`` and this handle's next
+        call on the session (the stream still held), ``close()``, the end of a ``with`` block,
+        dropping it, a call that changes the session through another handle of this driver, the
+        driver's death; ``finish_reason`` ("cancelled") and ``generation`` say how it ended. If
+        the backend dies midway the stream goes on from the same request once it is back."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
-        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, _prompt(prompt), follow=self._followed)
+        given = _prompt(prompt)
+        self._end_stream()
+        return self._made(self._backend.stream(self.session_id, request, uuid.uuid4().hex, given,
+                                               follow=self._followed))
+
+    def _made(self, stream: TokenStream) -> TokenStream:
+        self._stream = weakref.ref(stream)
+        return stream
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
                     seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
                     ignore_eos: bool = False, **sampling: Any) -> TokenStream:
         """``chat`` as a stream, in one call: what the session lacks of the conversation is
         appended and the reply's tokens come as they are produced (the first right after the new
-        turn is in); ``generation.prompt_tokens`` counts what was appended."""
+        turn is in); ``generation.prompt_tokens`` counts what was appended. It ends where its
+        caller leaves it, as ``stream`` does."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
         checked = [m.model_dump() for m in messages_of(messages)]
-        return self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked, follow=self._followed)
+        self._end_stream()
+        return self._made(self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked,
+                                               follow=self._followed))
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
@@ -162,7 +197,7 @@ class Session:
 
     def tokens(self) -> list[int]:
         """The session's token log (the source of truth): everything appended and generated."""
-        return self._call(lambda: self._backend.tokens(self.session_id))
+        return self._call(lambda: self._backend.tokens(self.session_id), changes=False)
 
     def text(self) -> str:
         """The token log as text (the model's control tokens included)."""
@@ -211,7 +246,7 @@ class Session:
         self._call(lambda: self._manager.migrate(self, backend))
 
     def stats(self) -> dict[str, Any]:
-        return self._call(lambda: self._backend.session_stats(self.session_id))
+        return self._call(lambda: self._backend.session_stats(self.session_id), changes=False)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Token ids as text (``special``: the model's control tokens as their text too); ids

@@ -2,10 +2,10 @@
 
 Primitives:
 - ``start_standing(namespace="kvres", config=None, port=6379, address=None, ...) ->
-  StandingCluster``: start a Ray head on this machine (``ray start --head``, the venv's ``ray``)
-  unless one already answers on ``port`` (or attach to ``address`` and never start one), create
-  kvres's detached actors there once (``connect``), publish the configuration, disconnect. Nothing
-  stops when this process exits.
+  StandingCluster``: start a Ray head on this machine (``ray start --head``, the venv's ``ray``,
+  its task-event store bounded: ``ray_task_events``) unless one already answers on ``port`` (or
+  attach to ``address`` and never start one), create kvres's detached actors there once
+  (``connect``), publish the configuration, disconnect. Nothing stops when this process exits.
 - ``stop_standing(address=None, namespace="kvres", keep_blocks=False, stop_ray=False) ->
   StopReport``: ``SessionManager.shutdown`` of the namespace's actors (blocks removed unless
   ``keep_blocks``), then with ``stop_ray`` the Ray head this machine runs at that address.
@@ -55,6 +55,7 @@ from .gcs_config import forget_config, publish_config, published_config
 from .head_ports import HeadPorts, choose_head_ports
 from .kvres_config import BackendConfig, KvresConfig, json_object
 from .ray_auth import exposed_token_file, follow_local_token, token_auth
+from .ray_task_events import ray_start_arguments
 from .reachability import DEFAULT_PORT, ClusterUnreachableError, check_reachable, port_open, split_address
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -236,7 +237,7 @@ def _start_head(
     command += [f"{flag}={value}" for flag, value in optional.items() if value is not None]
     given = {arg.split("=", 1)[0] for arg in ray_args}
     command += [flag for flag in ports.flags() if flag.split("=", 1)[0] not in given]
-    command += list(ray_args)
+    command += ray_start_arguments(ray_args)  # Ray's task-event store bounded, under a --system-config given
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
                               env=head_environment(env))

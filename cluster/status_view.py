@@ -11,8 +11,9 @@ Primitives:
 - ``residency_bar(ranges, token_count, width)``: the token log drawn as one line, ``#`` where the
   KV is resident, ``+`` where part of it is, ``.`` where none is.
 - ``render_status(report, reprs=None)``: ``SessionManager.status()`` (or ``ClusterView.status()``)
-  as tables: backends (live state: resident, peak, calls held), sessions, cold stores, and the
-  actors' reprs (static facts: Ray records a repr once) when given.
+  as tables: backends (live state: resident, peak, calls held; under the table, one line per
+  backend that is down, starting or could not start, with its error), sessions, cold stores, and
+  the actors' reprs (static facts: Ray records a repr once) when given.
 - ``render_inspect(stats)``: one session's ``Session.stats()``: state, policy, retention, resident ranges over
   the token log, cold blocks per tier, counters.
 
@@ -100,12 +101,13 @@ def render_status(report: Mapping[str, Any], reprs: Mapping[str, str] | None = N
         budget = int(b.get("kv_budget_tokens", 0))
         resident = int(b.get("resident_tokens", 0))
         share = f"{100 * resident / budget:.0f}%" if budget else "-"
-        rows.append([b.get("backend"), b.get("engine"), str(b.get("model", "")).rsplit("/", 1)[-1],
+        rows.append([b.get("backend"), b.get("engine", "-"), str(b.get("model", "-")).rsplit("/", 1)[-1],
                      live, len(sessions) - live, f"{resident}/{budget}", share, b.get("peak_resident_tokens", "-"),
                      b.get("calls_in_flight", "-"), _short(b.get("node_id"))])
     parts += ["BACKENDS", format_table(
         ["backend", "engine", "model", "live", "suspended", "resident/budget", "used", "peak", "calls", "node"],
-        rows), ""]
+        rows)]
+    parts += [f"{b.get('backend')}: {b['error']}" for b in backends if b.get("error")] + [""]
 
     rows = []
     for b in backends:

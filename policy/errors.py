@@ -15,6 +15,9 @@ Primitives:
   ``NodeLostError`` (a ``BackendLostError``): the node a backend was pinned to died, so it cannot
   come back; ``ColdStoreGoneError`` (a ``ColdStoreLostError``): a store whose node died, its
   blocks gone for good (recomputed from the token log).
+  ``BackendStartError`` (a ``BackendLostError``): a backend could not start (its engine raised, or
+  its process died starting too many times in a row); ``backend``, ``reason`` (the engine's own
+  words) and ``attempts`` say which, why and how often.
 - ``ClusterRestartedError`` (an ``UnknownSessionError``): the session belonged to an earlier run of
   the cluster, whose head restarted without GCS fault tolerance.
 """
@@ -93,6 +96,23 @@ class ColdStoreLostError(ActorLostError):
 class NodeLostError(BackendLostError):
     """The node a backend was pinned to (``BackendConfig.node_id``) died: the backend is not
     re-created elsewhere; its sessions move to a live backend of the same model."""
+
+
+class BackendStartError(BackendLostError):
+    """A backend could not start: its engine raised while it was being built, or its process died
+    while starting (a native abort) as many times in a row as a backend may try. It is not started
+    again by a call: every call on its sessions raises this at once."""
+
+    def __init__(self, backend: str, reason: str, attempts: int = 1) -> None:
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        super().__init__(f"backend {backend!r} could not start ({tries}): {reason}; its sessions are kept in "
+                         "the journal: fix the cause, then connect() again to start it")
+        self.backend = backend
+        self.reason = reason
+        self.attempts = attempts
+
+    def __reduce__(self) -> tuple[type[BackendStartError], tuple[str, str, int]]:
+        return type(self), (self.backend, self.reason, self.attempts)
 
 
 class ColdStoreGoneError(ColdStoreLostError):

@@ -16,8 +16,11 @@ Primitives:
   and step loop, pending calls failing with ``LoopStoppedError``) and its engine is freed.
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
   commit; the first token comes in the step after the prompt's last chunk); ``stream`` takes a
-  chat turn's ``messages`` instead. The operations a backend serves are declared once, in
-  ``kvres.actors.host.backend_surface`` (``BackendSurface``), and mypy checks this class against it.
+  chat turn's ``messages`` instead. ``stream`` / ``chat_stream`` return a ``TokenStream``: its job
+  runs at most ``STREAM_AHEAD`` tokens past what its reader took and is committed once the reader
+  took them all; ``close()`` leaves it, keeping what it handed out. The operations a backend
+  serves are declared once, in ``kvres.actors.host.backend_surface`` (``BackendSurface``), and
+  mypy checks this class against it.
 - ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
   bring a session back on any backend of the same model.
 
@@ -45,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +79,7 @@ from .pressure import Evictor, Pressure
 from .refusals import BackendFullError, SessionBusyError
 from .resumption import Resumption
 from .retention import RetentionTimer
-from .scheduler import Job, StepLoop
+from .scheduler import STREAM_AHEAD, Job, StepLoop
 from .sessions import SuspendRecord
 from .spill_recall import Recall
 from .stats import backend_stats, session_stats
@@ -88,17 +91,43 @@ if TYPE_CHECKING:
 
 
 class TokenStream:
-    """A streaming generate: iterate for its tokens; ``generation`` is its answer once it ended."""
+    """A streaming generate: iterate for its tokens; ``generation`` is its answer once it ended. A
+    token counts as read when the reader asks for the next one (the Ray shell asks once its driver
+    took it): the job runs at most ``STREAM_AHEAD`` tokens past what was read, and is committed
+    once every token was read. ``close(keep=None)`` (or leaving a ``with`` block) ends the call
+    with only its first ``keep`` tokens committed (what it handed out when None)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, wake: Callable[[], None], leave: Callable[[int], object]) -> None:
         self.job = job
         self._tokens = job.tokens()
+        self._wake = wake  # the step loop's: a job waiting for its reader goes on
+        self._leave = leave
+        self.handed_out = 0
+        self._unread = False  # the token handed out last is not counted read until the next is asked for
 
-    def __iter__(self) -> Iterator[int]:
-        return self._tokens
+    def __iter__(self) -> TokenStream:
+        return self
 
     def __next__(self) -> int:
-        return next(self._tokens)
+        if self._unread:
+            self._unread = False
+            self.job.took(self._wake)
+        token = next(self._tokens)
+        self.handed_out += 1
+        self._unread = True
+        return token
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, keep: int | None = None) -> None:
+        """Leave the stream: the call ends now with its first ``keep`` tokens (all it handed out
+        when None) committed (``BackendHost.cancel``); nothing happens once it has ended."""
+        if not self.job.done:
+            self._leave(self.handed_out if keep is None else keep)
 
     @property
     def generation(self) -> Generation | None:
@@ -144,6 +173,8 @@ class BackendHost:
         pause_probes = self._pause_probes = getattr(recall_costs, "pause", None)  # a probe child waits out the calls
 
         def on_busy(busy: bool) -> None:
+            if not busy:
+                ctx.room.prune()  # calls that ended while they waited for room (closed, cancelled)
             if store is not None:
                 store.defer_writes(busy)
             if pause_probes is not None:
@@ -347,7 +378,7 @@ class BackendHost:
         """``chat`` as a stream: the reply's first token comes right after the new turn's prompt is
         in. A reply that ends at the model's end-of-generation token is closed as the template
         closes it once the stream ends (``close_reply``)."""
-        return TokenStream(self._chat_job(session_id, messages, request, request_id, streaming=True))
+        return self._stream_of(self._chat_job(session_id, messages, request, request_id, streaming=True))
 
     def _chat_job(self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest,
                   request_id: str | None, streaming: bool) -> Job:
@@ -356,7 +387,8 @@ class BackendHost:
         the prompt by an append first, which waits for the loop: there the lock is not held.)"""
         with self._ctx.lock if self._engine.joins_prompts else contextlib.nullcontext():
             prompt = self._chat_prompt(session_id, messages, request_id)
-            return self._generate_job(session_id, request, 0.0, None, streaming, request_id, prompt)
+            return self._generate_job(session_id, request, 0.0, None, streaming, request_id, prompt,
+                                      ahead=STREAM_AHEAD if streaming else None)
 
     def _chat_prompt(self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None) -> list[int]:
         """What the session lacks of the rendered conversation (the log cut back to where they agree)."""
@@ -440,13 +472,18 @@ class BackendHost:
         prompt: Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None, *,
         temperature: float = 0.0, seed: int | None = None,
     ) -> TokenStream:
-        """Tokens as they are produced; committed when the stream ends (or, when it is left, up to
-        what ``cancel`` says was delivered). ``prompt``: tokens appended first, in the same call;
-        ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
+        """Tokens as they are produced, at most ``STREAM_AHEAD`` past what its reader took;
+        committed once the reader took them all (or, when it is left, up to what ``cancel`` /
+        ``TokenStream.close`` says was delivered). ``prompt``: tokens appended first, in the same
+        call; ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
         sampling of a ``request`` given as just ``max_tokens`` (without ``messages``)."""
         if messages is not None:
             return self.chat_stream(session_id, messages, request, request_id)
-        return TokenStream(self._generate_job(session_id, request, temperature, seed, True, request_id, prompt))
+        return self._stream_of(self._generate_job(session_id, request, temperature, seed, True, request_id, prompt,
+                                                  ahead=STREAM_AHEAD))
+
+    def _stream_of(self, job: Job) -> TokenStream:
+        return TokenStream(job, self._loop.poke, lambda keep: self.cancel(job.session_id, job.request_id, keep))
 
     def generate(
         self, session_id: str, request: int | GenerationRequest, request_id: str | None = None,
@@ -463,7 +500,7 @@ class BackendHost:
 
     def _generate_job(
         self, session_id: str, request: int | GenerationRequest, temperature: float, seed: int | None,
-        streaming: bool, request_id: str | None, prompt: Sequence[int] | None = None,
+        streaming: bool, request_id: str | None, prompt: Sequence[int] | None = None, ahead: int | None = None,
     ) -> Job:
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(max_tokens=request, sampling=SamplingParams(temperature=temperature, seed=seed))
@@ -473,7 +510,7 @@ class BackendHost:
         return self._submit(Job(session_id, "generate", feed=feed, appended=appended, remaining=request.max_tokens,
                                 sampler=sampler,
                                 streaming=streaming, request_id=request_id, request=request, stop=stop,
-                                logprobs=[] if request.sampling.logprobs else None))
+                                logprobs=[] if request.sampling.logprobs else None, ahead=ahead))
 
 
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ Primitives:
   process does not hold, ``rebuild``; ``new_session``, ``tick``; ``close``), bookkeeping
   (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the lock,
   the calls pending (``jobs``: the step loop's ``JobQueue``, built here so every part can look at
-  it before the loop that runs it exists) and ``retention_wake`` (set when a session with idle or
-  TTL limits comes: it wakes the retention timer).
+  it before the loop that runs it exists), the calls among them that wait for room (``room``: a
+  ``RoomQueue``) and ``retention_wake`` (set when a session with idle or TTL limits comes: it wakes
+  the retention timer).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..engines.executor import EngineManagedExecutor, Executor
 from ..metrics import Metrics
 from .journal import Journal, MemoryJournal, SessionRecord, WriteBehindJournal
 from .refusals import SessionBusyError
+from .room_queue import RoomQueue
 from .scheduler import JobQueue, WaitCountingLock
 from .sessions import HostSession
 from .store_ports import StorePort
@@ -52,6 +54,7 @@ class HostContext:
         self.dirty: set[str] = set()  # changed outside a call of theirs: committed after the step
         self.lock = WaitCountingLock()
         self.jobs = JobQueue(self.lock, config.name)
+        self.room = RoomQueue(config.name, config.max_room_wait_s, config.max_waiting_calls, metrics)
         self.retention_wake = threading.Event()
         self.peak_resident_tokens = 0  # the most the engine held after any step
         self._tenants_shown: set[str] = set(config.tenant_quotas)  # tenant series published (kept at 0 when gone)

@@ -5,8 +5,9 @@ Primitives:
   (the session's record to the journal; ``later``: written behind, for changes that add no
   token), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
   others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
-  nothing: back to the last commit). (A session the journal has and this process does not is
-  rebuilt by ``HostContext.get``.)
+  nothing: back to the last commit, from a live session or one preempted during the call); a
+  commit of a preempted session makes it an ordinary suspended one. (A session the journal has and
+  this process does not is rebuilt by ``HostContext.get``.)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from .context import HostContext
 from .journal import SessionRecord
 from .scheduler import Job
+from .sessions import SessionState
 
 log = logging.getLogger("kvres.backend")
 
@@ -63,6 +65,8 @@ class Durability:
             self.ctx.jobs.profile.commit_s += time.perf_counter() - started
         s = self.ctx.sessions[session_id]
         s.committed = record
+        if s.state is SessionState.PREEMPTED:  # what its call did is committed: simply suspended now
+            s.park(s.record)
         if s.live:
             s.remember_layout(len(record.token_log), record.resident_ranges)
         self.ctx.dirty.discard(session_id)
@@ -101,22 +105,29 @@ class Durability:
         job.finish(error)
 
     def roll_back(self, session_id: str) -> None:
-        """Undo what a failed call did to a live session: back to its committed record (suspended
-        by it, so the next call resumes it: parked blocks imported, the rest recomputed), blocks it
-        spilled since released. Nothing to do when none of the call's tokens landed."""
+        """Undo what a failed call did to a live or preempted session: back to its committed record
+        (suspended by it, so the next call resumes it: parked blocks imported, the rest recomputed),
+        blocks it spilled or was parked in since released. Nothing to do when none of the call's
+        tokens landed."""
         ctx = self.ctx
         s = ctx.sessions.get(session_id)
         record = None if s is None else s.committed
-        if s is None or record is None or not s.live:
+        if s is None or record is None or s.state is SessionState.SUSPENDED:
             return
-        landed = len(ctx.executor.token_log(session_id)) != len(record.token_log) or record.state != "live"
+        preempted = s.state is SessionState.PREEMPTED
+        log = s.record.token_log if preempted else ctx.executor.token_log(session_id)
+        landed = len(log) != len(record.token_log) or record.state != "live"
         if not landed and s.cold == record.cold:
+            if preempted:  # parked before any of its call landed: as it was, suspended
+                s.park(s.record)
+                self.commit(session_id, later=True)
             return
         keep = set(record.cold) | set(record.blocks)
-        spilled = [ref for ref in s.cold if ref not in keep]
-        if spilled and ctx.store is not None:
-            ctx.store.release(spilled)
-        ctx.executor.close_session(session_id)
+        dropped = [ref for ref in s.cold + (s.record.blocks if preempted else []) if ref not in keep]
+        if dropped and ctx.store is not None:
+            ctx.store.release(dropped)
+        if not preempted:
+            ctx.executor.close_session(session_id)
         ctx.count(session_id, "rollbacks")
         s.park(replace(record, counters=dict(s.counters), state="suspended"))
         s.cold, s.last_logits, s.exact = list(record.cold), record.last_logits, record.exact

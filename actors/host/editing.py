@@ -5,9 +5,12 @@ Primitives:
   ``cancel(session_id, request_id=None, keep=None) -> Generation | None``: a generate the caller
   left ends now; only its first ``keep`` tokens (all it produced when None) stay in the log and
   the KV, and the call is committed with them (None: no such call runs). A generate given its
-  prompt and left before the prompt was all in commits nothing, not even the prompt.
+  prompt and left before the prompt was all in commits nothing, not even the prompt; nor does one
+  whose session was parked for others' room meanwhile (``PREEMPTED``) when no room can be made to
+  bring it back and cut it.
   ``truncate(session_id, length)``: the log becomes its first ``length`` tokens and the KV follows
-  (resident cells cut; spilled blocks past it released; a suspended session is resumed first),
+  (resident cells cut; spilled blocks past it released; a suspended session is resumed first, but
+  one that keeps every token is cut in its parked record, needing no room now),
   exactly as if the rest had never been appended: at a length where a call of the session ended
   (one of its last ``LAYOUTS_KEPT`` commits), what the dropped tokens made it evict comes back too
   (its spilled blocks imported, the rest recomputed: ``kv.bring_back``), so its resident layout is
@@ -29,10 +32,10 @@ from .context import HostContext
 from .durability import Durability
 from .kv_access import SessionKV
 from .pressure import Pressure
-from .refusals import SessionBusyError
+from .refusals import BackendFullError, SessionBusyError
 from .resumption import Resumption
 from .scheduler import Job
-from .sessions import HostSession
+from .sessions import HostSession, SessionState
 from .stepper import generation_of
 from .store_ports import ColdRef
 
@@ -66,6 +69,7 @@ class Editing:
             if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
                 job = jobs[0]
                 job.remaining, job.finish_reason, job.stopped_by = 0, "cancelled", None
+                job.ahead = None  # its reader left: the call ends without waiting for it
                 ctx.jobs.poke()
                 return job
             if s is None or not jobs or not ctx.jobs.withdraw(jobs[0]):
@@ -81,6 +85,14 @@ class Editing:
                 ctx.jobs.poke()
                 return answer
             kept = len(job.produced) if keep is None else max(0, min(int(keep), len(job.produced)))
+            if s.state is SessionState.PREEMPTED and job.start_length >= 0 and \
+                    len(s.record.token_log) > job.start_length + kept:
+                try:  # parked for others' room mid-call: back on the engine to cut what was not kept
+                    self.resumption.resume(session_id)
+                    s = ctx.sessions[session_id]
+                except BackendFullError:  # no room for that now: the call commits nothing
+                    kept = 0
+                    self.durability.roll_back(session_id)
             if s.live and job.start_length >= 0:
                 self._cut(session_id, s, job.start_length + kept)
             del job.produced[kept:]
@@ -113,6 +125,11 @@ class Editing:
                 raise RangeError(f"cannot truncate session {session_id!r} to {length} tokens: its log holds {held}")
             if length == held:
                 return held
+            if not s.live and ctx.addresses_kv and s.residency.keeps_every_token:
+                self._cut_parked(s, length)  # nothing to bring back: no room needed now
+                self.durability.commit(session_id)
+                ctx.publish()
+                return length
             if not s.live:
                 self.resumption.resume(session_id)
                 s = ctx.sessions[session_id]
@@ -141,6 +158,23 @@ class Editing:
         if layout is not None and s.residency.evicts:
             self.kv.bring_back(session_id, s, layout)
         ctx.refresh_resident(session_id)
+
+    def _cut_parked(self, s: HostSession, length: int) -> None:
+        """A suspended session that keeps every token cut in its record: log and resident ranges
+        to ``length``, parked blocks past it released (a block across it too: its resume recomputes
+        the part kept), the last logits left for its resume to take again."""
+        record = s.record
+        kept = [ref for ref in record.blocks if ref.key.token_range.end <= length]
+        gone = [ref for ref in record.blocks + s.cold if ref.key.token_range.end > length]
+        if gone and self.ctx.store is not None:
+            self.ctx.store.release(gone)
+        resident = [Range(r.start, min(r.end, length)) for r in record.resident_ranges if r.start < length]
+        s.cold = [ref for ref in s.cold if ref.key.token_range.end <= length]
+        s.last_logits = None
+        s.park(replace(record, token_log=list(record.token_log[:length]), resident_ranges=resident, blocks=kept,
+                       cold=list(s.cold), last_logits=None))
+        for later in [n for n in s.layouts if n > length]:
+            del s.layouts[later]
 
     def fork(self, source_id: str, new_id: str) -> None:
         ctx = self.ctx

@@ -4,7 +4,9 @@ Primitives:
 - ``Parking(ctx, durability, kv)``: ``suspend(session_id, forced=True)`` (every resident range
   exported as one block, ``kv.export_resident``, all of them in one ``put_many``; the engine's copy
   freed; a forced one, for others' room, counted once in ``suspends``, in the counters its record
-  carries), ``detach(session_id)`` (suspended and forgotten here: it moves to another backend).
+  carries; a forced one of a session whose own call waits for room parks it ``PREEMPTED``: its
+  record is not committed, that call resumes it and commits or rolls it back), ``detach(session_id)``
+  (suspended and forgotten here: it moves to another backend).
   It sits below ``Pressure``, which suspends idle sessions through it; bringing a session back is
   ``resumption.Resumption``.
 """
@@ -19,7 +21,7 @@ from .journal import SessionRecord
 from .kv_access import SessionKV
 from .quotas import keep_cold_quota
 from .refusals import SessionBusyError
-from .sessions import SuspendRecord
+from .sessions import SessionState, SuspendRecord
 from .store_ports import ColdRef
 
 
@@ -37,24 +39,30 @@ class Parking:
         ctx = self.ctx
         with ctx.lock:
             s = ctx.get(session_id, live=False)
+            mid_call = bool(ctx.jobs.pending(session_id))  # only pressure parks it then: its call waits for room
+            if not forced and (mid_call or s.state is SessionState.PREEMPTED):
+                raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
             if not s.live:
                 return s.record
-            if ctx.jobs.pending(session_id):
-                raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
             if ctx.store is None:
                 raise KvresError(f"backend {ctx.name!r} has no cold store: cannot suspend {session_id!r}")
             resident = ctx.executor.resident_ranges(session_id)  # none where the engine manages KV
             if forced:
                 ctx.count(session_id, "suspends")  # before the record: a resume carries its counters on
+            if mid_call:
+                ctx.count(session_id, "preemptions")
             blocks = self.kv.export_resident(session_id, resident)
             refs: list[ColdRef] = ctx.store.park(blocks) if blocks else []
             s.park(SessionRecord(
                 session_id, ctx.executor.token_log(session_id), resident, refs, list(s.cold),
                 s.policy, s.last_logits, dict(s.counters), ctx.fingerprint,
-            ))
+            ), SessionState.PREEMPTED if mid_call else SessionState.SUSPENDED)
             ctx.executor.close_session(session_id)
             keep_cold_quota(ctx, s.policy.tenant)  # (may drop this very state, if the tenant keeps too much)
-            s.park(self.durability.commit(session_id, later=True))
+            if mid_call:  # what its call did so far is parked with it: committed when the call is done
+                ctx.room.counts["preempted"] += 1
+            else:
+                s.park(self.durability.commit(session_id, later=True))
             ctx.publish()
             ctx.jobs.poke()
             return s.record

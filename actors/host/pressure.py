@@ -9,7 +9,8 @@ Primitives:
   or the backend would go over its quota or budget and carry the plan out: idle sessions
   suspended through ``parking``, ranges evicted through ``eviction``; a tenant over its quota among
   its own sessions first, ``quotas``; the owners' priorities and pins, ``retention``, decide who
-  goes first), ``needs_plan`` and ``fits`` (cheap checks before planning).
+  goes first), ``needs_plan`` and ``fits`` (cheap checks before planning); ``preempt(session_id)``
+  (park a session whose own call waits for room, so that the calls ahead of it get its room).
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class Pressure:
         tenant label its policy names): plan when a tenant, a session or the backend would go
         over its quota or budget, planning room for ``ahead`` tokens where given, and carry the
         plan out. A tenant over its ``resident_tokens`` quota makes room among its own sessions
-        first. Sessions with a running call (``busy``) are never suspended for it. True when it
-        changed anything (a session suspended or a plan carried out)."""
+        first. Sessions in ``busy`` (by default every session with a call pending; the step loop
+        names those whose calls ran or are ahead in the room queue) are never suspended for it; one
+        outside it whose call waits is parked as it stands (``PREEMPTED``). True when it changed
+        anything (a session suspended or a plan carried out)."""
         ctx = self.ctx
         busy = ctx.busy() if busy is None else busy
         live = [sid for sid, s in ctx.sessions.items() if s.live and sid != newcomer]
@@ -119,6 +122,11 @@ class Pressure:
                 f"within kv_budget_tokens={ctx.config.kv_budget_tokens}: " + "; ".join(plan.diagnostics[-2:])
             )
         return True
+
+    def preempt(self, session_id: str) -> None:
+        """Park a live session whose call waits for room (``PREEMPTED``: not committed; that call
+        resumes it when room comes), for the calls ahead of it in the room queue."""
+        self._parking.suspend(session_id)
 
     def _carry_out(self, sids: Sequence[str], planned: Mapping[str, int], active: set[str], budget: int,
                    newcomer: tuple[str, int] | None) -> BackendPlan:

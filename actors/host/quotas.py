@@ -73,7 +73,7 @@ def keep_cold_quota(ctx: HostContext, tenant: str | None) -> int:
         if s.live or not s.record.blocks:
             continue
         refs = list(s.record.blocks)
-        s.park(replace(s.record, blocks=[]))
+        s.park(replace(s.record, blocks=[]), s.state)
         over -= sum(ref.nbytes for ref in refs)
         dropped.setdefault(sid, []).extend(refs)
     for sid, refs in dropped.items():

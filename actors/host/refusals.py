@@ -1,7 +1,9 @@
 """The backend host's typed refusals.
 
 Primitives:
-- ``BackendFullError``: the backend cannot make room: its budget is taken by sessions it may not evict.
+- ``BackendFullError(message, retry_after_s=None)``: the backend cannot make room: its budget is
+  taken by sessions it may not evict. A call refused after waiting for room (or because too many
+  wait, ``room_queue``) carries ``retry_after_s``, when to try again (HTTP: ``Retry-After``).
 - ``TenantQuotaError`` (a ``BackendFullError``): a tenant's sessions cannot fit a call within its
   ``resident_tokens`` quota on the backend.
 - ``SessionBusyError``: the session has a call running; the operation must wait for it.
@@ -13,7 +15,12 @@ from kvres.policy import KvresError
 
 
 class BackendFullError(KvresError):
-    """The backend cannot make room: its budget is taken by sessions it may not evict."""
+    """The backend cannot make room: its budget is taken by sessions it may not evict.
+    ``retry_after_s``: seconds after which a retry may find room (None: no hint)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # kept when pickled (an exception's __dict__ travels with it)
 
 
 class TenantQuotaError(BackendFullError):

@@ -6,7 +6,9 @@ Primitives:
   ``pressure``, the session reopened on the engine with its whole log non-resident, then
   ``kv.restore``: the parked blocks worth reading imported with one ``pop_many`` per store, the
   rest recomputed from the token log; returns the tokens recomputed). If it fails, the session
-  stays suspended with its record.
+  stays suspended with its record. A record without the last logits (cut while parked) has them
+  computed again from the last token. A session preempted during a call of its own comes back as
+  that call left it, not committed (the call commits it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .context import HostContext
 from .durability import Durability
 from .kv_access import SessionKV
 from .pressure import Pressure
-from .sessions import SuspendRecord
+from .sessions import SessionState, SuspendRecord
 
 log = logging.getLogger("kvres.backend")
 
@@ -69,11 +71,17 @@ class Resumption:
                 del ctx.sessions[session_id]
             raise
         ctx.refresh_resident(session_id)
+        if ctx.addresses_kv and s.last_logits is None and record.token_log:  # cut while parked: take them again
+            s.last_logits = ctx.executor.truncate(session_id, len(record.token_log))
+        mid_call = previous is not None and previous.state is SessionState.PREEMPTED
+        if previous is not None and mid_call:  # its call goes on: what that turn scored and recalled holds
+            s.ranking, s.compressing, s.retrieved = previous.ranking, previous.compressing, previous.retrieved
         if recomputed and not s.exact:
             ctx.count(session_id, "inexact_recomputed_tokens", recomputed)
             log.warning("session %r: %d tokens recomputed from its log differ from the KV they replace "
                         "(it evicted tokens that later ones had attended to); its continuation may differ "
                         "from an uninterrupted run", session_id, recomputed)
-        self.durability.commit(session_id, later=True)
+        if not mid_call:  # (a preempted session's call commits it when it is done)
+            self.durability.commit(session_id, later=True)
         ctx.publish()
         return recomputed

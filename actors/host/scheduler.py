@@ -4,7 +4,9 @@ Primitives:
 - ``Job``: one ``append`` (tokens still to feed) or ``generate`` (tokens still to produce, with its
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
-  generate job produced.
+  generate job produced. A streamed generate given ``ahead`` (``STREAM_AHEAD``: backpressure)
+  produces at most that many tokens past what its reader took (``took``), and is committed only
+  once its reader took every token (``waits_for_reader``, asked by the step).
 - ``WaitCountingLock()``: a reentrant lock that counts the threads waiting for it (``waiting``),
   so the loop lets them in between steps; a plain ``threading.RLock`` works too (unfairly).
 - ``JobQueue(lock, name)``: the pending jobs, shared with the parts of a host (built before them,
@@ -58,6 +60,7 @@ from ..sampling import Sampler
 
 _END = object()
 IDLE_WORK_AFTER_S = 0.01  # after the last call, how long until idle work (the answers leave first)
+STREAM_AHEAD = 4  # tokens a stream produces past what its reader took (its job waits for the reader)
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
 
@@ -132,6 +135,7 @@ class Job:
     appended: int = 0  # append: how many tokens it appends in all
     produced: list[int] = field(default_factory=list)  # generate: every token so far
     started: bool = False  # the loop has taken its first step
+    ran: bool = False  # it has had room in a step (a call that has not yet waits behind earlier ones for room)
     error: BaseException | None = None
     request: GenerationRequest | None = None  # generate: what the caller asked for
     stop: StopRule | None = None  # generate: when it ends before max_tokens
@@ -141,6 +145,9 @@ class Job:
     start_length: int = -1  # the session's log length when its first token came (-1: not yet)
     pending: int | None = None  # generate: a token handed out and not yet in the log (its next step decodes it)
     answer: object = None  # what the call answers, once it is committed
+    ahead: int | None = None  # streamed generate: the most tokens it produces past what its reader took
+    read: int = 0  # streamed generate: tokens its reader took
+    held: bool = False  # a step left it waiting for its reader (whose next read wakes the loop)
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -153,6 +160,25 @@ class Job:
         self.produced.append(token)
         if self.streaming:
             self._out.put(token)
+
+    def waits_for_reader(self) -> bool:
+        """Whether the step leaves this job out (asked under the lock): a streamed generate
+        ``ahead`` tokens past what its reader took produces no more, and one whose tokens are all
+        out is committed only once its reader took them all (a reader that leaves first commits
+        what it took: ``Editing.cancel``). A prompt still to feed, or a token handed out and not
+        yet in the log, goes on regardless."""
+        if self.ahead is None or self.feed or self.pending is not None or self.done:
+            return False
+        self.held = True  # set before ``read`` is read: a reader reading on meanwhile sees it, and wakes the loop
+        behind = len(self.produced) - self.read
+        self.held = behind >= self.ahead or (self.remaining <= 0 and behind > 0)
+        return self.held
+
+    def took(self, wake: Callable[[], None]) -> None:
+        """Its reader took one more token: ``wake`` (the loop) where a step left the job waiting for it."""
+        self.read += 1
+        if self.held:
+            wake()
 
     def replay(self, answer: object) -> None:
         """Finish with the answer a committed earlier run of the same call gave."""

@@ -1,8 +1,10 @@
 """A session as the backend host holds it, with its state as an explicit value.
 
 Primitives:
-- ``SessionState``: ``LIVE`` (its KV on the engine) or ``SUSPENDED`` (parked: ``HostSession.parked``
-  holds the record resume brings back).
+- ``SessionState``: ``LIVE`` (its KV on the engine), ``SUSPENDED`` (parked: ``HostSession.parked``
+  holds the record resume brings back) or ``PREEMPTED`` (parked for others' room while a call of
+  its own waits for room: its record holds what that call did so far and is not committed; the
+  call resumes it and then commits, or fails and rolls it back).
 - ``HostSession``: the session's policy and residency object (built once at open), its ranking
   (with any running scoring state), counters, cold blocks (``cold_bytes``), last logits, resident
   and peak tokens, its last commit; ``park(record)`` / ``record`` (the parked record).
@@ -36,6 +38,7 @@ LAYOUTS_KEPT = 32  # commit points a rollback can return a session's resident la
 class SessionState(Enum):
     LIVE = "live"
     SUSPENDED = "suspended"
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,8 @@ class HostSession:
             raise AssertionError("a live session has no parked record")
         return self.parked
 
-    def park(self, record: SessionRecord) -> None:
-        self.state, self.parked = SessionState.SUSPENDED, record
+    def park(self, record: SessionRecord, state: SessionState = SessionState.SUSPENDED) -> None:
+        self.state, self.parked = state, record
         self.resident, self.recall_ready = 0, None
 
     def forget_turn(self) -> None:

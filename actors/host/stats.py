@@ -6,7 +6,8 @@ Primitives:
   and tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
   forgotten here), its tenant (what the tenant's sessions hold here, and its quota), counters.
 - ``backend_stats(ctx, profile) -> dict``: context size, budget, resident and free tokens (and bytes where the
-  engine's KV profile gives them), peak, sessions and their states, tenants (``quotas.tenant_usage``).
+  engine's KV profile gives them), peak, sessions and their states, tenants (``quotas.tenant_usage``),
+  the calls waiting for room and what they waited (``room_queue``: ``RoomQueue.stats``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
     if gone:
         s.cold = [ref for ref in s.cold if ref not in gone]
         if not s.live:
-            s.park(replace(s.record, blocks=[ref for ref in s.record.blocks if ref not in gone]))
+            s.park(replace(s.record, blocks=[ref for ref in s.record.blocks if ref not in gone]), s.state)
         ctx.count(session_id, "dropped_blocks", len(gone))
     cold: dict[str, dict[str, int]] = {}
     for ref, tier in zip(refs, tiers, strict=True):
@@ -87,4 +88,5 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
                      for sid, s in ctx.sessions.items()},
         "tenants": tenant_usage(ctx),
         "loop": ctx.jobs.profile.as_dict(),
+        "room_queue": ctx.room.stats(),
     }

@@ -14,9 +14,15 @@ Primitives:
   before it bring); then one ``executor.append_many_first`` for the whole batch (its prompts
   first), and each session's logits, counters and scoring after it (``_score``: compression, a
   prompt larger than the free room ranked by its own last tokens, H2O's rows taken before one
-  capture overflows). A call no room can be made for waits while any other call runs (its
-  session frees room when it ends); when none runs, the waiting call that handed out the fewest
-  tokens fails. A prompt past its session's context limit is refused before any of it goes in,
+  capture overflows). A streamed call ``STREAM_AHEAD`` tokens past its reader sits a step out
+  (``Job.waits_for_reader``), and one whose tokens are all out is committed once its reader took
+  them. Calls are served in the room queue's order (``RoomQueue.order``: priority,
+  then arrival); a call no room can be made for waits there (``RoomQueue.wait``) until a call that
+  runs frees room, and calls that have not run yet wait behind it; a room check may park the
+  session of a call behind it, never one ahead or one whose call ran; when no call can run, the
+  last waiting one that holds room is parked mid-call (``Pressure.preempt``) so the others go on.
+  Past ``max_room_wait_s`` a waiting call fails with ``BackendFullError`` carrying a retry-after
+  hint. A prompt past its session's context limit is refused before any of it goes in,
   and a generate ends there ("length"; ``context_limit``). A call that fails is rolled back; a call that is done is
   committed, then answered.
   ``joins_prompts`` (True: a generate's prompt is fed by its own job) and ``sampler(params)``
@@ -42,8 +48,10 @@ from .context_limit import check_prompt, session_limit
 from .durability import Durability
 from .eviction import Eviction
 from .pressure import Pressure
+from .quotas import quota_of
 from .refusals import BackendFullError
 from .resumption import Resumption
+from .retention import pinned_sessions
 from .scheduler import Job
 from .sessions import HostSession
 from .spill_recall import Recall
@@ -79,7 +87,7 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
 def generation_of(ctx: HostContext, job: Job) -> Generation:
     """A generate job's answer: its tokens, why it ended, its text where the model has one."""
     try:
-        before = ctx.executor.token_log(job.session_id)[job.start_length - 1] if job.start_length > 0 else None
+        before = ctx.token_log(job.session_id)[job.start_length - 1] if job.start_length > 0 else None
         text: str | None = reply_text(job.produced, job.stopped_by, ctx.executor.detokenize, before)
     except CapabilityError:
         text = None  # a model without a detokenizer (token ids only)
@@ -108,25 +116,37 @@ class KVStepper:
         return self.executor.sampler(params)
 
     def step(self, jobs: list[Job]) -> bool:
-        """One engine step for ``jobs``; True when any of them progressed."""
-        progressed = False
-        busy = {job.session_id for job in jobs}
+        """One engine step for ``jobs``, served in the room queue's order; True when any of them
+        progressed."""
+        progressed = self._expire()
+        pending = [job for job in jobs if not job.done]
+        jobs = [job for job in pending if not job.waits_for_reader()]  # a stream runs ahead of its reader no further
+        jobs = self.ctx.room.order(jobs, self._priority)
+        ran = {job.session_id for job in pending if job.ran}
+        served: set[str] = set()  # the sessions of the calls served so far in this step
+        stalled: list[Job] = []  # left waiting for room in this step, in the order served
         batch: list[tuple[Job, list[int]]] = []
         incoming: dict[str, int] = {}
         capacity = self.step_tokens
         held: int | None = None  # what live sessions hold, as of a room check that changed nothing
-        refused: list[tuple[Job, BackendFullError]] = []
         rows = sum(1 for job in jobs if job.kind == "generate" and not job.feed)  # this step's decodes
         finishing = 0  # prompts that end in this step
         for job in jobs:
+            served.add(job.session_id)
+            busy = ran | served  # never parked for this job's room: calls that ran, and those ahead of it
             s = self.ctx.sessions.get(job.session_id)
             if s is None:
                 self.durability.fail(job, UnknownSessionError(job.session_id))
                 progressed = True
                 continue
+            if stalled and not job.ran:  # first come, first served: it waits behind the calls waiting for room
+                progressed |= self._wait(job, BackendFullError(
+                    f"backend {self.ctx.name!r} has no room for session {job.session_id!r}'s call now: "
+                    f"it waits behind {len(stalled)} earlier calls for room"), stalled)
+                continue
             if not s.live:
                 held = None
-                admitted = self._admit(job, busy, incoming)
+                admitted = self._admit(job, busy, incoming, stalled)
                 progressed |= admitted or job.done
                 if not admitted:
                     continue
@@ -164,12 +184,18 @@ class KVStepper:
                                                       ahead={job.session_id: ahead}, busy=busy)
                     held = None if changed else self.ctx.held()
             except BackendFullError as exc:
-                refused.append((job, exc))
-                continue  # it waits while any other job runs: that one's session frees room when it ends
+                if self._past_quota(s, n):  # a limit, not a wait: no other session holds what it lacks
+                    self.durability.fail(job, exc)
+                    progressed = True
+                else:
+                    progressed |= self._wait(job, exc, stalled)  # until a call that runs frees room, or past the wait
+                continue
             except Exception as exc:
                 self.durability.fail(job, exc)
                 progressed = True
                 continue
+            self.ctx.room.granted(job)
+            job.ran = True
             if job.feed:
                 toks = job.feed[:n]
                 finishing += n == len(job.feed)
@@ -182,15 +208,53 @@ class KVStepper:
             incoming[job.session_id] = n
             capacity -= n
         if not batch:
-            if refused:
-                # nothing runs, so nothing will free room: the refused job that handed out the
-                # fewest tokens fails (its session becomes idle, so the others can have its room)
-                job, refusal = min(refused, key=lambda pair: len(pair[0].produced))
-                self.durability.fail(job, refusal)
-                progressed = True
-            return progressed
+            # nothing runs, so no call will free room: the last waiting call that holds room gives it up
+            return self._preempt(stalled) or progressed
         self._run(batch, incoming)
         return True
+
+    def _priority(self, job: Job) -> int:
+        s = self.ctx.sessions.get(job.session_id)
+        return 0 if s is None else s.policy.priority
+
+    def _past_quota(self, s: HostSession, n: int) -> bool:
+        """The session alone, with ``n`` more tokens, holds more than its tenant's resident quota."""
+        quota = quota_of(self.ctx, s.policy.tenant)
+        limit = None if quota is None else quota.resident_tokens
+        return limit is not None and s.resident + n > limit
+
+    def _wait(self, job: Job, refusal: BackendFullError, stalled: list[Job]) -> bool:
+        """The job got no room now: it waits in the room queue (``stalled``), or fails at once where
+        the queue is full; True when it failed."""
+        error = self.ctx.room.wait(job, refusal)
+        if error is None:
+            stalled.append(job)
+            return False
+        self.durability.fail(job, error)
+        return True
+
+    def _expire(self) -> bool:
+        """Calls that waited for room past ``max_room_wait_s`` fail (with the retry-after hint)."""
+        expired = self.ctx.room.expired()
+        for job, error in expired:
+            self.durability.fail(job, error)
+        return bool(expired)
+
+    def _preempt(self, stalled: list[Job]) -> bool:
+        """When every call waits for room that only waiting calls hold (each session's call
+        holds what it has and needs more), the last of them in the queue's order with a live
+        session (never the first, never a pinned one) is parked mid-call, so the ones before it
+        go on; it comes back when room frees. True when one was parked."""
+        ctx = self.ctx
+        if ctx.store is None:
+            return False
+        pinned = pinned_sessions(ctx)
+        for job in reversed(stalled[1:]):
+            s = ctx.sessions.get(job.session_id)
+            if s is not None and s.live and job.session_id not in pinned:
+                self.pressure.preempt(job.session_id)
+                return True
+        return False
 
     def _share_prefix(self, job: Job, s: HostSession, busy: set[str], incoming: dict[str, int]) -> None:
         """An empty session's first tokens that a live session already holds (a shared system
@@ -244,7 +308,8 @@ class KVStepper:
         if limit is None or s.resident < limit:
             return False
         job.remaining = 0
-        complete(self.ctx, self.durability, job)
+        if not job.waits_for_reader():  # else committed once its reader took every token
+            complete(self.ctx, self.durability, job)
         return True
 
     def _ahead(self, job: Job, s: HostSession) -> int:
@@ -253,18 +318,17 @@ class KVStepper:
         limit = self._limit(s)
         return ahead if limit is None else max(1, min(ahead, limit - s.resident))
 
-    def _admit(self, job: Job, busy: set[str], incoming: dict[str, int]) -> bool:
-        """Bring a suspended session in for its job if a slot can be had (an idle session may be
-        suspended for it), counting what the jobs before it in this step bring; False while every
-        slot serves a running call."""
+    def _admit(self, job: Job, busy: set[str], incoming: dict[str, int], stalled: list[Job]) -> bool:
+        """Bring a suspended session in for its job if a slot and room can be had (an idle session
+        may be suspended for it), counting what the jobs before it in this step bring; False while
+        it waits for them (in the room queue: ``stalled``)."""
         ctx = self.ctx
         try:
             self.resumption.resume(job.session_id, None, busy=busy, incoming=incoming)
             ctx.count(job.session_id, "resumes")
             return True
         except BackendFullError as exc:
-            if not any(sid in ctx.sessions and ctx.sessions[sid].live for sid in busy):
-                job.finish(exc)  # nothing running will ever free room for it
+            self._wait(job, exc, stalled)
             return False
         except Exception as exc:
             job.finish(exc)
@@ -380,7 +444,7 @@ class KVStepper:
                 self._score(job, s, done)
             except Exception as exc:
                 self.durability.fail(job, exc)
-            if done and not job.done:
+            if done and not job.done and not job.waits_for_reader():  # else once its reader took them all
                 complete(ctx, self.durability, job)
             finished |= job.done
         if finished:

@@ -1,7 +1,11 @@
 """The backend as a Ray actor: a thin shell around ``BackendHost``.
 
 Primitives:
-- ``BackendServer(config, namespace)``: builds the executor (``kvres.actors.backend_setup``;
+- ``BackendServer(config, namespace)``: starts within bounded attempts (``start_attempts``: an
+  engine that raises fails the backend at once; a process that dies while starting, its stderr
+  kept by ``engine_output.captured_stderr``, is started again by Ray at most ``START_ATTEMPTS``
+  times in a row; then the backend is failed, its reason the engine's own words, in Ray's GCS, and
+  the planner drops it from placement: ``start_failed``). It builds the executor (``kvres.actors.backend_setup``;
   its KV tier decision goes to the host, which runs its sessions by it), finds this node's cold
   store by name (``RayStorePort``; the journal is ``RayJournal``), starts measuring its recall
   costs in the background where its engine takes them and can shift positions
@@ -10,10 +14,10 @@ Primitives:
   freezes the heap it started with (``heap.freeze_startup_heap``), and forwards to its host the
   operations ``kvres.actors.host.backend_surface.BackendSurface`` declares (mypy checks this class
   against it): ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray
-  streaming generator: one object per token), ``chat``, ``append_messages``, ``cancel``,
-  ``tokens``, ``truncate``, ``fork``, ``export``, ``restore``, ``suspend``, ``resume``,
-  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``; and ``stats``,
-  ``ping``, ``pid``.
+  streaming generator: one object per token, each yield returning once the driver took it),
+  ``chat``, ``append_messages``, ``cancel``, ``tokens``, ``truncate``, ``fork``, ``export``,
+  ``restore``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``tokenize``,
+  ``detokenize``; and ``stats``, ``ping``, ``pid``.
   It measures what a caller sees: every call's latency, a stream's time to first token and the
   gaps between its tokens, the calls it holds (``kvres.actors.metrics``: kvres_call_seconds,
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
@@ -31,13 +35,14 @@ Primitives:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import ray
 
@@ -53,13 +58,16 @@ from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
 from kvres.actors.sizing.recall_costs import BackgroundRecallCosts
 from kvres.coldstore import new_secret
+from kvres.policy.errors import BackendStartError
 
+from .engine_output import captured_stderr, last_words
 from .heap import freeze_startup_heap
 from .load_reports import LoadReporter
 from .nodes import cold_store_name
 from .progress import loading, watch
 from .ray_journal import RayJournal
 from .ray_store_port import RayStorePort
+from .start_attempts import StartAttempts
 
 if TYPE_CHECKING:
     from kvres.actors.host.backend_surface import BackendSurface
@@ -67,6 +75,9 @@ if TYPE_CHECKING:
 CALL_THREADS = 256
 PROGRESS_TOKENS = 2048  # an append this long says how its prefill goes (after WATCH_AFTER_S)
 LEASE_CHECK_S = 0.25  # how often a stream asks whether its driver is still there
+# a stream's yield returns once its driver took the token (Ray's backpressure, in objects): what
+# the shell yielded is what the driver took, so a stream left or orphaned keeps exactly that
+STREAM_OBJECTS_AHEAD = 1
 
 
 def driver_alive(lease: ray.ObjectRef[bytes]) -> bool:
@@ -93,6 +104,7 @@ def _method(concurrency_group: str, streaming: bool = False) -> Callable[[Method
     options: dict[str, Any] = {"concurrency_group": concurrency_group}
     if streaming:
         options["num_returns"] = "streaming"
+        options["_generator_backpressure_num_objects"] = STREAM_OBJECTS_AHEAD
     decorate: Callable[[Method], Method] = cast(Any, ray.method)(**options)
     return decorate
 
@@ -109,6 +121,14 @@ def store_disk_folder(store_name: str, namespace: str) -> str | None:
     return None if folder is None else str(Path(folder).parent)
 
 
+def start_failed(namespace: str, backend: str) -> None:
+    """The planner's load view drops a backend that could not start: placement never picks it."""
+    from .planner_actor import PLANNER_NAME
+
+    with contextlib.suppress(ValueError):  # no planner (yet): it reads the failures when it starts
+        ray.get_actor(PLANNER_NAME, namespace=namespace).start_failed.remote(backend)
+
+
 def forget_session(namespace: str, session_id: str) -> None:
     """The planner's directory forgets a session its backend closed by itself (its ``ttl_s``)."""
     from .planner_actor import PLANNER_NAME
@@ -117,6 +137,25 @@ def forget_session(namespace: str, session_id: str) -> None:
 
 class BackendServer:
     def __init__(self, config: BackendConfig, namespace: str) -> None:
+        attempts = StartAttempts(namespace, config.name)
+        try:
+            attempts.begin()  # BackendStartError once START_ATTEMPTS starts in a row died
+        except BackendStartError:
+            start_failed(namespace, config.name)
+            raise
+        with captured_stderr() as output:  # what native code says before it ends the process
+            attempts.output(output.path)
+            try:
+                self._start(config, namespace, output.stderr)
+            except Exception as exc:  # the engine refused: failed at once (Ray does not restart it)
+                words = last_words(output.said())
+                attempts.failed(f"{type(exc).__name__}: {exc}".splitlines()[0]
+                                + (f" (the engine wrote: {words})" if words else ""))
+                start_failed(namespace, config.name)
+                raise
+        attempts.started()
+
+    def _start(self, config: BackendConfig, namespace: str, log: TextIO) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         model = config.model_path or default_model_path()
         spec = engine_spec(config.engine)
@@ -126,7 +165,8 @@ class BackendServer:
         store = RayStorePort(store_name, namespace)
         self._reports = LoadReporter(config, str(model), self.node_id, namespace)
         size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
-        with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}"):
+        with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}",
+                     stream=log):
             executor = make_executor(config, model, placement)
         # the costs choose which parked blocks a resume recomputes, which only an engine that can
         # shift positions does (not llama.cpp's split layout): elsewhere they are not measured
@@ -230,11 +270,14 @@ class BackendServer:
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
                lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
-        """One object per token, then the ``Generation`` (why it ended). A stream its consumer
-        leaves keeps only the tokens it yielded: the generator closed, or the driver that called
-        gone (``lease``: an object the driver owns; Ray reports its owner's death to whoever
-        holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens) or
-        ``messages`` (a chat turn): appended first, in the same call."""
+        """One object per token, then the ``Generation`` (why it ended). Each yield returns once
+        the driver took its token (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
+        count it read, so the host's job runs at most ``STREAM_AHEAD`` tokens past the driver and
+        is committed once the driver took them all. A stream its consumer leaves keeps only the
+        tokens it yielded: the generator closed (by Ray too, when the driver that called dies), or
+        the driver gone (``lease``: an object the driver owns; Ray reports its owner's death to
+        whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens)
+        or ``messages`` (a chat turn): appended first, in the same call."""
         with self._call("stream") as t0:
             stream = self.host.stream(session_id, request, request_id, prompt, messages)
             yielded = 0
@@ -255,8 +298,7 @@ class BackendServer:
                         if not driver_alive(lease[0]):
                             break
             finally:
-                if stream.generation is None and not stream.job.done:
-                    self.host.cancel(session_id, stream.job.request_id, yielded)
+                stream.close(keep=yielded)  # a stream left before its end keeps what the driver took
             if stream.generation is not None:
                 yield stream.generation
 

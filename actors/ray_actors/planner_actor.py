@@ -17,6 +17,9 @@ Primitives:
     from the view (``lost()`` lists them with their node) and its reports and seeds are ignored
     until one comes from a live node (an unpinned backend Ray re-created elsewhere), so placement
     never picks it.
+  - failed starts: ``start_failed(backend)`` (a backend that could not start, ``start_attempts``)
+    drops it from the view, and its seeds are ignored until it reports (started anew); a planner
+    that restarts reads them from Ray's GCS. ``load()["failed"]`` names them.
   - directory: ``register(session_id, backend)``, ``forget(session_id)``, ``where(session_id)``,
     ``directory()``.
   - ``plan(backend, BackendPlanInput) -> BackendPlan``: ``plan_backend`` for a caller without
@@ -45,6 +48,7 @@ from kvres.policy.residency import EngineNeed
 
 from .nodes import node_dead
 from .ray_journal import RayDirectory
+from .start_attempts import failed_backends
 
 PLANNER_NAME = "kvres-planner"
 
@@ -72,6 +76,7 @@ class PlannerServer:
         self._directory: dict[str, str] = self._durable.items()
         self._view = LoadView()
         self._lost: dict[str, str] = {}  # backend -> the dead node it was on
+        self._failed: set[str] = set() if namespace is None else set(failed_backends(namespace))
         self._calls: Counter[str] = Counter()
         self._seconds: defaultdict[str, float] = defaultdict(float)
 
@@ -96,6 +101,8 @@ class PlannerServer:
     def _live(self, reports: Sequence[LoadReport]) -> list[LoadReport]:
         live = []
         for r in reports:
+            if r.backend in self._failed and not r.measured:
+                continue  # a seed of a backend that could not start
             if self._on_dead_node(r):
                 self._lost[r.backend] = r.node
             else:
@@ -105,8 +112,14 @@ class PlannerServer:
 
     @_counted
     def report_load(self, report: LoadReport) -> None:
+        self._failed.discard(report.backend)  # it reports: started (anew)
         if self._live([report]):
             self._view.report(report)
+
+    @_counted
+    def start_failed(self, backend: str) -> None:
+        self._failed.add(backend)
+        self._view.forget_backend(backend)
 
     @_counted
     def seed(self, reports: Sequence[LoadReport]) -> None:
@@ -116,7 +129,7 @@ class PlannerServer:
     def load(self) -> dict[str, Any]:
         self._drop_dead()
         return {"backends": [b.as_dict() for b in self._view.loads()], "totals": self._view.totals(),
-                "lost": dict(self._lost)}
+                "lost": dict(self._lost), "failed": sorted(self._failed)}
 
     @_counted
     def lost(self) -> dict[str, str]:

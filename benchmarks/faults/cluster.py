@@ -42,7 +42,8 @@ class FaultCluster:
 
         config = KvresConfig(
             backends=[BackendConfig(name="bench", model_path=model, n_ctx=2048, n_seq_max=N_SEQ_MAX,
-                                    kv_budget_tokens=KV_BUDGET, n_threads=1)],
+                                    kv_budget_tokens=KV_BUDGET, n_threads=1,
+                                    max_room_wait_s=1.0)],  # append_past_budget waits that long, then is refused
             cold_store=ColdStoreConfig(ram_budget_bytes=4096, disk_budget_bytes=64 << 20, disk_dir=disk_dir),
         )
         if ray.is_initialized():

@@ -1,18 +1,22 @@
 """kvres's errors as HTTP answers with an OpenAI-style error body.
 
 Primitives:
-- ``ApiError(status, message, type=..., param=None, code=None)``: an answer to send as it is;
-  ``body()`` is ``{"error": {"message", "type", "param", "code"}}``.
+- ``ApiError(status, message, type=..., param=None, code=None, headers=None)``: an answer to send
+  as it is; ``body()`` is ``{"error": {"message", "type", "param", "code"}}``; ``headers``: what
+  goes with it (a 429's ``Retry-After``).
 - ``SessionLockedError``: another request is running on the session (``409``, never queued).
 - ``api_error(exc) -> ApiError``: the status for any exception: bad input (pydantic's
   ``ValidationError`` naming the field, kvres's typed refusals, ``ValueError`` / ``TypeError``)
   400 (a prompt past what its session can hold: ``context_length_exceeded``), an unknown session or
   response 404, a session busy or already open 409, no backend that
-  can make room for it 429, an actor lost or restarting 503; anything else is a server fault, 500.
+  can make room for it 429 (with ``Retry-After``, in whole seconds, where the backend gave a hint:
+  a call that waited for room past ``BackendConfig.max_room_wait_s``), an actor lost or restarting
+  503; anything else is a server fault, 500.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -37,13 +41,14 @@ from ..session import ConnectError
 
 class ApiError(KvresError):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",  # noqa: A002 (OpenAI's name)
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -79,6 +84,12 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _retry_after(exc: BaseException) -> dict[str, str]:
+    """``Retry-After`` in whole seconds (HTTP's delay-seconds), where the refusal gave a hint."""
+    seconds = getattr(exc, "retry_after_s", None)
+    return {} if seconds is None else {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
 def api_error(exc: BaseException, prefix: str = "") -> ApiError:
     """``prefix``: where the validated object sits in the request (e.g. ``"sampling."``)."""
     if isinstance(exc, ApiError):
@@ -92,10 +103,9 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
         return ApiError(409, message, param="session_id", code="session_exists")
     if isinstance(exc, (SessionBusyError, SessionLockedError)):
         return ApiError(409, message, param="session_id", code="session_busy")
-    if isinstance(exc, TenantQuotaError):
-        return ApiError(429, message, type="rate_limit_error", code="tenant_quota")
     if isinstance(exc, (BackendFullError, PlacementError)):
-        return ApiError(429, message, type="rate_limit_error", code="backend_full")
+        code = "tenant_quota" if isinstance(exc, TenantQuotaError) else "backend_full"
+        return ApiError(429, message, type="rate_limit_error", code=code, headers=_retry_after(exc))
     if isinstance(exc, ContextLengthError):
         return ApiError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(exc, InvalidSessionIdError):

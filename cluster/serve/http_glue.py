@@ -79,7 +79,7 @@ async def read_request(request: Request, model_type: type[M]) -> tuple[Service, 
 
 
 def error_response(err: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return JSONResponse(err.body(), status_code=err.status, headers={**err.headers, **(headers or {})})
 
 
 def answers_errors(route: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:

@@ -6,7 +6,8 @@ Primitives:
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--detach``.
 - ``run_serve(args) -> int``: the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
   ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
-  at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command; kvres's
+  at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command (its
+  task-event store bounded: ``ray_task_events``); kvres's
   actors found or started there (``connect``), Serve's HTTP proxy on ``--host:--port``, the
   application deployed (``kvres`` at ``/``), and one line printed: ``kvres serve: listening on
   http://HOST:PORT/v1 ...``. Then it waits for Ctrl-C or SIGTERM and removes the application (and
@@ -76,6 +77,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from ..ray_task_events import started_cluster_config
     from ..session import connect
     from .app import ServeOptions, build
 
@@ -101,7 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ray.init(address=address, namespace=args.namespace, log_to_driver=False)
     else:
         ray.init(address="local", namespace=args.namespace, log_to_driver=False, include_dashboard=False,
-                 num_cpus=args.num_cpus)
+                 num_cpus=args.num_cpus, _system_config=started_cluster_config())
     stop = _stop_on_sigterm()  # after ray.init, which installs handlers of its own
     manager = None
     try:

@@ -15,6 +15,9 @@ Primitives:
   reach the actor in order, so a claim made under a lease lands before its release),
   ``enter`` / ``record`` (metrics, sent without waiting),
   ``metrics_text()``, ``session_counters(session_id)``, ``destroy()`` (kill the actor and drop its stored responses).
+
+Several of its calls make each request; like kvres's other actors it reports no task events to Ray
+(``ray_task_events.actor_task_events``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import ray
 
+from ..ray_task_events import actor_task_events
 from .http_errors import SessionLockedError
 from .leases import SessionLeases
 from .metrics import RequestSample, ServeMetrics
@@ -140,6 +144,7 @@ class ServeState:
         self.replica = uuid.uuid4().hex[:8]
         self._handle = ServeStateActor.options(  # type: ignore[attr-defined]
             name=state_actor_name(), namespace=namespace, get_if_exists=True, lifetime="detached",
+            **actor_task_events(),
         ).remote(namespace)
         self._held: dict[str, str] = {}
         self._lock = threading.Lock()

@@ -16,8 +16,11 @@ Primitives:
   that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
   iterator of text pieces, each token pulled on the service's threads), ``outcome()``, ``ttft_s``,
   ``gaps`` (the inter-token histogram), ``end()`` (blocking, once: a stream left before its end
-  keeps only the tokens whose text was sent (``TextDeltas.covered``), then ``stack`` is closed: the
-  session's lease released, a one-request session closed).
+  keeps only the tokens whose text was sent, ``sent_tokens``: what ``TextDeltas.covered`` was when
+  the last piece handed to the response went out (the response asked for the next), then
+  ``stack`` is closed: the session's lease released, a one-request session closed). The backend
+  runs at most ``STREAM_AHEAD`` tokens past what the turn pulled, and the turn pulls a token only
+  once the response asks for the next piece.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ class StreamingTurn:
         self.gaps = Histogram(TOKEN_GAP_BUCKETS)
         self.ttft_s: float | None = None
         self.appended = self.prompt_tokens = self.cached_tokens = 0
+        self.sent_tokens = 0  # the tokens whose text went out to the client
         self.completed = False
         self._stream: TokenStream | None = None
         self._first: str | None = None
@@ -225,12 +229,14 @@ class StreamingTurn:
         self._final = (self._in_context.reply(reply), length)
 
     async def deltas(self) -> AsyncIterator[str]:
-        piece = self._first
+        piece, covered = self._first, self.text.covered
         while piece is not None:
             if piece:
                 yield piece
+            self.sent_tokens = covered  # the response asks for more: the piece went out
             future = self._pending = self.service.pool.submit(self._pull)
             piece = await asyncio.wrap_future(future)
+            covered = self.text.covered
         await asyncio.wrap_future(self.service.pool.submit(self._finish))
         rest = self.text.finish(self._final[0])
         self.completed = True
@@ -259,7 +265,7 @@ class StreamingTurn:
             if self._stream is not None and not self.completed:
                 self._stream.close()  # commits the tokens pulled; those whose text was not sent go below
                 held = len(self.session.tokens())
-                keep = held - self._stream.delivered + self.text.covered
+                keep = held - self._stream.delivered + self.sent_tokens
                 if held > keep:
                     self.session.truncate(keep)
         finally:

@@ -1,6 +1,8 @@
 """A standing cluster, with real processes: ``kvres start`` leaves a Ray head and kvres's actors
 running; driver A opens sessions and exits, driver B takes them over by id and continues them with
 the greedy tokens of an uninterrupted run; ``kvres stop`` removes kvres (``--ray``: the head too).
+The head bounds Ray's task-event store and kvres's actors report no task events (read back from
+its GCS).
 
 Driver A is an ordinary driver in the namespace ``kvres start`` set up, and the owner of a second
 namespace whose actors it creates itself: neither exit loses a token. The head gets its own ports
@@ -22,9 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from kvres.cluster.ray_task_events import TASK_EVENT_STORE
 from kvres.cluster.standing import head_processes, stop_head
 from kvres.policy import KvresError
 from tests.cluster.conftest import free_port
+from tests.cluster.task_event_probe import DRIVER as PROBE
+from tests.cluster.task_event_probe import TASK_EVENT_KEYS
 from tests.conftest import REPO_ROOT, shared_model_path
 from tests.examples.test_examples import _stop_ray_started_in
 
@@ -115,6 +120,20 @@ def standing(tmp_path_factory: pytest.TempPathFactory):
 
 def _store_folders(cold: Path, namespace: str) -> list[Path]:
     return [p for p in cold.iterdir() if p.name.startswith(f"{namespace}-")]
+
+
+def test_the_head_bounds_task_events_and_kvres_actors_report_none(standing) -> None:
+    """Before the test that stops the cluster: a driver's session calls, then what the GCS holds."""
+    env = _env(KVRES_CONFIG=standing["env"]["KVRES_CONFIG"], RAY_ADDRESS=standing["address"])
+    calls = _run([sys.executable, "-c", DRIVER_A, json.dumps([[standing["namespace"], "events-1"]]),
+                  json.dumps(PROMPT), str(FIRST)], env)
+    assert calls.returncode == 0, calls.stderr[-3000:]
+    probe = _run([sys.executable, "-c", PROBE, standing["address"]], env)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seen["witnessed"], seen  # the probe's own task reached the GCS: the session's calls did too
+    assert seen["kvres_task_events"] == [], seen
+    assert seen["system_config"] == {key: TASK_EVENT_STORE[key] for key in TASK_EVENT_KEYS}, seen
 
 
 def test_sessions_outlive_every_driver_and_kvres_stop_removes_everything(standing) -> None:

@@ -20,7 +20,9 @@ suspended), test_store_faults (the cold store killed during resume; corrupt, tru
 forged block files), test_atomic_calls (a call that fails mid-append commits nothing, a full disk,
 a repeated request id), test_inexact_recompute (a re-based streaming session rebuilt after a
 death reports its divergence), test_folder_sweep (store folders an earlier
-run left are removed); a worker node's death is tests/multinode/test_node_death.py, a head
+run left are removed), test_start_failures (a backend that cannot start: bounded attempts, the
+engine's error from connect, add_backend, its sessions' calls and the status views; its own
+local cluster, no fixture of this file); a worker node's death is tests/multinode/test_node_death.py, a head
 restart tests/restarts/test_head_restart.py. 16 threads on 8 sequence slots, where sessions suspended to make
 room come back by themselves on their next call, is
 tests/host/test_concurrency.py::test_budget_holds_at_every_step_with_16_sessions_on_8_slots.
@@ -55,7 +57,8 @@ def faulty(tmp_path_factory: pytest.TempPathFactory):
     model = shared_model_path()
     config = KvresConfig(
         backends=[
-            BackendConfig(name="f0", model_path=model, n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000, n_threads=1),
+            BackendConfig(name="f0", model_path=model, n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000, n_threads=1,
+                          max_room_wait_s=1.0),  # a call refused for room here is refused after 1 s of waiting
             BackendConfig(name="fov", engine="openvino", model_path=model, n_ctx=2048, kv_budget_tokens=2000,
                           n_threads=1),
         ],

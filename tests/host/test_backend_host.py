@@ -26,8 +26,9 @@ def stores(tmp_path):
             "node-b": ColdStoreServer(1 << 20, tmp_path / "b", 1 << 24)}
 
 
-def host(stores, name="node-a", budget=512, n_seq_max=4) -> BackendHost:
-    config = BackendConfig(name=f"b-{name}", kv_budget_tokens=budget, n_ctx=1024, n_seq_max=n_seq_max)
+def host(stores, name="node-a", budget=512, n_seq_max=4, room_wait_s=60.0) -> BackendHost:
+    config = BackendConfig(name=f"b-{name}", kv_budget_tokens=budget, n_ctx=1024, n_seq_max=n_seq_max,
+                           max_room_wait_s=room_wait_s)
     return BackendHost(config, ReferenceExecutor(), plan_backend, LocalStorePort(name, stores))
 
 
@@ -107,7 +108,7 @@ def test_past_its_context_limit_is_typed_and_loses_nothing(stores) -> None:
 
 
 def test_room_others_hold_is_a_typed_refusal_that_frees(stores) -> None:
-    h = host(stores, budget=64)
+    h = host(stores, budget=64, room_wait_s=0.2)  # it waits for room that long, then is refused
     h.open_session("pinned", SessionPolicy().with_retention(pin=True))
     h.append("pinned", tokens(30))
     h.open_session("s", SessionPolicy())

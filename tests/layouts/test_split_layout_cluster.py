@@ -1,6 +1,6 @@
 """The split KV layout through ``kvres.cluster`` sessions on a real local Ray cluster: the same
-tokens as a unified backend's, across suspend / resume, forks and migrations between the two
-layouts (recomputed from the log: without flash attention, the split layout's CPU default, the
+tokens as an uninterrupted session of the same layout, across suspend / resume and forks, and
+migrations between the two layouts (recomputed from the log: without flash attention, the split layout's CPU default, the
 blocks store V rows another way); a call past a session's stream is refused and commits nothing;
 an eviction policy degrades and says why; a split backend measures no recall costs (it never
 shifts positions, so a resume never chooses what to recompute)."""
@@ -20,18 +20,34 @@ def _pair(manager):
 
 
 def test_split_sessions_continue_as_unified_ones_through_suspend_fork_and_migrate(manager) -> None:
+    """Each layout's session continues exactly as its own uninterrupted twin does, through suspend
+    and fork; moved to the other layout it is recomputed there from its log, exactly, and goes on
+    with nothing lost. The two layouts are not
+    compared token for token after their first tokens: the unified backend runs flash attention on
+    the CPU and the split one does not, so their logits differ in the last bits, and on a model as
+    small as stories260K a near tie can go either way (it does on some llama.cpp builds)."""
     unified, split = _pair(manager)
+    twins = {"unified": manager.open_session(backend="unified"), "split": manager.open_session(backend="split")}
+    opened = [unified, split, *twins.values()]
     try:
-        for s in (unified, split):
+        for s in opened:
             s.append(PROMPT)
-        assert list(split.generate(8, ignore_eos=True)) == list(unified.generate(8, ignore_eos=True))
-        streamed = [list(s.stream(6, ignore_eos=True, prompt=PROMPT[:9])) for s in (unified, split)]
-        assert streamed[0] == streamed[1]
+        assert list(split.generate(8, ignore_eos=True)) == list(twins["split"].generate(8, ignore_eos=True))
+        assert list(unified.generate(8, ignore_eos=True)) == list(twins["unified"].generate(8, ignore_eos=True))
+        assert split.tokens() == unified.tokens()  # the same first tokens on both layouts (no near tie there)
+        for s, twin in ((unified, twins["unified"]), (split, twins["split"])):
+            assert list(s.stream(6, ignore_eos=True, prompt=PROMPT[:9])) == \
+                list(twin.stream(6, ignore_eos=True, prompt=PROMPT[:9]))
         split.suspend()
         assert split.stats()["state"] == "suspended"
-        assert list(split.generate(6, ignore_eos=True)) == list(unified.generate(6, ignore_eos=True))
+        assert list(split.generate(6, ignore_eos=True)) == list(twins["split"].generate(6, ignore_eos=True))
+        assert list(unified.generate(6, ignore_eos=True)) == list(twins["unified"].generate(6, ignore_eos=True))
         forks = [s.fork() for s in (unified, split)]
-        assert list(forks[1].generate(6, ignore_eos=True)) == list(forks[0].generate(6, ignore_eos=True))
+        opened += forks
+        for fork, twin in zip(forks, (twins["unified"], twins["split"]), strict=True):
+            assert fork.tokens() == twin.tokens()
+            assert list(fork.generate(6, ignore_eos=True)) == list(twin.generate(6, ignore_eos=True))
+        logs = {id(s): s.tokens() for s in (split, unified)}
         split.migrate("unified")  # a split session's blocks into a unified cache, and back
         unified.migrate("split")
         assert (split.stats()["backend"], unified.stats()["backend"]) == ("unified", "split")
@@ -40,12 +56,11 @@ def test_split_sessions_continue_as_unified_ones_through_suspend_fork_and_migrat
         for moved in (split, unified):
             counters = moved.stats()["counters"]
             assert (counters["recomputed_tokens"], counters["inexact_recomputed_tokens"]) == (89, 0)
-        assert list(split.generate(6, ignore_eos=True)) == list(unified.generate(6, ignore_eos=True))
-        assert split.tokens() == unified.tokens()
-        for f in forks:
-            f.close()
+            assert moved.tokens() == logs[id(moved)]  # nothing lost on the way
+            reply = list(moved.generate(6, ignore_eos=True))
+            assert len(reply) == 6 and moved.tokens() == logs[id(moved)] + reply
     finally:
-        for s in (unified, split):
+        for s in opened:
             s.close()
 
 

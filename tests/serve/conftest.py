@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -93,20 +94,24 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
 
 
 def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
-                 tenant_key: str | None = None) -> Server:
+                 tenant_key: str | None = None, config: dict[str, Any] | None = None, replicas: int = 2,
+                 backends: list[dict[str, object]] | None = None) -> Server:
+    """``config``: the KvresConfig to serve (its ``model_path`` fields unset: the served model);
+    by default one backend ``b0`` with a quota for ``TENANT``, or ``backends`` in its place (each of
+    the served model when it names none)."""
     model = served_model_path(folder)
-    config = {
-        "backends": [{"name": "b0", "model_path": str(model), "n_ctx": 2048, "n_seq_max": 8,
-                      "kv_budget_tokens": 2000, "n_threads": 1,
-                      "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
-        "cold_store": {"ram_budget_bytes": 16 << 20, "disk_budget_bytes": 64 << 20,
-                       "disk_dir": str(folder / "coldstore")},
+    config = config or {
+        "backends": backends or [{"name": "b0", "n_ctx": 2048, "n_seq_max": 8, "kv_budget_tokens": 2000,
+                                  "n_threads": 1, "tenant_quotas": {TENANT: {"resident_tokens": TENANT_QUOTA}}}],
     }
+    backends = [{"model_path": str(model), **backend} for backend in config["backends"]]
+    config = {"cold_store": {"ram_budget_bytes": 16 << 20, "disk_budget_bytes": 64 << 20,
+                             "disk_dir": str(folder / "coldstore")}, **config, "backends": backends}
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "KVRES_CONFIG", "KVRES_API_KEY_FILE")}
     keys = (key or "") + (f", {tenant_key} tenant={TENANT}" if key and tenant_key else "")
     env.update({"KVRES_API_KEYS": keys, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})})
     command = [sys.executable, "-m", "kvres.cluster.cli", "serve", "--config", json.dumps(config), "--port", str(port),
-               "--num-cpus", "2", "--min-replicas", "2", "--max-replicas", "2", "--namespace", f"kvres-serve-test-{secrets.token_hex(4)}"]
+               "--num-cpus", "2", "--min-replicas", str(replicas), "--max-replicas", str(replicas), "--namespace", f"kvres-serve-test-{secrets.token_hex(4)}"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", key or "", model.name.removesuffix(".gguf"), process,
@@ -135,16 +140,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve")
     srv = start_server(folder, free_port(), key=f"test-key-{secrets.token_hex(16)}",
                        tenant_key=f"tenant-key-{secrets.token_hex(16)}")
+    wait_healthy(srv)
+    yield srv
+    stop_server(srv)
+
+
+def wait_healthy(srv: Server) -> None:
     deadline = time.monotonic() + 60
     while True:  # the proxy answers once the application is up; a replica may still be warming
         try:
             if httpx.get(f"{srv.base}/health", timeout=5).status_code == 200:
-                break
+                return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             stop_server(srv)
             pytest.fail(f"kvres serve answers no /health:\n{srv.log()}", pytrace=False)
         time.sleep(0.5)
-    yield srv
-    stop_server(srv)
