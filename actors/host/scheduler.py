@@ -60,6 +60,7 @@ from ..sampling import Sampler
 
 _END = object()
 IDLE_WORK_AFTER_S = 0.01  # after the last call, how long until idle work (the answers leave first)
+WAITERS_IN_WITHIN_S = 1.0  # a safety bound only: a waiter gets the lock as soon as the loop lets it go
 STREAM_AHEAD = 4  # tokens a stream produces past what its reader took (its job waits for the reader)
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
@@ -88,6 +89,7 @@ class WaitCountingLock:
         self._lock = threading.RLock()
         self._count = threading.Lock()
         self.waiting = 0
+        self.served = 0  # acquisitions that had to wait (the loop waits for those it saw waiting)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if self._lock.acquire(False):
@@ -96,11 +98,14 @@ class WaitCountingLock:
             return False
         with self._count:
             self.waiting += 1
+        got = False
         try:
-            return self._lock.acquire(True, timeout)
+            got = self._lock.acquire(True, timeout)
+            return got
         finally:
             with self._count:
                 self.waiting -= 1
+                self.served += got
 
     def release(self) -> None:
         self._lock.release()
@@ -414,10 +419,19 @@ class StepLoop:
                 if not progressed:  # every job waits for room: sleep until something changes
                     q.wake.wait(timeout=0.05)
             # the lock is free here: control calls and new submissions get their turn
-            if getattr(self._lock, "waiting", 0):
-                # a lock is not fair: this thread would take it again before a waiter wakes (a call
-                # could wait many steps to join the batch); give up the GIL so they go first
-                time.sleep(0)
+            self._let_waiters_in()
+
+    def _let_waiters_in(self) -> None:
+        """A lock is not fair: this thread would take it again before a woken waiter runs (a call
+        could wait many steps to join the batch). Every thread seen waiting gets the lock before
+        the next step (the GIL given up until each has; one that gave up waiting is not waited for)."""
+        lock = self._lock
+        if not isinstance(lock, WaitCountingLock) or not lock.waiting:  # a plain lock cannot tell
+            return
+        target = lock.served + lock.waiting
+        deadline = time.monotonic() + WAITERS_IN_WITHIN_S
+        while lock.served < target and lock.waiting and time.monotonic() < deadline:
+            time.sleep(0)
 
     def _idle(self) -> bool:
         hook = self._on_idle

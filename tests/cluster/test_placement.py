@@ -14,6 +14,7 @@ import ray
 
 from kvres.actors.ray_actors.planner_actor import PlannerActor
 from kvres.cluster import BackendConfig, KvresConfig, SessionPolicy
+from kvres.cluster.ray_task_events import actor_task_events
 from kvres.cluster.session import SessionManager
 from kvres.policy import KvresError, SessionExistsError
 from kvres.policy.placement import LoadReport, PlacementError, PlacementPolicy
@@ -72,7 +73,7 @@ def manager_over(n_backends: int, calls: Counter[str]) -> SessionManager:
     mgr = SessionManager.__new__(SessionManager)
     mgr._lease = None  # no driver lease: nothing streams here
     mgr.namespace, mgr.config, mgr._started_ray, mgr.cold_stores = "fake", config, False, {}
-    mgr.planner = Counted(PlannerActor.options(num_cpus=0).remote(), calls, "planner")
+    mgr.planner = Counted(PlannerActor.options(num_cpus=0, **actor_task_events()).remote(), calls, "planner")
     mgr._backends = {b.name: Counted(Local(FakeBackend()), calls, b.name) for b in config.backends}
     return mgr
 
@@ -161,7 +162,7 @@ def test_load_reports_reach_the_planner_from_one_thread_and_a_held_change_goes_b
     from kvres.actors.ray_actors.planner_actor import PLANNER_NAME
 
     namespace = f"{manager.namespace}-reports"
-    planner = PlannerActor.options(name=PLANNER_NAME, namespace=namespace).remote()
+    planner = PlannerActor.options(name=PLANNER_NAME, namespace=namespace, **actor_task_events()).remote()
     try:
         reporter = LoadReporter(BackendConfig(name="reporting", kv_budget_tokens=1000), "m.gguf", "node", namespace)
 
