@@ -1,7 +1,8 @@
 """kvres.cluster: what drivers touch.
 
 Primitives: ``connect``, ``SessionManager``, ``Session``; configuration ``KvresConfig``,
-``BackendConfig``, ``ColdStoreConfig``, ``SessionPolicy``, ``TenantQuota``. Importing this package does not start
+``BackendConfig``, ``ColdStoreConfig``, ``SessionPolicy``, ``TenantQuota``; ``SessionFileError`` (a session
+file that cannot be written or read back: ``Session.export`` / ``SessionManager.restore``). Importing this package does not start
 Ray; ``connect`` does.
 """
 
@@ -20,6 +21,7 @@ __all__ = [
     "KvresConfig",
     "PlacementConfig",
     "Session",
+    "SessionFileError",
     "SessionManager",
     "SessionPolicy",
     "TenantQuota",
@@ -32,4 +34,8 @@ def __getattr__(name: str) -> object:
         from . import session
 
         return getattr(session, name)
+    if name == "SessionFileError":
+        from .session_files import SessionFileError
+
+        return SessionFileError
     raise AttributeError(f"module 'kvres.cluster' has no attribute {name!r}")

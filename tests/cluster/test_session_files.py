@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kvres.actors.sampling import GrammarError
-from kvres.cluster.session_files import SessionFileError
+from kvres.cluster import SessionFileError
 from kvres.policy import ArgumentError, KvresError, SessionExistsError
 
 PROMPT = list(range(3, 43))
