@@ -15,17 +15,13 @@ import numpy as np
 import pytest
 
 from kvres.actors.backend_setup.engine_registry import make_executor
-from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.default_model import write_tiny_model
+from kvres.actors.config import SessionPolicy
 from kvres.actors.engines.llama import LlamaExecutor
 from kvres.actors.host.backend import BackendHost
-from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
 from kvres.cluster.status_view import render_inspect
 from kvres.policy import CapabilityError
-from kvres.testing import LocalStorePort
+from tests.host.q8_backend import BUDGET, grow_to_8x_budget, q8_config, q8_host
 
-BUDGET = 96
-TOKENS = [259 + (7 * i + 3) % 60 for i in range(1000)]  # word tokens of the tiny model
 SHAPE = dict(sink_tokens=4, recent_tokens=16, block_size=8)
 POLICIES = {
     "streaming": SessionPolicy.streaming(BUDGET, **SHAPE),  # type: ignore[arg-type]
@@ -36,31 +32,18 @@ POLICIES = {
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hd32.gguf")
-
-
-def q8_config(model: Path, name: str = "q8") -> BackendConfig:
-    return BackendConfig(name=name, model_path=model, n_ctx=256, kv_budget_tokens=200, n_seq_max=2,
-                         n_threads=1, type_k="q8_0", type_v="q8_0")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[BackendHost, Path]:
+    return q8_host(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def host(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> BackendHost:
-    cfg = q8_config(tiny_model)
-    store = ColdStoreServer(64 << 20, tmp_path_factory.mktemp("cold"), 256 << 20)
-    return BackendHost(cfg, make_executor(cfg, tiny_model), store=LocalStorePort("n", {"n": store}))
+def tiny_model(built: tuple[BackendHost, Path]) -> Path:
+    return built[1]
 
 
-def grow_to_8x_budget(append, generate, stats) -> dict:
-    """Alternate 40-token turns and 8-token generations until 8x the budget."""
-    n = 0
-    while n < 8 * BUDGET:
-        append(TOKENS[n : n + 40])
-        n += 40 + len(generate(8))
-        st = stats()
-        assert st["resident_tokens"] <= BUDGET
-    return st
+@pytest.fixture(scope="module")
+def host(built: tuple[BackendHost, Path]) -> BackendHost:
+    return built[0]
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
