@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvres.cluster import SessionPolicy
-from kvres.policy import ContextLengthError
+from tests.context_limit_checks import check_the_limit
 
 BUDGET = 2000
 
@@ -21,23 +21,7 @@ def _tokens(n: int, start: int = 0) -> list[int]:
 @pytest.mark.parametrize("backend", ["b0", "ov"])
 def test_a_prompt_past_the_limit_is_refused_and_a_reply_stops_at_it(manager, backend) -> None:
     with manager.open_session(backend=backend) as s:
-        s.append(_tokens(1900))
-        with pytest.raises(ContextLengthError, match=r"holds 1900 tokens and the call brings 150 more: 2050 is past "
-                                                     rf"the {BUDGET} tokens one session can hold on backend '{backend}' "
-                                                     rf"\(kv_budget_tokens={BUDGET}\)"):
-            s.append(_tokens(150, 1900))
-        with pytest.raises(ContextLengthError, match="2050 is past"):  # a prompt given with the generate
-            s.generate(5, prompt=_tokens(150, 1900))
-        assert s.tokens() == _tokens(1900)  # nothing of either was appended
-        reply = s.generate(300, ignore_eos=True)
-        assert reply.finish_reason == "length" and len(reply) == BUDGET - 1900
-        assert s.tokens() == _tokens(1900) + list(reply)
-        nothing = s.generate(10, ignore_eos=True)  # full: it ends at once, as at max_tokens
-        assert list(nothing) == [] and nothing.finish_reason == "length" and len(s.tokens()) == BUDGET
-        s.rollback(30)
-        stream = s.stream(100, ignore_eos=True)
-        assert len(list(stream)) == 30 and stream.finish_reason == "length"
-        assert len(s.tokens()) == BUDGET
+        check_the_limit(s, backend, BUDGET)
 
 
 def test_a_session_that_evicts_goes_on_past_it(manager) -> None:
