@@ -145,8 +145,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(srv)
 
 
-def wait_healthy(srv: Server) -> None:
-    deadline = time.monotonic() + 60
+def wait_healthy(srv: Server, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
     while True:  # the proxy answers once the application is up; a replica may still be warming
         try:
             if httpx.get(f"{srv.base}/health", timeout=5).status_code == 200:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import Server, free_port, start_server, stop_server
+from .conftest import Server, free_port, start_server, stop_server, wait_healthy
 
 MESSAGES = [{"role": "user", "content": "Go on and on."}]
 MAX_TOKENS = 300
@@ -29,17 +29,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         for name, engine in ENGINES.items()]
     srv = start_server(tmp_path_factory.mktemp("serve-engines"), free_port(), key=f"test-key-{secrets.token_hex(16)}",
                        backends=backends)
-    deadline = time.monotonic() + 120
-    while True:  # the proxy answers once the application is up; a replica may still be warming
-        try:
-            if httpx.get(f"{srv.base}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            stop_server(srv)
-            pytest.fail(f"kvres serve answers no /health:\n{srv.log()}", pytrace=False)
-        time.sleep(0.5)
+    wait_healthy(srv, timeout_s=120)
     yield srv
     stop_server(srv)
 
