@@ -3,7 +3,8 @@ session does not hold yet appended.
 
 Primitives:
 - ``Chat(ctx)``: ``plan(session_id, messages, add_generation_prompt=True) -> (keep, tokens)``: the
-  conversation rendered with the model's template (``kvres.actors.chat_template``); the session
+  conversation rendered with the model's template (``kvres.actors.tools.rendering``: tools and
+  tool turns included, the model's own way); the session
   keeps the first ``keep`` tokens of its log and appends ``tokens``. When the log, read back as
   text (control tokens included), is a prefix of the rendering, that is the whole log and only the
   rest is tokenized; otherwise the log is kept up to where it agrees with the rendering tokenized
@@ -18,7 +19,8 @@ from typing import Any
 
 from kvres.policy import CapabilityError
 
-from ..chat_template import ChatMessage, render_chat
+from ..chat_template import ChatMessage
+from ..tools.rendering import render_conversation
 from .context import HostContext
 
 
@@ -33,7 +35,7 @@ class Chat:
         source = ctx.executor.chat_template()
         if source is None:
             raise CapabilityError(f"backend {ctx.name!r}'s model has no chat template: append text instead")
-        rendered = render_chat(source, messages, add_generation_prompt)
+        rendered = render_conversation(source, messages, add_generation_prompt)
         with ctx.lock:
             log = ctx.token_log(session_id)
         executor = ctx.executor
