@@ -52,7 +52,7 @@ Decode = Callable[[Sequence[int]], str]
 
 @dataclass(frozen=True)
 class Prompt:
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     raw: str | Sequence[int] | None = None
 
 

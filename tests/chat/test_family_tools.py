@@ -127,6 +127,8 @@ PICK = {"type": "function", "function": {"name": "pick", "parameters": {
 def test_a_forced_call_on_random_weights_always_parses(models: dict[str, Path], model: str, tmp_path: Path) -> None:
     """The grammar of ``tool_choice`` required / named on the real engine: whatever the random
     weights prefer, each sampled reply is a call (two where parallel) that parses and validates."""
+    import llama_cpp
+
     from kvres.actors.backend_setup.engine_registry import make_executor
     from kvres.actors.config import BackendConfig
     from kvres.actors.generation import GenerationRequest
@@ -142,6 +144,7 @@ def test_a_forced_call_on_random_weights_always_parses(models: dict[str, Path], 
     cfg = BackendConfig(name=f"f-{model}", model_path=models[model], n_ctx=2048, n_seq_max=2, kv_budget_tokens=2000,
                         n_threads=1)
     host = BackendHost(cfg, make_executor(cfg, models[model]))
+    vocab = llama_cpp.Llama(str(models[model]), vocab_only=True, verbose=False)
     try:
         for seed, (offered, parallel) in enumerate([(functions, False), (functions[1:], False), (functions, True)]):
             grammar = call_grammar(family, offered, parallel=parallel and family != "llama3")
@@ -154,6 +157,13 @@ def test_a_forced_call_on_random_weights_always_parses(models: dict[str, Path], 
             parsed = parse_reply(family, reply.text or "", functions)
             assert parsed.calls, (parsed.problem, reply.text)
             assert {c.name for c in parsed.calls} <= {f.name for f in offered}
+            # the call reads as the template renders it next turn: the session keeps it
+            asked = [{"role": "user", "content": "Call a tool.", "tools": tools}]
+            answered = [*asked, {"role": "assistant", "content": parsed.content,
+                                 "tool_calls": [c.as_chat() for c in parsed.calls]}]
+            said = vocab.detokenize(list(reply)[:-1], special=True).decode()  # control tokens kept, EOS not
+            assert render_conversation(source, answered, add_generation_prompt=False).startswith(
+                render_conversation(source, asked) + said)
             host.close(session)
     finally:
         host.shutdown()
