@@ -7,7 +7,11 @@ Primitives:
   (``usage.prompt_tokens_details.cached_tokens`` says how much was kept); the answer echoes the
   header. Without one, the turn runs on a session opened for the request and closed after it.
   ``tools`` are rendered by the model's own template and the reply's calls parsed in its family's
-  form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``.
+  form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``. A bound
+  turn's answer has a ``kvres`` field: ``session_id`` and ``prefix_break`` (where the rendered
+  conversation first left what the session held: message index, token position, the text held and
+  rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
+  streamed, on the last chunk with a choice.
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
   ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage; text
@@ -91,15 +95,23 @@ class _Turn:
         return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
                                self.model.local_decoder())
 
-    def note(self, outcome: TurnOutcome | StreamingTurn) -> None:
+    def note(self, outcome: TurnOutcome | StreamingTurn, prefix_break: dict[str, Any] | None = None) -> None:
         if isinstance(outcome, StreamingTurn):
             note(self.request, ttft_s=outcome.ttft_s, gaps=outcome.gaps.state(), prompt_tokens=outcome.prompt_tokens,
                  cached_tokens=outcome.cached_tokens, completion_tokens=len(outcome.text.tokens),
                  session_id=self.session_id)
+            if prefix_break is not None:
+                note(self.request, prefix_break=prefix_break)
         else:
             note(self.request, ttft_s=time.monotonic() - self.started, prompt_tokens=outcome.prompt_tokens,
                  cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
-                 session_id=self.session_id)
+                 session_id=self.session_id, prefix_break=outcome.prefix_break)
+
+    def kvres(self, outcome: TurnOutcome) -> dict[str, Any] | None:
+        """What kvres adds to a bound turn's answer."""
+        if self.session_id is None:
+            return None
+        return {"session_id": self.session_id, "prefix_break": outcome.prefix_break}
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model.id,
@@ -133,6 +145,8 @@ async def chat_completions(request: Request) -> Response:
     choice = {"index": 0, "message": message, "logprobs": _chat_logprobs(outcome), "finish_reason": finish}
     body = turn.envelope("chat.completion", [choice])
     body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+    if turn.kvres(outcome) is not None:
+        body["kvres"] = turn.kvres(outcome)
     return JSONResponse(body, headers=turn.headers)
 
 
@@ -184,9 +198,13 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
         if head:
             yield head
         outcome = await turn.service.run(streaming.outcome)
-        for choice in closing(outcome):
-            yield sse(turn.envelope(obj, [choice]))
-        turn.note(streaming)
+        closing_choices = closing(outcome)
+        for i, choice in enumerate(closing_choices):
+            chunk = turn.envelope(obj, [choice])
+            if i == len(closing_choices) - 1 and turn.kvres(outcome) is not None:
+                chunk["kvres"] = turn.kvres(outcome)
+            yield sse(chunk)
+        turn.note(streaming, outcome.prefix_break)
         if include_usage:
             body = turn.envelope(obj, [])
             body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)

@@ -204,7 +204,8 @@ class _Call:
                              "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
         if self.session is not None:
             body["kvres"] = {"session_id": self.session.session_id,
-                             "session_length": None if outcome is None else outcome.length}
+                             "session_length": None if outcome is None else outcome.length,
+                             "prefix_break": None if outcome is None else outcome.prefix_break}
         return body
 
     def call_items(self, parsed: ParsedReply) -> list[dict[str, Any]]:
@@ -262,7 +263,8 @@ async def create_response(request: Request) -> Response:
     outcome = await service.run(call.whole)
     note(request, ttft_s=time.monotonic() - call.started, prompt_tokens=outcome.prompt_tokens,
          cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
-         session_id=call.session.session_id if call.session and req.store else None)
+         session_id=call.session.session_id if call.session and req.store else None,
+         prefix_break=outcome.prefix_break)
     return JSONResponse(call.final(outcome))
 
 
@@ -320,6 +322,7 @@ async def _events(request: Request, call: _Call, streaming: StreamingTurn) -> As
                 for line in _call_events(event, index, item):
                     yield line
         yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+        note(request, prefix_break=outcome.prefix_break)
         _note(request, call, streaming)
     except Exception as exc:
         err = api_error(exc)
