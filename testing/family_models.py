@@ -40,8 +40,9 @@ class FamilySpec:
 
 
 FAMILY_SPECS: dict[str, FamilySpec] = {
-    "qwen25": FamilySpec(templates.QWEN25, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
-                         False, 32768),
+    # Qwen's <|endoftext|> left out: llama.cpp would end a turn at it too, where the template closes
+    # turns with <|im_end|> (a trained model writes that one; a random one may pick either)
+    "qwen25": FamilySpec(templates.QWEN25, ("<|im_start|>", "<|im_end|>"), None, "<|im_end|>", False, 32768),
     "llama31": FamilySpec(templates.LLAMA31, ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                                               "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
                           "<|begin_of_text|>", "<|eot_id|>", True, 131072, eot="<|eot_id|>", eom="<|eom_id|>"),
