@@ -113,6 +113,17 @@ def test_responses_function_calls_chain_through_previous_response_id(server) -> 
     final = events[-1].response
     assert events[-1].type == "response.completed" and final.output[-1].type == "function_call"
     assert final.output[-1].arguments == done.arguments
+    # tools offered, the reply text (tool_choice auto): the message opens with its first text, as without tools
+    events = list(client.responses.create(model=server.model, input="Say hello.", tools=FLAT_TOOLS, tool_choice="auto",
+                                          max_output_tokens=12, temperature=0.0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.index("response.output_item.added") < kinds.index("response.content_part.added") < \
+        kinds.index("response.output_text.delta") < kinds.index("response.output_text.done")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output[0].type == "message" and final.output[0].content[0].text == text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
 @pytest.mark.parametrize(("body", "param"), [
