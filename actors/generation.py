@@ -9,7 +9,8 @@ Primitives:
   "cancelled": its stream was left), ``stop`` (the stop id or string that ended it), ``text`` (the
   reply as text, cut before a stop string; None where the engine has no detokenizer) and
   ``logprobs`` (of each chosen token, when asked), and for a chat turn ``prompt_tokens`` (what its
-  messages appended).
+  messages appended) and ``prefix_break`` (where its rendered conversation first left what the
+  session held: ``kvres.actors.host.prefix_break``; None where it kept all of it).
 - ``StopRule(eog, stop_ids, stop_strings)``: ``check(produced, detokenize)`` after each token.
 
 The stop rule, as the docs state it: every token up to and including the one that completes a stop
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
@@ -70,7 +71,7 @@ class Generation(list[int]):
     def __init__(self, tokens: Sequence[int] = (), finish_reason: FinishReason = "length",
                  stop: str | int | None = None, text: str | None = None,
                  logprobs: list[float] | None = None, prompt_tokens: int | None = None,
-                 length: int | None = None) -> None:
+                 length: int | None = None, prefix_break: dict[str, Any] | None = None) -> None:
         super().__init__(int(t) for t in tokens)
         self.finish_reason: FinishReason = finish_reason
         self.stop = stop
@@ -78,10 +79,11 @@ class Generation(list[int]):
         self.logprobs = logprobs
         self.prompt_tokens = prompt_tokens  # a chat turn: the tokens its messages appended
         self.length = length  # the session's log length when the call committed (None: not known)
+        self.prefix_break = prefix_break  # a chat turn: where its conversation first left the session's log
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Generation, (list(self), self.finish_reason, self.stop, self.text, self.logprobs, self.prompt_tokens,
-                             self.length))
+                             self.length, self.prefix_break))
 
     def __repr__(self) -> str:
         return f"Generation({list(self)!r}, finish_reason={self.finish_reason!r}, stop={self.stop!r})"

@@ -5,6 +5,8 @@ Primitives:
   yardstick of the conformance table.
 - ``LocalStorePort``: a backend's store port over ``ColdStoreServer`` objects in this process.
 - ``kl_divergence``, ``log_softmax``: comparing two engines' (or two runs') logits.
+- ``family_models`` (imported by name): random-weight GGUFs with model families' own chat
+  templates (``family_templates``).
 
 Nothing in ``kvres.policy``, ``kvres.coldstore``, ``kvres.actors`` or ``kvres.cluster`` imports
 this package.

@@ -24,7 +24,7 @@ def test_wheel_install_imports_from_outside_the_repository(tmp_path) -> None:
     assert build.returncode == 0, build.stderr[-2000:]
     code = (
         "import kvres.policy, kvres.coldstore, kvres.actors, kvres.cluster, kvres.actors.engines.llama\n"
-        "import kvres.actors.engines.openvino\n"
+        "import kvres.actors.engines.openvino, kvres.actors.tools.rendering\n"
         "print(kvres.policy.__file__)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

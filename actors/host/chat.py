@@ -3,12 +3,14 @@ session does not hold yet appended.
 
 Primitives:
 - ``Chat(ctx)``: ``plan(session_id, messages, add_generation_prompt=True) -> (keep, tokens)``: the
-  conversation rendered with the model's template (``kvres.actors.chat_template``); the session
+  conversation rendered with the model's template (``kvres.actors.tools.rendering``: tools and
+  tool turns included, the model's own way); the session
   keeps the first ``keep`` tokens of its log and appends ``tokens``. When the log, read back as
   text (control tokens included), is a prefix of the rendering, that is the whole log and only the
   rest is tokenized; otherwise the log is kept up to where it agrees with the rendering tokenized
   whole (a reply the caller edited, or tokens a generation chose differently), and the rest is
-  replaced.
+  replaced; where that drops tokens of the log, where and why is noted on the session
+  (``HostSession.prefix_break``, ``prefix_break.describe_break``) for the turn's answer.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 
 from kvres.policy import CapabilityError
 
-from ..chat_template import ChatMessage, render_chat
+from ..chat_template import ChatMessage
+from ..tools.rendering import render_conversation
 from .context import HostContext
+from .prefix_break import describe_break
 
 
 class Chat:
@@ -33,13 +37,15 @@ class Chat:
         source = ctx.executor.chat_template()
         if source is None:
             raise CapabilityError(f"backend {ctx.name!r}'s model has no chat template: append text instead")
-        rendered = render_chat(source, messages, add_generation_prompt)
+        rendered = render_conversation(source, messages, add_generation_prompt)
         with ctx.lock:
             log = ctx.token_log(session_id)
         executor = ctx.executor
         body = log[1:] if log and source.add_bos and log[0] == source.bos_id else log
         said = executor.detokenize(body, special=True)
         if rendered.startswith(said):
+            if add_generation_prompt:
+                self._note(session_id, None)
             rest = rendered[len(said):]
             return len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True) if rest else []
         whole = executor.tokenize(rendered, add_bos=source.add_bos, special=True)
@@ -48,4 +54,12 @@ class Chat:
             if mine != theirs:
                 break
             keep += 1
+        if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
+            self._note(session_id, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
         return keep, whole[keep:]
+
+    def _note(self, session_id: str, prefix_break: dict[str, Any] | None) -> None:
+        with self.ctx.lock:
+            session = self.ctx.sessions.get(session_id)
+            if session is not None:
+                session.prefix_break = prefix_break

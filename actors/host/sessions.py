@@ -7,7 +7,8 @@ Primitives:
   call resumes it and then commits, or fails and rolls it back).
 - ``HostSession``: the session's policy and residency object (built once at open), its ranking
   (with any running scoring state), counters, cold blocks (``cold_bytes``), last logits, resident
-  and peak tokens, its last commit; ``park(record)`` / ``record`` (the parked record).
+  and peak tokens, its last commit, where its last chat render left its log (``prefix_break``);
+  ``park(record)`` / ``record`` (the parked record).
 - ``RecallReady``: a spilling session's cold blocks as read ahead for its next recall.
 - ``SuspendRecord``: what a suspend hands over (the session's journal record).
 """
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +79,7 @@ class HostSession:
     layouts: dict[int, tuple[Range, ...]] = field(default_factory=dict)  # log length -> resident, at commits
     mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
     touched_at: float = field(default_factory=time.monotonic)  # its last call came or ended (retention's clock)
+    prefix_break: dict[str, Any] | None = None  # where its last chat render left its log (the next reply says)
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
         """What was resident when the log was ``log_length`` long (a rollback there restores it)."""

@@ -75,6 +75,8 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
         answer.length = job.result
         if job.appended:
             answer.prompt_tokens = job.appended  # a generate given its prompt
+        if s is not None:  # a chat turn whose conversation left the log: the reply says where
+            answer.prefix_break, s.prefix_break = s.prefix_break, None
     try:
         durability.commit(job.session_id, job.request_id, answer)
     except Exception as exc:

@@ -6,9 +6,16 @@ Primitives:
   client sends, the session keeps what of it it already holds and appends only the rest
   (``usage.prompt_tokens_details.cached_tokens`` says how much was kept); the answer echoes the
   header. Without one, the turn runs on a session opened for the request and closed after it.
+  ``tools`` are rendered by the model's own template and the reply's calls parsed in its family's
+  form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``. A bound
+  turn's answer has a ``kvres`` field: ``session_id`` and ``prefix_break`` (where the rendered
+  conversation first left what the session held: message index, token position, the text held and
+  rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
+  streamed, on the last chunk with a choice.
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
-  ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage. A client
+  ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage; text
+  streams until calls may begin, the calls come as ``delta.tool_calls`` at the end. A client
   that leaves mid-stream keeps (on a bound session) only the tokens whose text it was sent.
 """
 
@@ -29,6 +36,7 @@ from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
+from .tool_shaping import ToolPlan, ToolStream
 from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
 
 router = APIRouter()
@@ -87,15 +95,23 @@ class _Turn:
         return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
                                self.model.local_decoder())
 
-    def note(self, outcome: TurnOutcome | StreamingTurn) -> None:
+    def note(self, outcome: TurnOutcome | StreamingTurn, prefix_break: dict[str, Any] | None = None) -> None:
         if isinstance(outcome, StreamingTurn):
             note(self.request, ttft_s=outcome.ttft_s, gaps=outcome.gaps.state(), prompt_tokens=outcome.prompt_tokens,
                  cached_tokens=outcome.cached_tokens, completion_tokens=len(outcome.text.tokens),
                  session_id=self.session_id)
+            if prefix_break is not None:
+                note(self.request, prefix_break=prefix_break)
         else:
             note(self.request, ttft_s=time.monotonic() - self.started, prompt_tokens=outcome.prompt_tokens,
                  cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
-                 session_id=self.session_id)
+                 session_id=self.session_id, prefix_break=outcome.prefix_break)
+
+    def kvres(self, outcome: TurnOutcome) -> dict[str, Any] | None:
+        """What kvres adds to a bound turn's answer."""
+        if self.session_id is None:
+            return None
+        return {"session_id": self.session_id, "prefix_break": outcome.prefix_break}
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model.id,
@@ -107,55 +123,88 @@ class _Turn:
 async def chat_completions(request: Request) -> Response:
     service, req, model, backend = await read_request(request, ChatCompletionRequest)
     wanted, param = req.requested_max_tokens()
-    plan = req.plan(max_tokens_of(wanted, DEFAULT_MAX_TOKENS, model.n_ctx, param),
-                    json_schema_of(req.response_format), req.logprobs)
-    turn = _Turn(service, request, model, backend, plan, Prompt(messages=req.messages_for_template()),
+    tools = ToolPlan.of_request(model, req.tools, req.tool_choice, req.parallel_tool_calls)
+    req.check_tool_turns()
+    plan = tools.constrain(req.plan(max_tokens_of(wanted, DEFAULT_MAX_TOKENS, model.n_ctx, param),
+                                    json_schema_of(req.response_format), req.logprobs))
+    turn = _Turn(service, request, model, backend, plan, Prompt(messages=tools.carry(req.messages_for_template())),
                  request.headers.get(SESSION_HEADER), chat=True)
     if req.stream:
         started = await service.run(turn.streaming)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_chat_events(turn, started, include_usage), media_type="text/event-stream",
-                                 headers=turn.headers)
+        return StreamingResponse(_chat_events(turn, started, include_usage, tools.stream()),
+                                 media_type="text/event-stream", headers=turn.headers)
     outcome = await service.run(turn.whole)
     turn.note(outcome)
-    choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text, "refusal": None},
-              "logprobs": _chat_logprobs(outcome), "finish_reason": outcome.finish_reason}
+    message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+    finish = outcome.finish_reason
+    parsed = tools.parse(outcome.text)
+    if parsed.calls:
+        message["content"], finish = parsed.content, "tool_calls"
+        message["tool_calls"] = [call.as_chat() for call in parsed.calls]
+    choice = {"index": 0, "message": message, "logprobs": _chat_logprobs(outcome), "finish_reason": finish}
     body = turn.envelope("chat.completion", [choice])
     body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+    if turn.kvres(outcome) is not None:
+        body["kvres"] = turn.kvres(outcome)
     return JSONResponse(body, headers=turn.headers)
 
 
-def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool) -> AsyncIterator[str]:
+def _tool_call_deltas(calls: list[Any]) -> list[dict[str, Any]]:
+    """Each call as the ``openai`` client assembles it: its id and name, then its arguments."""
+    out = []
+    for i, call in enumerate(calls):
+        head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        out.append({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None})
+        out.append({"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]},
+                    "logprobs": None, "finish_reason": None})
+    return out
+
+
+def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, tools: ToolStream) -> AsyncIterator[str]:
+    def piece(text: str) -> dict[str, Any] | None:
+        content = tools.push(text)
+        return {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None} if content else None
+
     def closing(outcome: TurnOutcome) -> list[dict[str, Any]]:
-        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": outcome.finish_reason}
-        if outcome.logprobs is None:
-            return [last]
-        return [{"index": 0, "delta": {}, "logprobs": _chat_logprobs(outcome), "finish_reason": None}, last]
+        rest, parsed = tools.finish(outcome.text)
+        out = [{"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None}] if rest else []
+        out += _tool_call_deltas(parsed.calls)
+        finish = "tool_calls" if parsed.calls else outcome.finish_reason
+        if outcome.logprobs is not None:
+            out.append({"index": 0, "delta": {}, "logprobs": _chat_logprobs(outcome), "finish_reason": None})
+        return [*out, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]
 
     return _events(turn, streaming, include_usage, "chat.completion.chunk",
                    opening=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}],
-                   piece=lambda text: {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None},
-                   closing=closing)
+                   piece=piece, closing=closing)
 
 
 async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, obj: str,
-                  opening: list[dict[str, Any]], piece: Callable[[str], dict[str, Any]],
+                  opening: list[dict[str, Any]], piece: Callable[[str], dict[str, Any] | None],
                   closing: Callable[[TurnOutcome], list[dict[str, Any]]]) -> AsyncIterator[str]:
     """The server-sent events of a streamed turn: ``opening`` choices, one per text delta, the
-    ``closing`` ones, the usage chunk when asked, ``[DONE]``; an error mid-way ends it as an event."""
+    ``closing`` ones, the usage chunk when asked, ``[DONE]``; an error mid-way ends it as an event.
+    A delta ``piece`` makes nothing of (text held back) sends nothing."""
     try:
         # the opening events go out with the first text, in one send: one trip less to the first token
         head = "".join(sse(turn.envelope(obj, [choice])) for choice in opening)
         async for text in streaming.deltas():
-            yield head + sse(turn.envelope(obj, [piece(text)]))
-            head = ""
+            choice = piece(text)
+            if choice is not None:
+                yield head + sse(turn.envelope(obj, [choice]))
+                head = ""
         if head:
             yield head
         outcome = await turn.service.run(streaming.outcome)
-        for choice in closing(outcome):
-            yield sse(turn.envelope(obj, [choice]))
-        turn.note(streaming)
+        closing_choices = closing(outcome)
+        for i, choice in enumerate(closing_choices):
+            chunk = turn.envelope(obj, [choice])
+            if i == len(closing_choices) - 1 and turn.kvres(outcome) is not None:
+                chunk["kvres"] = turn.kvres(outcome)
+            yield sse(chunk)
+        turn.note(streaming, outcome.prefix_break)
         if include_usage:
             body = turn.envelope(obj, [])
             body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)

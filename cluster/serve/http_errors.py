@@ -24,6 +24,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from kvres.actors.host.refusals import BackendFullError, SessionBusyError, TenantQuotaError
 from kvres.actors.host.scheduler import LoopStoppedError
+from kvres.actors.tools.errors import ToolError
 from kvres.coldstore.errors import (
     BlockCorruptError,
     ColdStoreError,
@@ -114,6 +115,8 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
                         LoopStoppedError, DiskWriteError, DiskReadError, StoreLockedError)):
         return ApiError(503, f"kvres is unavailable for now ({type(exc).__name__}: {message}); retry later",
                         type="server_error", code="unavailable")
+    if isinstance(exc, ToolError):
+        return ApiError(400, message, param=exc.field, code="invalid_value")
     if isinstance(exc, CapabilityError):
         return ApiError(400, message, code="unsupported")
     if isinstance(exc, (BlockCorruptError, BlockMismatchError)):

@@ -171,7 +171,8 @@ class FrontDoor:
                                                    prompt_tokens=sample.get("prompt_tokens", 0),
                                                    cached_tokens=sample.get("cached_tokens", 0),
                                                    completion_tokens=sample.get("completion_tokens", 0),
-                                                   session_id=sample.get("session_id")))
+                                                   session_id=sample.get("session_id"),
+                                                   prefix_breaks=int(bool(sample.get("prefix_break")))))
             except Exception as exc:  # metrics never fail a request
                 log.warning("kvres serve: recording metrics failed: %s", exc)
 

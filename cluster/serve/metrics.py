@@ -11,7 +11,9 @@ Primitives:
   ``render() -> str`` (``text/plain; version=0.0.4``): ``kvres_serve_requests_total{route,status}``,
   ``kvres_serve_time_to_first_token_seconds``, ``kvres_serve_inter_token_latency_seconds``,
   ``kvres_serve_request_duration_seconds`` (histograms per route), ``kvres_serve_queue_depth{route}``,
-  ``kvres_serve_tokens_total{route,kind}`` (kind: prompt, cached, completion).
+  ``kvres_serve_tokens_total{route,kind}`` (kind: prompt, cached, completion),
+  ``kvres_serve_prefix_breaks_total{route}`` (bound turns whose rendered conversation left what
+  their session held: a client or template rewrote earlier turns).
 
 One ``ServeMetrics`` lives in the serve state actor (``state_actor``), so ``/metrics`` answers the
 same whichever replica serves it.
@@ -74,6 +76,7 @@ class RequestSample:
     cached_tokens: int = 0
     completion_tokens: int = 0
     session_id: str | None = None  # a session-bound turn: counted in that session's counters too
+    prefix_breaks: int = 0  # 1: the turn's conversation left what its session held
 
 
 SESSION_COUNTERS = ("turns", "prefilled_tokens", "cached_tokens", "completion_tokens")
@@ -92,6 +95,7 @@ class ServeMetrics:
     tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     in_flight: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     sessions: dict[str, dict[str, int]] = field(default_factory=dict)
+    prefix_breaks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def enter(self, replica: str, route: str) -> None:
         self.in_flight[(replica, route)] += 1
@@ -112,6 +116,8 @@ class ServeMetrics:
                         ("completion", sample.completion_tokens)):
             if n:
                 self.tokens[(route, kind)] += n
+        if sample.prefix_breaks:
+            self.prefix_breaks[route] += sample.prefix_breaks
         if sample.session_id is not None and sample.status < 400:
             c = self.sessions.setdefault(sample.session_id, dict.fromkeys(SESSION_COUNTERS, 0))
             c["turns"] += 1
@@ -153,4 +159,9 @@ class ServeMetrics:
                   "# TYPE kvres_serve_tokens_total counter"]
         for (route, kind), n in sorted(self.tokens.items()):
             lines.append(f'kvres_serve_tokens_total{{route="{_label(route)}",kind="{kind}"}} {n}')
+        lines += ["# HELP kvres_serve_prefix_breaks_total Bound turns whose rendered conversation left what their "
+                  "session held (earlier turns rewritten: the rest prefilled again).",
+                  "# TYPE kvres_serve_prefix_breaks_total counter"]
+        for route, n in sorted(self.prefix_breaks.items()):
+            lines.append(f'kvres_serve_prefix_breaks_total{{route="{_label(route)}"}} {n}')
         return "\n".join(lines) + "\n"

@@ -2,12 +2,16 @@
 
 Primitives:
 - ``ChatMessageIn``: ``role`` (system, developer (read as system), user, assistant, tool),
-  ``content`` (a string or a list of ``{"type": "text", "text": ...}`` parts); ``as_message()`` is
-  the ``{"role", "content"}`` the model's chat template renders. Tool calls, images and audio are
-  refused (400 naming the field).
+  ``content`` (a string or a list of ``{"type": "text", "text": ...}`` parts; None on an
+  assistant turn with ``tool_calls``), ``tool_calls`` (``ToolCallIn``: ``id``, ``type``
+  "function", ``function.name``, ``function.arguments`` the JSON text of an object),
+  ``tool_call_id`` (a tool result's: the id of a call made before it); ``as_message()`` is the
+  message the model's chat template renders. Images and audio are refused (400 naming the field).
 - ``ChatCompletionRequest``: ``model``, ``messages``, ``max_tokens`` / ``max_completion_tokens``,
   ``n`` (1), ``stream``, ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs`` (0),
-  ``response_format`` and the shared sampling fields (``SamplingFields``).
+  ``response_format``, ``tools`` / ``tool_choice`` (checked by ``tool_shaping.ToolPlan``; the
+  legacy ``functions`` refused) and the shared sampling fields (``SamplingFields``);
+  ``check_tool_turns()``: every tool result answers a call made before it (400 naming the field).
 - ``CompletionRequest``: ``model``, ``prompt`` (a string, token ids, or a list of one of them),
   ``max_tokens`` (default 16), ``echo``, ``logprobs`` (0 or None), ``stream``, ``n`` (1),
   ``best_of`` (1), ``suffix`` (None) and the sampling fields.
@@ -15,10 +19,21 @@ Primitives:
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
+from .http_errors import bad_request
 from .sampling_fields import ResponseFormat, SamplingFields, only_chosen_logprobs
 
 
@@ -29,17 +44,65 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+def json_object_text(v: str) -> str:
+    """``arguments``: the JSON text of an object (a pydantic validator)."""
+    try:
+        value = json.loads(v)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"arguments must be the JSON text of an object, got {v!r:.60}")
+    return v
+
+
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr = Field(min_length=1, max_length=64)
+    arguments: StrictStr
+
+    _json_object = field_validator("arguments")(json_object_text)
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: StrictStr = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart]
+    content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
-    tool_call_id: StrictStr | None = None
+    tool_call_id: StrictStr | None = Field(None, min_length=1, max_length=128)
+    tool_calls: list[ToolCallIn] | None = None
+    refusal: StrictStr | None = None
 
-    def as_message(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessageIn:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls belong on an assistant message, not a {self.role} one")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only on an assistant message with tool_calls)")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError(f"tool_call_id belongs on a tool message, not a {self.role} one")
+        return self
+
+    def as_message(self) -> dict[str, Any]:
+        content = self.content
+        text = content if isinstance(content, str) or content is None else "".join(p.text for p in content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class StreamOptions(BaseModel):
@@ -72,22 +135,34 @@ class ChatCompletionRequest(_Generating):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[Any] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
     modalities: list[Literal["text"]] | None = None
     reasoning_effort: StrictStr | None = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _no_functions(cls, v: Any) -> Any:
         if v:
-            raise ValueError("tools are not supported by kvres (no tool calling); leave them out")
+            raise ValueError("the legacy functions / function_call fields are not supported; give tools and "
+                             "tool_choice instead")
         return v
+
+    def check_tool_turns(self) -> None:
+        """Each tool result answers a call an earlier assistant message made (400 naming it)."""
+        made: set[str] = set()
+        for i, message in enumerate(self.messages):
+            for call in message.tool_calls or ():
+                made.add(call.id)
+            if message.role == "tool" and message.tool_call_id not in made:
+                raise bad_request(f"messages[{i}].tool_call_id {message.tool_call_id!r} answers no tool call made "
+                                  f"before it (the calls made: {sorted(made)})", param=f"messages.{i}.tool_call_id")
 
     _no_alternatives = field_validator("top_logprobs")(only_chosen_logprobs)
 
-    def messages_for_template(self) -> list[dict[str, str]]:
+    def messages_for_template(self) -> list[dict[str, Any]]:
         return [m.as_message() for m in self.messages]
 
     def requested_max_tokens(self) -> tuple[int | None, str]:

@@ -17,7 +17,15 @@ Primitives:
   ``response.output_text.delta`` (one per piece of text), ``response.output_text.done``,
   ``response.content_part.done``, ``response.output_item.done``, then ``response.completed`` (or
   ``response.incomplete`` when ``max_output_tokens`` ended it, ``response.failed`` on an error),
-  each with its ``sequence_number``.
+  each with its ``sequence_number``. With ``tools`` the message's events open with its first text
+  (none where the reply is only calls), and each call follows as a ``function_call`` item:
+  ``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done``,
+  ``response.output_item.done``.
+- Tools: ``tools`` of type function rendered by the model's own template, the reply's calls parsed
+  in its family's form (``tool_shaping``) into ``function_call`` output items (``call_id``,
+  ``name``, ``arguments``); ``function_call`` / ``function_call_output`` input items are the
+  conversation's tool turns, so a ``previous_response_id`` chain through tool calls keeps every
+  item in the session and each step appends only its new items.
 - A stored response belongs to the tenant of the API key that made it: another tenant's key is
   answered as if it did not exist (404), whether it reads, deletes or continues from it.
 """
@@ -27,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +43,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from kvres.actors.tools.parsing import ParsedReply
 from kvres.policy import UnknownSessionError
 
 from ..session_handle import Session
@@ -43,9 +52,10 @@ from .http_errors import ApiError, api_error, bad_request, not_found
 from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
 from .owners import may_use
 from .records import ResponseRecord
-from .responses_schemas import ResponseRequest
+from .responses_schemas import ResponseRequest, chat_messages
 from .sampling_fields import GenerationPlan, max_tokens_of
 from .service import Service
+from .tool_shaping import ToolPlan
 from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
 
 router = APIRouter()
@@ -65,6 +75,7 @@ class _Call:
     model: ServedModel
     backend: str | None
     plan: GenerationPlan
+    tools: ToolPlan
     tenant: str | None = None  # the label of the request's API key: a session it opens counts against it
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
@@ -73,18 +84,26 @@ class _Call:
     history: list[dict[str, Any]] = field(default_factory=list)
     session: Session | None = None
     kept: bool = False  # stored: the session it opened or forked stays open for the next response
+    parsed: ParsedReply | None = None  # the reply's text and calls, read once
+    call_item_ids: list[str] = field(default_factory=list)
 
     def _close_unless_kept(self, session: Session) -> None:
         if not self.kept:
             self.service.close_quietly(session)
 
     @property
-    def inputs(self) -> list[dict[str, str]]:
-        return [m.as_message() for m in self.req.input_messages()]
+    def inputs(self) -> list[dict[str, Any]]:
+        made = {c["id"] for m in self.history for c in m.get("tool_calls") or ()}
+        return chat_messages(self.req.input_items(), made)
 
-    def context(self) -> list[dict[str, str]]:
+    def context(self) -> list[dict[str, Any]]:
         system = [{"role": "system", "content": self.req.instructions}] if self.req.instructions else []
-        return system + self.history + self.inputs
+        return self.tools.carry(system + self.history + self.inputs)
+
+    def read(self, outcome: TurnOutcome) -> ParsedReply:
+        if self.parsed is None:
+            self.parsed = self.tools.parse(outcome.text)
+        return self.parsed
 
     # -- the session this response runs on ----------------------------------------------------
     def acquire(self) -> tuple[Session, contextlib.ExitStack]:
@@ -144,6 +163,7 @@ class _Call:
             self.session = session
             outcome = run_turn(session, Prompt(messages=self.context()), self.plan, self.model.anchor,
                                self.model.local_decoder())
+            self.read(outcome)
             self.store(outcome)
             return outcome
 
@@ -168,10 +188,11 @@ class _Call:
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
-            "model": self.model.id, "output": output, "parallel_tool_calls": False,
+            "model": self.model.id, "output": output, "parallel_tool_calls": self.tools.parallel,
             "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
             "service_tier": "default", "store": req.store, "temperature": self.plan.temperature,
-            "text": {"format": fmt}, "tool_choice": req.tool_choice or "none", "tools": [], "top_logprobs": 0,
+            "text": {"format": fmt}, "tool_choice": req.tool_choice or self.tools.choice.mode,
+            "tools": [{"type": "function", **t["function"]} for t in self.tools.listed], "top_logprobs": 0,
             "top_p": req.top_p if req.top_p is not None else 1.0, "truncation": "disabled",
             "usage": None, "user": req.user, "metadata": req.metadata or {},
         }
@@ -183,8 +204,16 @@ class _Call:
                              "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
         if self.session is not None:
             body["kvres"] = {"session_id": self.session.session_id,
-                             "session_length": None if outcome is None else outcome.length}
+                             "session_length": None if outcome is None else outcome.length,
+                             "prefix_break": None if outcome is None else outcome.prefix_break}
         return body
+
+    def call_items(self, parsed: ParsedReply) -> list[dict[str, Any]]:
+        while len(self.call_item_ids) < len(parsed.calls):
+            self.call_item_ids.append(f"fc_{uuid.uuid4().hex}")
+        return [{"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+                 "arguments": call.arguments, "status": "completed"}
+                for item_id, call in zip(self.call_item_ids, parsed.calls, strict=False)]
 
     def final(self, outcome: TurnOutcome) -> dict[str, Any]:
         status = "incomplete" if outcome.finish_reason == "length" else "completed"
@@ -192,15 +221,26 @@ class _Call:
         if outcome.logprobs is not None and outcome.token_texts is not None:
             logprobs = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
                         for t, lp in zip(outcome.token_texts, outcome.logprobs, strict=False)]
-        return self.body(status, [self.message(outcome.text, status, logprobs)], outcome)
+        parsed = self.read(outcome)
+        if not parsed.calls:
+            return self.body(status, [self.message(outcome.text, status, logprobs)], outcome)
+        message = [self.message(parsed.content, status, logprobs)] if parsed.content else []
+        return self.body(status, message + self.call_items(parsed), outcome)
+
+    def reply_message(self, outcome: TurnOutcome) -> dict[str, Any]:
+        """The reply as the conversation's assistant message (its calls included)."""
+        parsed = self.read(outcome)
+        if not parsed.calls:
+            return {"role": "assistant", "content": outcome.text}
+        return {"role": "assistant", "content": parsed.content, "tool_calls": [c.as_chat() for c in parsed.calls]}
 
     def store(self, outcome: TurnOutcome) -> None:
         if not self.req.store or self.session is None:
             return
         record = ResponseRecord(
             id=self.id, session_id=self.session.session_id, length=outcome.length,
-            conversation=self.history + self.inputs + [{"role": "assistant", "content": outcome.text}],
-            input_items=[m.item() for m in self.req.input_messages()], response=self.final(outcome),
+            conversation=self.history + self.inputs + [self.reply_message(outcome)],
+            input_items=[m.item() for m in self.req.input_items()], response=self.final(outcome),
             created_at=self.created_at, tenant=self.tenant)
         orphans = self.service.state.put_response(record)
         self.kept = True
@@ -213,16 +253,18 @@ class _Call:
 @answers_errors
 async def create_response(request: Request) -> Response:
     service, req, model, backend = await read_request(request, ResponseRequest)
-    plan = req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx, "max_output_tokens"),
-                    req.json_schema(), req.wants_logprobs())
-    call = _Call(service, req, model, backend, plan, tenant_of(request))
+    tools = ToolPlan.of_request(model, req.tools, req.tool_choice, req.parallel_tool_calls, flat=True)
+    plan = tools.constrain(req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx,
+                                                  "max_output_tokens"), req.json_schema(), req.wants_logprobs()))
+    call = _Call(service, req, model, backend, plan, tools, tenant_of(request))
     if req.stream:
         started = await service.run(call.streaming)
         return StreamingResponse(_events(request, call, started), media_type="text/event-stream")
     outcome = await service.run(call.whole)
     note(request, ttft_s=time.monotonic() - call.started, prompt_tokens=outcome.prompt_tokens,
          cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
-         session_id=call.session.session_id if call.session and req.store else None)
+         session_id=call.session.session_id if call.session and req.store else None,
+         prefix_break=outcome.prefix_break)
     return JSONResponse(call.final(outcome))
 
 
@@ -236,23 +278,51 @@ async def _events(request: Request, call: _Call, streaming: StreamingTurn) -> As
 
     where = {"item_id": call.message_id, "output_index": 0, "content_index": 0}
     text = ""
+    opened = False
+    tools = call.tools.stream()
+
+    def opening() -> list[str]:
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [event("response.output_item.added", output_index=0, item=call.message("", "in_progress")),
+                event("response.content_part.added", **where, part=part)]
+
     try:
         yield event("response.created", response=call.body("in_progress", []))
         yield event("response.in_progress", response=call.body("in_progress", []))
-        yield event("response.output_item.added", output_index=0, item=call.message("", "in_progress"))
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        yield event("response.content_part.added", **where, part=part)
+        if not call.tools.active:  # with tools, the message opens with its first text (a reply may be only calls)
+            opened = True
+            for line in opening():
+                yield line
         async for piece in streaming.deltas():
-            text += piece
-            yield event("response.output_text.delta", **where, delta=piece, logprobs=[])
+            content = tools.push(piece)
+            if content:
+                head = "" if opened else "".join(opening())
+                opened = True
+                text += content
+                yield head + event("response.output_text.delta", **where, delta=content, logprobs=[])
         outcome = await call.service.run(streaming.outcome)
+        rest, parsed = tools.finish(outcome.text)
+        call.parsed = parsed if parsed.calls else None
+        if rest:
+            head = "" if opened else "".join(opening())
+            opened = True
+            text += rest
+            yield head + event("response.output_text.delta", **where, delta=rest, logprobs=[])
         await call.service.run(call.store, outcome)
         final = call.final(outcome)
-        item = final["output"][0]
-        yield event("response.output_text.done", **where, text=outcome.text, logprobs=item["content"][0]["logprobs"])
-        yield event("response.content_part.done", **where, part=item["content"][0])
-        yield event("response.output_item.done", output_index=0, item=item)
+        items = final["output"]
+        if opened and items and items[0]["type"] == "message":
+            item = items[0]
+            said = item["content"][0]["text"]
+            yield event("response.output_text.done", **where, text=said, logprobs=item["content"][0]["logprobs"])
+            yield event("response.content_part.done", **where, part=item["content"][0])
+            yield event("response.output_item.done", output_index=0, item=item)
+        for index, item in enumerate(items):
+            if item["type"] == "function_call":
+                for line in _call_events(event, index, item):
+                    yield line
         yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+        note(request, prefix_break=outcome.prefix_break)
         _note(request, call, streaming)
     except Exception as exc:
         err = api_error(exc)
@@ -262,6 +332,15 @@ async def _events(request: Request, call: _Call, streaming: StreamingTurn) -> As
     finally:
         _note(request, call, streaming)
         streaming.end_later()
+
+
+def _call_events(event: Callable[..., str], index: int, item: dict[str, Any]) -> list[str]:
+    where = {"item_id": item["id"], "output_index": index}
+    return [event("response.output_item.added", output_index=index,
+                  item={**item, "arguments": "", "status": "in_progress"}),
+            event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+            event("response.output_item.done", output_index=index, item=item)]
 
 
 def _note(request: Request, call: _Call, streaming: StreamingTurn) -> None:

@@ -6,7 +6,9 @@ Primitives:
 - ``TurnOutcome``: the reply's ``tokens``, ``text``, ``finish_reason`` (OpenAI's: "stop" or
   "length"), ``logprobs`` and ``token_texts`` (when asked), ``prompt_tokens`` (the context the reply
   was generated from), ``cached_tokens`` (the part of it the session already held: not prefilled
-  again), ``length`` (the session's log length after the turn).
+  again), ``length`` (the session's log length after the turn), ``prefix_break`` (where the
+  rendered conversation first left what the session held, ``Generation.prefix_break``; None where
+  it kept all of it).
 - ``InContext(session, anchor, decode=None)``: the reply's text as it reads in the session (decoded
   after a token that keeps llama.cpp from dropping the first token's leading space; by ``decode``,
   the model's vocabulary in this process, else by the backend).
@@ -52,7 +54,7 @@ Decode = Callable[[Sequence[int]], str]
 
 @dataclass(frozen=True)
 class Prompt:
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     raw: str | Sequence[int] | None = None
 
 
@@ -66,6 +68,7 @@ class TurnOutcome:
     length: int
     logprobs: list[float] | None = None
     token_texts: list[str] | None = field(default=None, repr=False)
+    prefix_break: dict[str, Any] | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -150,7 +153,7 @@ def _outcome(text_of: InContext, reply: Generation, text: str, prompt_tokens: in
     wants = plan.request.sampling.logprobs
     return TurnOutcome(list(reply), text, openai_finish(reply.finish_reason), prompt_tokens, prompt_tokens - appended,
                        prompt_tokens + len(reply), reply.logprobs if wants else None,
-                       _token_texts(text_of, reply) if wants else None)
+                       _token_texts(text_of, reply) if wants else None, getattr(reply, "prefix_break", None))
 
 
 @dataclass(eq=False)

@@ -53,7 +53,26 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", chat, {**ok, "seed": "abc"}, {}, "seed"),
         ("POST", chat, {**ok, "stream": "yes"}, {}, "stream"),
         ("POST", chat, {**ok, "logit_bias": {"5": 10}}, {}, "logit_bias"),
-        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f"}}]}, {}, "tools"),
+        ("POST", chat, {**ok, "tools": "f"}, {}, "tools"),
+        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f g"}}]}, {}, "tools[0].function.name"),
+        ("POST", chat, {**ok, "tools": [{"type": "retrieval"}]}, {}, "tools[0].type"),
+        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+         {}, "parameters"),
+        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, {},
+         "tool_choice"),
+        ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": {"type": "function", "function": {"name": "g"}}}, {}, "tool_choice"),
+        ("POST", chat, {**ok, "tool_choice": "required"}, {}, "tool_choice"),
+        ("POST", chat, {**ok, "functions": [{"name": "f"}]}, {}, "functions"),
+        ("POST", chat, {**ok, "messages": [*MSG, {"role": "tool", "content": "5"}]}, {}, "tool_call_id"),
+        ("POST", chat, {**ok, "messages": [*MSG, {"role": "tool", "tool_call_id": "c9", "content": "5"}]}, {},
+         "tool_call_id"),
+        ("POST", chat, {**ok, "messages": [{"role": "user", "content": "x", "tool_calls": []}]}, {}, "tool_calls"),
+        ("POST", chat, {**ok, "messages": [*MSG, {"role": "assistant", "content": None}]}, {}, "content"),
+        ("POST", chat, {**ok, "messages": [*MSG, {"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}, {}, "arguments"),
+        ("POST", chat, {**ok, "messages": [*MSG, {"role": "assistant", "tool_calls": [
+            {"id": "", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, {}, "id"),
         ("POST", chat, {**ok, "top_logprobs": 5}, {}, "top_logprobs"),
         ("POST", chat, {**ok, "response_format": {"type": "xml"}}, {}, "response_format"),
         ("POST", chat, {**ok, "response_format": {"type": "json_schema"}}, {}, "json_schema"),
@@ -76,6 +95,16 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", "/v1/responses", {"model": model}, {}, "input"),
         ("POST", "/v1/responses", {"model": model, "input": []}, {}, "input"),
         ("POST", "/v1/responses", {"model": model, "input": [{"type": "function_call", "name": "f"}]}, {}, "input"),
+        ("POST", "/v1/responses", {"model": model, "input": [{"type": "function_call_output", "call_id": "c1",
+                                                             "output": "5"}]}, {}, "call_id"),
+        ("POST", "/v1/responses", {"model": model, "input": [{"type": "function_call", "call_id": "c1", "name": "f",
+                                                             "arguments": "nope"}]}, {}, "arguments"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "tools": [{"type": "function", "name": ""}]}, {},
+         "tools[0].name"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "tools": [{"type": "web_search"}]}, {},
+         "tools[0].type"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "tools": [{"type": "function", "name": "f"}],
+                                   "tool_choice": {"type": "function", "name": "g"}}, {}, "tool_choice"),
         ("POST", "/v1/responses", {"model": model, "input": "x", "previous_response_id": "resp_nope"}, {},
          "previous_response_id"),
         ("POST", "/v1/responses", {"model": model, "input": "x", "max_output_tokens": -4}, {}, "max_output_tokens"),
@@ -122,7 +151,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | s
                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
 FIELDS = st.sampled_from(["model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "stream",
-                          "n", "response_format", "logprobs", "frequency_penalty", "input", "prompt", "top_k"])
+                          "n", "response_format", "logprobs", "frequency_penalty", "input", "prompt", "top_k",
+                          "tools", "tool_choice", "parallel_tool_calls"])
 
 
 @pytest.mark.slow

@@ -232,7 +232,7 @@ def test_requests_are_validated_naming_the_field() -> None:
     assert plan.seed == 2**32 - 2 and plan.temperature == 1.0 and plan.request.max_tokens == 8
     r = ResponseRequest.model_validate({"model": "m", "input": "hi", "text": {"format": {
         "type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
-    assert r.json_schema() == {"type": "object"} and r.input_messages()[0].as_message() == {"role": "user",
+    assert r.json_schema() == {"type": "object"} and r.input_items()[0].as_message() == {"role": "user",
                                                                                           "content": "hi"}
     with pytest.raises(pydantic.ValidationError, match="background"):
         ResponseRequest.model_validate({"model": "m", "input": "hi", "background": True})

@@ -1,0 +1,81 @@
+"""Why a turn was not cached: a chat turn whose conversation was edited at message k reports k, the
+token position where the session's log and the new rendering part, and the text on each side; an
+unedited conversation, a chain of tool turns included, reports none. On the real engine and the
+default model's own template, without Ray (the backend host)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvres.actors.backend_setup.engine_registry import make_executor
+from kvres.actors.config import BackendConfig
+from kvres.actors.default_model import default_model_path
+from kvres.actors.generation import GenerationRequest
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.sampling import SamplingParams
+from kvres.actors.tools.grammar import call_grammar
+from kvres.actors.tools.parsing import parse_reply
+from kvres.actors.tools.specs import functions_of
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Adds two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+
+
+@pytest.fixture(scope="module")
+def host() -> BackendHost:
+    model = Path(default_model_path())
+    cfg = BackendConfig(name="breaks", model_path=model, n_ctx=4096, n_seq_max=2, kv_budget_tokens=4000, n_threads=1)
+    h = BackendHost(cfg, make_executor(cfg, model))
+    yield h
+    h.shutdown()
+
+
+def test_an_edited_history_reports_the_message_and_the_token(host: BackendHost) -> None:
+    host.open_session("edit")
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    first = host.chat("edit", messages, 12)
+    assert first.prefix_break is None
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Spain?"}]
+    second = host.chat("edit", messages, 12)
+    assert second.prefix_break is None
+    held = host.tokens("edit")
+    messages += [{"role": "assistant", "content": second.text}, {"role": "user", "content": "Thanks."}]
+
+    edited = [dict(m) for m in messages]
+    edited[2] = {"role": "assistant", "content": "Paris is the capital."}  # the reply rewritten by the client
+    third = host.chat("edit", edited, 4)
+    pb = third.prefix_break
+    assert pb is not None and pb["message"] == 2, pb
+    assert pb["token"] == third.length - len(third) - third.prompt_tokens  # kept up to there, prefilled after
+    assert 0 < pb["token"] < len(held)
+    assert pb["now"].startswith("Paris is the capital.") and pb["held"].startswith(first.text)
+    assert pb["before"].endswith("<|assistant|>\n")
+
+    edited[0] = {"role": "system", "content": "You are terse."}  # the system prompt edited
+    fourth = host.chat("edit", edited, 4)
+    assert fourth.prefix_break is not None and fourth.prefix_break["message"] == 0
+    assert fourth.prefix_break["token"] < pb["token"]
+    assert fourth.prefix_break["now"].startswith("terse.") and fourth.prefix_break["held"].startswith("a helpful")
+    host.close("edit")
+
+
+def test_an_unedited_chain_of_ten_tool_turns_reports_none(host: BackendHost) -> None:
+    functions = functions_of(TOOLS)
+    grammar = call_grammar("generic", functions)
+    host.open_session("tools")
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Add some numbers for me.", "tools": TOOLS}]
+    cached_all = True
+    for turn in range(10):
+        request = GenerationRequest(max_tokens=200, sampling=SamplingParams(temperature=1.0, seed=turn, grammar=grammar))
+        before = len(host.tokens("tools"))
+        reply = host.chat("tools", messages, request)
+        assert reply.prefix_break is None, (turn, reply.prefix_break)
+        cached_all &= reply.length - len(reply) - reply.prompt_tokens >= before
+        call = parse_reply("generic", reply.text or "", functions).calls[0]
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call.as_chat()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": str(sum(call.argument_values().values()))}]
+    assert cached_all
+    host.close("tools")
