@@ -21,12 +21,17 @@ Primitives:
   a ready ``ray job submit`` line (``kvres.cluster.standing``).
 - ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
   the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
-- ``kvres serve [--address ADDR] [--host H] [--port P] [--api-key-file F] ...``: the OpenAI-compatible
-  HTTP front on Ray Serve (``kvres.cluster.serve.launch``; docs/serving.md).
+- ``kvres serve [--model PATH.gguf | --config JSON|PATH] [--address ADDR] [--host H] [--port P]
+  [--api-key-file F] ...``: the OpenAI-compatible HTTP front on Ray Serve
+  (``kvres.cluster.serve.launch``; docs/serving.md); ``--model``: every choice made for that model
+  and printed (``kvres.cluster.model_setup``).
+- ``kvres chat [--model PATH.gguf] [--system TEXT] [--address ADDR] ...``: a terminal chat on one
+  session (``chat.py``).
 - ``main(argv=None) -> int`` (``python -m kvres.cluster.cli``: ``__main__``).
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
-the one on this machine) and never create an actor. Errors arrive as one line on stderr, exit 1.
+the one on this machine) and never create an actor. Errors arrive as one line on stderr, exit 1; a
+``--model`` that cannot be served (no such file, not a GGUF, no chat template) exits 2.
 """
 
 from __future__ import annotations
@@ -176,16 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
     _standing_commands(sub)
     from ..capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
     from ..top import register as register_top  # kvres top
+    from .chat import register as register_chat  # kvres chat
 
     register_capacity(sub)
     register_top(sub)
+    register_chat(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..model_setup import ModelChoiceError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except ModelChoiceError as exc:  # a --model that cannot be served: a usage error, as argparse's
+        print(f"kvres {args.command}: {exc}", file=sys.stderr)
+        return 2
     except (KvresError, ValueError, ConnectionError) as exc:  # typed errors, pydantic's, no cluster
         print(f"kvres {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,13 @@
 """``kvres serve``: the HTTP front started from the command line.
 
 Primitives:
-- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--config``, ``--host``
+- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--model`` (a GGUF chat model
+  with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
+  or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--detach``.
-- ``run_serve(args) -> int``: the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
+- ``run_serve(args) -> int``: a ``--model`` checked and its choices printed (on stderr) before
+  anything starts, then the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
   ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
   at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command (its
   task-event store bounded: ``ray_task_events``); kvres's
@@ -45,8 +48,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Ray cluster to serve (default: RAY_ADDRESS, else an embedded one that ends with "
                              "the command)")
     parser.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
-    parser.add_argument("--config", default=None,
-                        help="a KvresConfig as a JSON object or a JSON file (default: the namespace's, else KVRES_*)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None, metavar="PATH.gguf",
+                       help="serve this GGUF chat model: context, KV memory, layout and policy chosen for it and "
+                            "printed at start (kvres.cluster.model_setup)")
+    which.add_argument("--config", default=None,
+                       help="a KvresConfig as a JSON object or a JSON file (default: the namespace's, else KVRES_*)")
+    parser.add_argument("--kv-memory", default=None, metavar="SIZE",
+                        help="with --model: the KV memory, e.g. 8GiB (default: half the free GPU or host memory "
+                             "less the weights)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default 127.0.0.1; without an API key always 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
@@ -83,17 +93,26 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    keys = load_key_entries(args.api_key_file)
-    host = bind_host(args.host, bool(keys))
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     if args.detach and not address:
         raise ValueError("--detach needs a standing cluster (--address or RAY_ADDRESS): an embedded one ends "
                          "with this command")
     config = None
-    if args.config:
+    if args.kv_memory is not None and not args.model:
+        raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
+    if args.model:
+        from ..capacity_report import parse_bytes
+        from ..model_setup import chat_setup
+
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        config = setup.config
+        print(setup.summary("kvres serve"), file=sys.stderr, flush=True)
+    elif args.config:
         from ..standing import config_from_option
 
         config = config_from_option(args.config)
+    keys = load_key_entries(args.api_key_file)
+    host = bind_host(args.host, bool(keys))
     options = ServeOptions(namespace=args.namespace, digests=key_digests(keys), min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests)
     if address:
