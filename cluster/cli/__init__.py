@@ -19,8 +19,10 @@ Primitives:
   one answers on the port; its other ports chosen free) with kvres's actors, left running when the
   command exits; says each phase as it starts (on stderr), then prints the address drivers use and
   a ready ``ray job submit`` line (``kvres.cluster.standing``).
-- ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
-  the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
+- ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray] [--serve]``: the
+  namespace's detached ``kvres serve`` application removed first (where one runs), then kvres's
+  actors of the namespace stopped (``SessionManager.shutdown``), and with ``--ray`` the Ray head on
+  this machine; ``--serve``: only the application (as ``kvres serve --stop``).
 - ``kvres serve [--model PATH.gguf | --config JSON|PATH] [--address ADDR] [--host H] [--port P]
   [--api-key-file F] ...``: the OpenAI-compatible HTTP front on Ray Serve
   (``kvres.cluster.serve.launch``; docs/serving.md); ``--model``: every choice made for that model
@@ -103,8 +105,19 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    from ..serve.launch import stop_serve
     from ..standing import stop_standing
 
+    if args.serve:
+        if args.ray or args.keep_blocks:
+            raise ValueError("--serve stops only the HTTP front: kvres's actors and the Ray head keep running, so "
+                             "--ray and --keep-blocks do not apply")
+        print(stop_serve(args.address, args.namespace))
+        return 0
+    # the HTTP front first: left running over stopped backends it would answer 503 to every request
+    front = stop_serve(args.address, args.namespace, drop_state=not args.keep_blocks, missing_ok=True)
+    if front:
+        print(front)
     report = stop_standing(args.address, args.namespace, keep_blocks=args.keep_blocks, stop_ray=args.ray)
     print(report.summary())
     return 0
@@ -147,6 +160,8 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     stop.add_argument("--keep-blocks", action="store_true",
                       help="keep the namespace's cold blocks for a later start of the same namespace")
     stop.add_argument("--ray", action="store_true", help="then stop the Ray head (it must run on this machine)")
+    stop.add_argument("--serve", action="store_true",
+                      help="stop only the namespace's kvres serve application (as kvres serve --stop)")
     stop.set_defaults(run=_stop)
     from ..serve.launch import add_serve_arguments
 

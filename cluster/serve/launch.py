@@ -1,7 +1,7 @@
 """``kvres serve``: the HTTP front started from the command line.
 
 Primitives:
-- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--model`` (a GGUF chat model
+- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
@@ -15,7 +15,11 @@ Primitives:
   application deployed (``kvres`` at ``/``), and one line printed: ``kvres serve: listening on
   http://HOST:PORT/v1 ...``. Then it waits for Ctrl-C or SIGTERM and removes the application (and
   with an embedded cluster, kvres's actors and the cluster). ``--detach`` (a standing cluster only)
-  returns at once and leaves the application running.
+  returns at once and leaves the application running; ``--stop`` removes it (``stop_serve``).
+- ``stop_serve(address, namespace, drop_state=False, missing_ok=False) -> str``: a detached
+  application removed from a standing cluster, kvres's actors left running (``kvres serve
+  --stop``, ``kvres stop --serve``; ``kvres stop`` does it first); ``remove_application(namespace,
+  drop_state=False) -> bool``: the same inside a connected driver.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, default=None, help="an embedded cluster's CPUs (default: all)")
     parser.add_argument("--detach", action="store_true",
                         help="return once deployed and leave it running (needs a standing cluster: --address)")
+    parser.add_argument("--stop", action="store_true",
+                        help="remove the detached application of --namespace from the standing cluster (kvres's "
+                             "actors and sessions keep running) and exit")
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -83,9 +90,68 @@ def _stop_on_sigterm() -> threading.Event:
     return stop
 
 
+def _front_of(namespace: str) -> bool:
+    """Whether this cluster runs the application ``kvres`` for ``namespace`` (connected as a driver):
+    Serve has it, and its replicas made the namespace's state actor."""
+    import ray
+    from ray import serve
+
+    from .state_actor import state_actor_name
+
+    if APP_NAME not in serve.status().applications:
+        return False
+    try:
+        ray.get_actor(state_actor_name(), namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def remove_application(namespace: str, drop_state: bool = False) -> bool:
+    """In a connected driver: the namespace's application removed (and Serve itself where it runs
+    no other, so its HTTP port is free again); ``drop_state``: its state actor too, with the stored
+    responses. False where there was none."""
+    from ray import serve
+
+    from .state_actor import ServeState
+
+    if not _front_of(namespace):
+        return False
+    serve.delete(APP_NAME)
+    if not serve.status().applications:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+    if drop_state:
+        ServeState(namespace).destroy()
+    return True
+
+
+def stop_serve(address: str | None, namespace: str, drop_state: bool = False, missing_ok: bool = False) -> str:
+    """``kvres serve --stop`` / ``kvres stop --serve`` (and the first step of ``kvres stop``): the
+    detached application of ``namespace`` removed from the standing cluster at ``address`` (else
+    ``RAY_ADDRESS``, else the one on this machine); kvres's actors stay. One line saying what was
+    done; without such an application a ``KvresError`` naming the cluster, or with ``missing_ok`` ""."""
+    import ray
+
+    from ..standing import _driver
+
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    with _driver(target, namespace):
+        where = str(ray.get_runtime_context().gcs_address)
+        if remove_application(namespace, drop_state):
+            return (f"kvres serve: application {APP_NAME!r} of namespace {namespace!r} at {where} removed "
+                    f"(its HTTP front is gone{'' if drop_state else '; kvres actors and sessions keep running'})")
+    if missing_ok:
+        return ""
+    raise KvresError(f"kvres serve --stop: no kvres serve application of namespace {namespace!r} runs at {where}")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
+
+    if args.stop:
+        print(stop_serve(args.address, args.namespace))
+        return 0
 
     from ..ray_task_events import started_cluster_config
     from ..session import connect
