@@ -7,8 +7,8 @@ Primitives:
   (waiting or running); then the ``sessions`` sessions holding the most resident tokens; then the
   cold stores. Plain text, the same in a terminal and a log.
 - ``run_top(args) -> int``: attaches (never creates an actor) and prints a frame every
-  ``--interval`` seconds until interrupted: redrawn in place with rich where it is installed and
-  stdout is a terminal, else frames one after another; ``--once`` prints one frame and exits.
+  ``--interval`` seconds until interrupted: redrawn in place with rich (a dependency of kvres)
+  where stdout is a terminal, else frames one after another; ``--once`` prints one frame and exits.
 - ``register(subparsers)``: the ``top`` command (``kvres.cluster.cli`` registers it).
 """
 

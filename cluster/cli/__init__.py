@@ -32,7 +32,8 @@ Primitives:
 - ``main(argv=None) -> int`` (``python -m kvres.cluster.cli``: ``__main__``).
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
-the one on this machine) and never create an actor. Errors arrive as one line on stderr, exit 1; a
+the one ``ray start`` last started on this machine, else the only one: several is an error naming
+them), name it and why on stderr, and never create an actor. Errors arrive as one line on stderr, exit 1; a
 ``--model`` that cannot be served (no such file, not a GGUF, no chat template) exits 2.
 """
 
@@ -62,6 +63,8 @@ def _status(args: argparse.Namespace) -> int:
     from ..status_view import render_status
 
     view = attach(args.address, args.namespace)
+    print(f"kvres status: the Ray cluster at {view.address} ({view.how}), namespace {args.namespace!r}",
+          file=sys.stderr)
     report = view.status()
     print(json.dumps(report, indent=2, default=str) if args.json else render_status(report, view.reprs()))
     return 0
@@ -71,7 +74,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from ..cluster_view import attach
     from ..status_view import render_inspect
 
-    stats = attach(args.address, args.namespace).session_stats(args.session)
+    view = attach(args.address, args.namespace)
+    print(f"kvres inspect: the Ray cluster at {view.address} ({view.how}), namespace {args.namespace!r}",
+          file=sys.stderr)
+    stats = view.session_stats(args.session)
     print(json.dumps(stats, indent=2, default=str) if args.json else render_inspect(stats))
     return 0
 
@@ -106,7 +112,7 @@ def _start(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from ..serve.launch import stop_serve
-    from ..standing import stop_standing
+    from ..standing import check_stop_options, stop_standing
 
     if args.serve:
         if args.ray or args.keep_blocks:
@@ -114,6 +120,7 @@ def _stop(args: argparse.Namespace) -> int:
                              "--ray and --keep-blocks do not apply")
         print(stop_serve(args.address, args.namespace))
         return 0
+    check_stop_options(args.keep_blocks, args.ray)
     # the HTTP front first: left running over stopped backends it would answer 503 to every request
     front = stop_serve(args.address, args.namespace, drop_state=not args.keep_blocks, missing_ok=True)
     if front:

@@ -1,5 +1,8 @@
 """A detached ``kvres serve`` on a standing cluster, stopped as an operator would, with real processes.
 
+``kvres status`` without an address finds the cluster ``ray start`` recorded in Ray's folder and
+names it; every kvres actor's repr reads, the front's state actor's included.
+
 ``kvres serve --stop`` removes only the HTTP application (its port closes; kvres's actors and the
 sessions stay, a second ``--stop`` says there is none); ``kvres stop`` under a detached front removes
 the front first, then kvres's actors, so nothing is left answering 503 over stopped backends.
@@ -37,14 +40,14 @@ def standing(tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     started = _kvres(
         "start", "--port", str(port), "--node-ip-address", "127.0.0.1", "--namespace", namespace,
-        "--config", config, "--num-cpus", "2", "--temp-dir", temp_dir, "--ray-arg=--include-dashboard=false",
+        "--config", config, "--num-cpus", "2", "--temp-dir", f"{temp_dir}/ray", "--ray-arg=--include-dashboard=false",
         f"--ray-arg=--ray-client-server-port={free_port()}", f"--ray-arg=--dashboard-agent-listen-port={free_port()}",
         "--json", env=_env(),
     )
     try:
         assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
         info = json.loads(started.stdout.strip().splitlines()[-1])
-        yield {"address": info["address"], "namespace": namespace, "port": port}
+        yield {"address": info["address"], "namespace": namespace, "port": port, "ray_tmpdir": temp_dir}
     finally:
         with contextlib.suppress(KvresError):
             stop_head(f"127.0.0.1:{port}")
@@ -80,6 +83,13 @@ def test_serve_stop_removes_only_the_application_and_kvres_stop_removes_the_fron
         "model": "b0", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0},
         headers={"X-Session-Id": "kept"}, timeout=120)
     assert turn.status_code == 200, turn.text
+    # no address: the cluster `ray start` recorded in Ray's folder, named; every actor's repr readable
+    status = _kvres("status", "--namespace", standing["namespace"], env=_env(RAY_TMPDIR=standing["ray_tmpdir"]))
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert f"kvres status: the Ray cluster at {standing['address']} (the last one `ray start` started here" \
+        in status.stderr, status.stderr
+    actors = status.stdout.split("ACTORS", 1)[1]
+    assert "kvres-serve-state" in actors and " object at 0x" not in actors, actors
 
     removed = _kvres("serve", "--stop", *_where(standing), env=_env())
     assert removed.returncode == 0, removed.stderr[-3000:]
