@@ -14,10 +14,11 @@ Primitives:
   cold stores (``kvres.cluster.top``).
 - ``kvres grafana [--install] [--dir DIR] [--address ADDR] [--temp-dir DIR]``: where the shipped Grafana dashboard is; ``--install``
   copies it where the Grafana that Ray provisions picks its dashboards up.
-- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--gcs-redis HOST:PORT |
-  --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on this machine (started unless
-  one answers on the port; its other ports chosen free) with kvres's actors, left running when the
-  command exits; says each phase as it starts (on stderr), then prints the address drivers use and
+- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH | --model PATH.gguf]
+  [--gcs-redis HOST:PORT | --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on
+  this machine (started unless one answers on the port; its other ports chosen free) with kvres's
+  actors (``--model``: one backend chosen for that chat model, as ``kvres serve --model``), left
+  running when the command exits; says each phase as it starts (on stderr), then prints the address drivers use and
   a ready ``ray job submit`` line (``kvres.cluster.standing``).
 - ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray] [--serve]``: the
   namespace's detached ``kvres serve`` application removed first (where one runs), then kvres's
@@ -100,6 +101,15 @@ def _start(args: argparse.Namespace) -> int:
     from ..standing import config_from_option, start_standing
 
     config = config_from_option(args.config) if args.config else None
+    if args.model:
+        from ..capacity_report import parse_bytes
+        from ..model_setup import chat_setup
+
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        config = setup.config
+        print(setup.summary("kvres start"), file=sys.stderr, flush=True)
+    elif args.kv_memory is not None:
+        raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
     cluster = start_standing(
         namespace=args.namespace, config=config, port=args.port, address=args.address,
         node_ip_address=args.node_ip_address, num_cpus=args.num_cpus, dashboard_port=args.dashboard_port,
@@ -145,8 +155,12 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     start.add_argument("--address", default=None,
                        help="a running Ray cluster to put kvres on instead (never starts a head)")
     start.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
-    start.add_argument("--config", default=None,
+    which = start.add_mutually_exclusive_group()
+    which.add_argument("--config", default=None,
                        help="a KvresConfig as a JSON object or a JSON file (default: KVRES_CONFIG and KVRES_*)")
+    which.add_argument("--model", default=None, metavar="PATH.gguf",
+                       help="one backend for this GGUF chat model, chosen as kvres serve --model chooses")
+    start.add_argument("--kv-memory", default=None, metavar="SIZE", help="with --model: its KV memory, e.g. 8GiB")
     start.add_argument("--node-ip-address", default=None, help="ray start --node-ip-address")
     start.add_argument("--num-cpus", type=int, default=None, help="ray start --num-cpus")
     start.add_argument("--dashboard-port", type=int, default=None,

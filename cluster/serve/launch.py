@@ -153,6 +153,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(stop_serve(args.address, args.namespace))
         return 0
 
+    from ..config_agreement import ConfigConflictError
     from ..ray_task_events import started_cluster_config
     from ..session import connect
     from .app import ServeOptions, build
@@ -192,7 +193,15 @@ def run_serve(args: argparse.Namespace) -> int:
     stop = _stop_on_sigterm()  # after ray.init, which installs handlers of its own
     manager = None
     try:
-        manager = connect(address=address, namespace=args.namespace, config=config)
+        try:
+            manager = connect(address=address, namespace=args.namespace, config=config)
+        except ConfigConflictError as exc:
+            if not args.model:
+                raise
+            raise ConfigConflictError(
+                f"namespace {args.namespace!r} already runs kvres with other backends than --model's: serve them "
+                f"with kvres serve --address {address} (no --model), or give another --namespace, or start the "
+                f"namespace for this model (kvres stop, then kvres start --model {args.model})") from exc
         options = ServeOptions(**{**options.__dict__, "config": manager.config})
         try:
             serve.start(http_options={"host": host, "port": args.port})

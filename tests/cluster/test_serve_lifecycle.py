@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 import uuid
 
@@ -23,7 +24,8 @@ from kvres.actors.default_model import CHAT_MODEL
 from kvres.cluster.standing import stop_head
 from kvres.policy import KvresError
 from tests.cluster.conftest import free_port
-from tests.cluster.test_standing_cluster import _env, _kvres
+from tests.cluster.test_standing_cluster import BIN, _env, _kvres
+from tests.conftest import REPO_ROOT
 from tests.examples.test_examples import _stop_ray_started_in
 
 
@@ -74,6 +76,20 @@ def _gone(base: str) -> bool:
 
 def _where(standing: dict) -> list[str]:
     return ["--address", standing["address"], "--namespace", standing["namespace"]]
+
+
+def test_kvres_chat_and_serve_model_on_a_standing_cluster(standing) -> None:
+    """``kvres chat --address`` runs on the cluster's backend of the model and leaves kvres running;
+    ``kvres serve --model`` against a namespace that runs other backends says what to do instead."""
+    chat = subprocess.run([str(BIN / "kvres"), "chat", *_where(standing), "--model", str(CHAT_MODEL), "--max-tokens",
+                           "8"], input="hello\n", capture_output=True, text=True, timeout=180, env=_env(), cwd=REPO_ROOT)
+    assert chat.returncode == 0, chat.stderr[-3000:]
+    lines = chat.stdout.splitlines()
+    assert lines[0] == "> hello" and len(lines) > 1 and lines[1].strip(), chat.stdout
+    assert _kvres("status", "--json", *_where(standing), env=_env()).returncode == 0  # left running
+    refused = _kvres("serve", *_where(standing), "--model", str(CHAT_MODEL), "--detach", env=_env())
+    assert refused.returncode == 1 and "already runs kvres with other backends" in refused.stderr, refused.stderr
+    assert "kvres start --model" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_serve_stop_removes_only_the_application_and_kvres_stop_removes_the_front_first(standing) -> None:

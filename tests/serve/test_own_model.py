@@ -75,7 +75,7 @@ def test_a_model_trained_on_fewer_positions_gets_those() -> None:
     assert ModelCatalog(setup.config.backends).models[0].card()["context_length"] == 512
 
 
-@pytest.mark.parametrize("command", ["serve", "chat"])
+@pytest.mark.parametrize("command", ["serve", "chat", "start"])
 def test_a_model_that_cannot_be_served_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
     not_gguf = tmp_path / "weights.safetensors"
     not_gguf.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
