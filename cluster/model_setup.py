@@ -135,7 +135,7 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
             f"for {sessions} sessions; at least {MIN_SESSION_CONTEXT} are needed: give more with --kv-memory")
     n_ctx = per_session * sessions
     backend = BackendConfig.model_validate({
-        **base.model_dump(exclude={"kv_memory_bytes", "kv_memory_fraction"}),
+        **base.model_dump(exclude_unset=True, exclude={"kv_memory_bytes", "kv_memory_fraction"}),
         "n_ctx": n_ctx, "kv_budget_tokens": min(resolved.kv_budget_tokens, n_ctx),
     })
     config = KvresConfig(backends=[backend], default_policy=SessionPolicy())
