@@ -53,7 +53,8 @@ def test_the_context_is_the_trained_one_where_the_memory_holds_it(long_model: Pa
     assert setup.session_context == LONG_CONTEXT  # not the fixed 2,048 default
     assert (backend.kv_layout, backend.n_seq_max, backend.n_ctx) == ("split", 8, 8 * LONG_CONTEXT)
     assert setup.config.default_policy.kind == "none"
-    assert ModelCatalog(setup.config.backends).models[0].card()["context_length"] == LONG_CONTEXT
+    card = ModelCatalog(setup.config.backends).models[0].card()
+    assert (card["context_length"], card["trained_context"]) == (LONG_CONTEXT, LONG_CONTEXT)
     summary = setup.summary("kvres serve")
     assert "trained on 32,768 positions" in summary and "32,768 tokens per session" in summary
     for what in ("model", "device", "KV memory", "context", "layout", "policy"):
@@ -131,7 +132,7 @@ def test_kvres_serve_model_states_its_context_and_chats(long_model: Path, tmp_pa
         assert "kvres serve: chosen for chat.gguf:" in log and "512 tokens per session" in log, log
         with server.http() as http:
             cards = http.get("/v1/models").json()["data"]
-            assert [(c["id"], c["context_length"]) for c in cards] == [("chat", 512)]
+            assert [(c["id"], c["context_length"], c["trained_context"]) for c in cards] == [("chat", 512, 512)]
             turn = http.post("/v1/chat/completions", json={
                 "model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16,
                 "temperature": 0}, headers={"X-Session-Id": "own-model"})
