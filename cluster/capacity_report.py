@@ -14,9 +14,10 @@ Primitives:
   the T* decision with its terms (``kvres.policy.tiering.choose_tier``). The model's trained
   context (GGUF ``<arch>.context_length``) caps what a backend can use: ``usable_context`` per tier
   and ``warnings`` say so where the memory holds more, or ``--context`` asks for more.
-- ``format_table(report) -> str``: the table, then the tier choice and T* in plain words (what
-  spills, and how much KV may spill before each token slows by more than the target), then the
-  terms, then the warnings.
+- ``format_table(report) -> str``: the device (llama.cpp's first GPU, ``report["gpu"]``, or that
+  there is none: the decode then reads host RAM, and the terms say so), the table, then the tier
+  choice and T* in plain words (what spills, and how much KV may spill before each token slows by
+  more than the target), then the terms, then the warnings.
 
 Without ``--memory`` the memory is the free memory of llama.cpp's first GPU, else host RAM. The T*
 terms come from ``kvres.actors.sizing.probes.load_probes`` (cached per device, env overrides); only
@@ -63,6 +64,14 @@ def _llama_fits(layout: ModelKVLayout, k: str, v: str, budget: float, cells: Cac
     """The largest context (a multiple of llama.cpp's 256-cell padding) whose allocation fits."""
     fits = _fits(layout.profile(k, v, cells), budget)
     return fits - fits % cells.pad
+
+
+def _gpu() -> str | None:
+    """llama.cpp's first GPU, named; None on a machine without one."""
+    from kvres.actors.sizing.device_memory import llama_gpu_memory
+
+    gpu = llama_gpu_memory(0)
+    return None if gpu is None else f"{gpu.name} ({gpu.description})"
 
 
 def _default_memory() -> tuple[int, str]:
@@ -126,6 +135,7 @@ def capacity_report(
             "recurrent_layers": layout.recurrent_layers, "pattern": layout.source,
             "head_dims": [head_k, head_v], "trained_context": trained,
         },
+        "gpu": _gpu(),
         "memory_bytes": memory_bytes,
         "memory_source": memory_source,
         "context": n_ctx,
@@ -169,6 +179,8 @@ def format_table(report: dict[str, Any]) -> str:
         + f"; {lay['shared_layers']} share KV, {lay['recurrent_layers']} recurrent); pattern: {lay['pattern']}",
         f"heads      K {lay['head_dims'][0]}, V {lay['head_dims'][1]}; trained context {lay['trained_context']:,}",
         f"memory     {_mib(report['memory_bytes'])} ({report['memory_source']}); context {report['context']:,}",
+        f"device     {report['gpu']}" if report.get("gpu") else
+        "device     no GPU (llama.cpp sees only the CPU): weights and KV are read from host RAM",
         "",
         f"{'tier':<10} {'B/token':>9} {'KV @ ctx':>14} {'dense @ ctx':>14} {'SWA saves':>9} "
         f"{'fits (T0)':>12} {'fits dense':>12} {'llama.cpp':>12} {'full SWA':>12} {'usable':>12}",
@@ -184,7 +196,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{row['fits_dense']:>12,} {row['fits_llama_cpp']:>12,} {row['fits_llama_cpp_full_swa']:>12,} "
             f"{row['usable_context']:>12,}"
         )
-    lines += ["", *_tier_in_words(report["tstar"]), ""]
+    lines += ["", *_tier_in_words(report["tstar"], gpu=bool(report.get("gpu"))), ""]
     lines.append("fits (T0): windowed layers billed their window; llama.cpp: one sequence, SWA cache of window + "
                  "512-token micro-batch, 256-cell padding; full SWA: llama.cpp's default swa_full; usable: "
                  "llama.cpp's, capped at the trained context")
@@ -192,8 +204,9 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tier_in_words(d: dict[str, Any]) -> list[str]:
-    """The T* choice as sentences: which KV tier, whether anything spills and what that costs."""
+def _tier_in_words(d: dict[str, Any], gpu: bool = True) -> list[str]:
+    """The T* choice as sentences: which KV tier, whether anything spills and what that costs.
+    Without a GPU the decode reads host RAM, and the terms say so instead of naming a VRAM."""
     pcie = "none" if d["pcie_gbps"] is None else f"{d['pcie_gbps']:.2f}"
     target = f"{d['target_drop']:.0%}"
     kv_top = d["kv_bytes"][0]
@@ -214,7 +227,7 @@ def _tier_in_words(d: dict[str, Any]) -> list[str]:
         f"KV tier    {d['chosen']} for {d['n_ctx']:,} tokens in {_mib(d['budget_bytes'])}{top}: {what}",
         f"T*         how much KV may spill to host memory: {tstar}",
         f"terms      t_resident {d['t_resident_s'] * 1e3:.3f} ms = (W_active {_mib(d['weights_active_bytes'])} + "
-        f"KV {_mib(d['kv_resident_bytes'])}) / vram {d['vram_gbps']:.1f} GB/s; bw_eff {d['bw_eff_gbps']:.2f} GB/s "
+        f"KV {_mib(d['kv_resident_bytes'])}) / {'vram' if gpu else 'host RAM (no GPU)'} {d['vram_gbps']:.1f} GB/s; bw_eff {d['bw_eff_gbps']:.2f} GB/s "
         f"({d['binding_link']}; host RAM {d['host_ram_gbps']:.2f}, pcie {pcie}); c_engage "
         f"{d['c_engage_s'] * 1e3:.3f} ms",
     ]

@@ -8,7 +8,8 @@ Primitives:
   (``connect``), publish the configuration, disconnect. Nothing stops when this process exits.
 - ``stop_standing(address=None, namespace="kvres", keep_blocks=False, stop_ray=False) ->
   StopReport``: ``SessionManager.shutdown`` of the namespace's actors (blocks removed unless
-  ``keep_blocks``), then with ``stop_ray`` the Ray head this machine runs at that address.
+  ``keep_blocks``), then with ``stop_ray`` the Ray head this machine runs at that address;
+  ``check_stop_options(keep_blocks, stop_ray)``: the options that cannot go together, refused first.
 - ``stop_head(gcs_address, grace_s=15.0) -> list[int]``: stop the processes of the Ray head whose
   GCS listens on that port of this machine (``head_processes(port)``), and only those (``ray stop``
   kills every Ray cluster of the machine); ``descendants(pids)``: those processes and all under them.
@@ -335,6 +336,15 @@ def _running_backends(namespace: str) -> list[str]:
     return [n.removeprefix(BACKEND_PREFIX) for n in _kvres_actors(namespace) if n.startswith(BACKEND_PREFIX)]
 
 
+def check_stop_options(keep_blocks: bool, stop_ray: bool) -> None:
+    """``kvres stop``'s options that cannot go together, refused before anything is touched."""
+    if keep_blocks and stop_ray:
+        raise KvresError(
+            "--keep-blocks with --ray: the blocks' secret lives in the Ray cluster and ends with it, so "
+            "kept blocks could never be read again; stop kvres without --ray to keep them"
+        )
+
+
 def stop_standing(
     address: str | None = None, namespace: str = "kvres", keep_blocks: bool = False, stop_ray: bool = False,
 ) -> StopReport:
@@ -347,11 +357,7 @@ def stop_standing(
     from .cluster_view import ClusterView, NoClusterError
     from .session import SessionManager
 
-    if keep_blocks and stop_ray:
-        raise KvresError(
-            "--keep-blocks with --ray: the blocks' secret lives in the Ray cluster and ends with it, so "
-            "kept blocks could never be read again; stop kvres without --ray to keep them"
-        )
+    check_stop_options(keep_blocks, stop_ray)
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     with _driver(target, namespace):
         gcs_address = str(ray.get_runtime_context().gcs_address)

@@ -6,9 +6,10 @@ Primitives:
   backend its live and suspended sessions, resident / budget tokens, peak, the calls it holds
   (waiting or running); then the ``sessions`` sessions holding the most resident tokens; then the
   cold stores. Plain text, the same in a terminal and a log.
-- ``run_top(args) -> int``: attaches (never creates an actor) and prints a frame every
-  ``--interval`` seconds until interrupted: redrawn in place with rich where it is installed and
-  stdout is a terminal, else frames one after another; ``--once`` prints one frame and exits.
+- ``run_top(args) -> int``: attaches (never creates an actor; the cluster named on stderr, as
+  ``kvres status`` names it) and prints a frame every
+  ``--interval`` seconds until interrupted: redrawn in place with rich (a dependency of kvres)
+  where stdout is a terminal, else frames one after another; ``--once`` prints one frame and exits.
 - ``register(subparsers)``: the ``top`` command (``kvres.cluster.cli`` registers it).
 """
 
@@ -74,6 +75,7 @@ def run_top(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.sessions < 0:
         raise ArgumentError(f"--interval must be > 0 and --sessions >= 0, got {args.interval} and {args.sessions}")
     view = attach(args.address, args.namespace)
+    print(f"kvres top: the Ray cluster at {view.address} ({view.how}), namespace {args.namespace!r}", file=sys.stderr)
     if args.once:
         print(render_top(view.status(), args.sessions))
         return 0

@@ -32,3 +32,13 @@ def test_wheel_install_imports_from_outside_the_repository(tmp_path) -> None:
                          cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith(str(target)), out.stdout
+
+
+def test_rich_is_installed_with_kvres_so_top_redraws_in_place() -> None:
+    import tomllib
+
+    from kvres.cluster.top import _live_rich
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "rich" for d in declared), declared
+    assert _live_rich() is not None  # kvres top takes the in-place path on a terminal

@@ -11,7 +11,7 @@ Primitives:
   prompt each request prefills: such a session's limit is the engine's room for one session.
 - ``check_prompt(config, executor, session_id, held, n, limit, residency)``: ``ContextLengthError``
   when ``n`` more tokens would take a session holding ``held`` past ``limit``, naming the numbers,
-  the bound and what to do instead.
+  the bound and what to do instead, from Python and over HTTP (``kvres serve``'s options).
 
 A prompt past the limit is refused before any of it is appended (HTTP: 400,
 ``context_length_exceeded``); a generation stops at it with finish_reason "length", as at its
@@ -58,8 +58,15 @@ def check_prompt(config: BackendConfig, executor: Executor | EngineManagedExecut
         bound = f"a session's KV stream of {cells} cells (kv_layout='split': n_ctx / n_seq_max)"
     policy = ("with a policy the engine evicts by, which it does only as it generates"
               if _engine_prefills_all(executor, residency) else "with a policy that keeps every token resident")
-    if not managed:
-        instead = ", or open it with a policy that evicts (SessionPolicy kind 'streaming' or 'scored')"
+    if not managed and by_engine:  # a split stream: no eviction from a session's middle, a longer stream instead
+        instead = (" (over HTTP: drop the oldest turns from the messages, or use another X-Session-Id), or give "
+                   "each session a longer stream: a larger n_ctx per n_seq_max in the BackendConfig (kvres serve "
+                   "--config), or with kvres serve --model / kvres chat --model more --kv-memory where the memory "
+                   "bounds it")
+    elif not managed:
+        instead = (", or open it with a policy that evicts (SessionPolicy kind 'streaming' or 'scored'; for the "
+                   "sessions of kvres serve, its KvresConfig.default_policy: kvres serve --config "
+                   "'{\"default_policy\": {\"kind\": \"streaming\", \"budget_tokens\": N}, ...}')")
     elif not by_engine:  # a session the engine evicts in is bounded by the engine's room alone
         room = "" if cells is None else f", up to {cells} tokens"
         instead = f", or open it with a policy the engine evicts by (SessionPolicy kind 'engine'{room})"

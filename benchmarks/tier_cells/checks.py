@@ -1,9 +1,9 @@
-"""The design's four PASS checks of the T* table (DESIGN.md 4.5, docs/policies.md T*), per cell.
+"""The four PASS checks of the T* table (docs/policies.md, "T*: automatic KV tier choice"), per cell.
 
 Primitives:
 - ``CHECKS``: the four, in order:
   1. ``retrieval``: the cell answers the needle as often as f16 resident, per family (at most
-     ``RETRIEVAL_SLACK`` of the prompts fewer; the design: "retrieval 100 in all four");
+     ``RETRIEVAL_SLACK`` of the prompts fewer: a cheaper tier must not cost answers);
   2. ``residency``: the cell holds what its tier says: a resident tier never spills nor recalls and
      keeps every prompt token; a spilling tier spills, and its sessions never hold more than the
      resident budget T* gave it;

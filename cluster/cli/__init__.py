@@ -14,19 +14,28 @@ Primitives:
   cold stores (``kvres.cluster.top``).
 - ``kvres grafana [--install] [--dir DIR] [--address ADDR] [--temp-dir DIR]``: where the shipped Grafana dashboard is; ``--install``
   copies it where the Grafana that Ray provisions picks its dashboards up.
-- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH] [--gcs-redis HOST:PORT |
-  --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on this machine (started unless
-  one answers on the port; its other ports chosen free) with kvres's actors, left running when the
-  command exits; says each phase as it starts (on stderr), then prints the address drivers use and
+- ``kvres start [--port P] [--address ADDR] [--namespace NS] [--config JSON|PATH | --model PATH.gguf]
+  [--gcs-redis HOST:PORT | --gcs-storage DIR] [--json] ...``: a standing cluster: a Ray head on
+  this machine (started unless one answers on the port; its other ports chosen free) with kvres's
+  actors (``--model``: one backend chosen for that chat model, as ``kvres serve --model``), left
+  running when the command exits; says each phase as it starts (on stderr), then prints the address drivers use and
   a ready ``ray job submit`` line (``kvres.cluster.standing``).
-- ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray]``: stop kvres's actors of
-  the namespace (``SessionManager.shutdown``), and with ``--ray`` the Ray head on this machine.
-- ``kvres serve [--address ADDR] [--host H] [--port P] [--api-key-file F] ...``: the OpenAI-compatible
-  HTTP front on Ray Serve (``kvres.cluster.serve.launch``; docs/serving.md).
+- ``kvres stop [--address ADDR] [--namespace NS] [--keep-blocks] [--ray] [--serve]``: the
+  namespace's detached ``kvres serve`` application removed first (where one runs), then kvres's
+  actors of the namespace stopped (``SessionManager.shutdown``), and with ``--ray`` the Ray head on
+  this machine; ``--serve``: only the application (as ``kvres serve --stop``).
+- ``kvres serve [--model PATH.gguf | --config JSON|PATH] [--address ADDR] [--host H] [--port P]
+  [--api-key-file F] ...``: the OpenAI-compatible HTTP front on Ray Serve
+  (``kvres.cluster.serve.launch``; docs/serving.md); ``--model``: every choice made for that model
+  and printed (``kvres.cluster.model_setup``).
+- ``kvres chat [--model PATH.gguf] [--system TEXT] [--address ADDR] ...``: a terminal chat on one
+  session (``chat.py``).
 - ``main(argv=None) -> int`` (``python -m kvres.cluster.cli``: ``__main__``).
 
 ``status`` and ``inspect`` attach to a standing cluster (``--address``, else ``RAY_ADDRESS``, else
-the one on this machine) and never create an actor. Errors arrive as one line on stderr, exit 1.
+the one ``ray start`` last started on this machine, else the only one: several is an error naming
+them), name it and why on stderr, and never create an actor. Errors arrive as one line on stderr, exit 1; a
+``--model`` that cannot be served (no such file, not a GGUF, no chat template) exits 2.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ def _status(args: argparse.Namespace) -> int:
     from ..status_view import render_status
 
     view = attach(args.address, args.namespace)
+    print(f"kvres status: the Ray cluster at {view.address} ({view.how}), namespace {args.namespace!r}",
+          file=sys.stderr)
     report = view.status()
     print(json.dumps(report, indent=2, default=str) if args.json else render_status(report, view.reprs()))
     return 0
@@ -64,7 +75,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from ..cluster_view import attach
     from ..status_view import render_inspect
 
-    stats = attach(args.address, args.namespace).session_stats(args.session)
+    view = attach(args.address, args.namespace)
+    print(f"kvres inspect: the Ray cluster at {view.address} ({view.how}), namespace {args.namespace!r}",
+          file=sys.stderr)
+    stats = view.session_stats(args.session)
     print(json.dumps(stats, indent=2, default=str) if args.json else render_inspect(stats))
     return 0
 
@@ -87,6 +101,15 @@ def _start(args: argparse.Namespace) -> int:
     from ..standing import config_from_option, start_standing
 
     config = config_from_option(args.config) if args.config else None
+    if args.model:
+        from ..capacity_report import parse_bytes
+        from ..model_setup import chat_setup
+
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        config = setup.config
+        print(setup.summary("kvres start"), file=sys.stderr, flush=True)
+    elif args.kv_memory is not None:
+        raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
     cluster = start_standing(
         namespace=args.namespace, config=config, port=args.port, address=args.address,
         node_ip_address=args.node_ip_address, num_cpus=args.num_cpus, dashboard_port=args.dashboard_port,
@@ -98,8 +121,20 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from ..standing import stop_standing
+    from ..serve.launch import stop_serve
+    from ..standing import check_stop_options, stop_standing
 
+    if args.serve:
+        if args.ray or args.keep_blocks:
+            raise ValueError("--serve stops only the HTTP front: kvres's actors and the Ray head keep running, so "
+                             "--ray and --keep-blocks do not apply")
+        print(stop_serve(args.address, args.namespace))
+        return 0
+    check_stop_options(args.keep_blocks, args.ray)
+    # the HTTP front first: left running over stopped backends it would answer 503 to every request
+    front = stop_serve(args.address, args.namespace, drop_state=not args.keep_blocks, missing_ok=True)
+    if front:
+        print(front)
     report = stop_standing(args.address, args.namespace, keep_blocks=args.keep_blocks, stop_ray=args.ray)
     print(report.summary())
     return 0
@@ -120,8 +155,12 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     start.add_argument("--address", default=None,
                        help="a running Ray cluster to put kvres on instead (never starts a head)")
     start.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
-    start.add_argument("--config", default=None,
+    which = start.add_mutually_exclusive_group()
+    which.add_argument("--config", default=None,
                        help="a KvresConfig as a JSON object or a JSON file (default: KVRES_CONFIG and KVRES_*)")
+    which.add_argument("--model", default=None, metavar="PATH.gguf",
+                       help="one backend for this GGUF chat model, chosen as kvres serve --model chooses")
+    start.add_argument("--kv-memory", default=None, metavar="SIZE", help="with --model: its KV memory, e.g. 8GiB")
     start.add_argument("--node-ip-address", default=None, help="ray start --node-ip-address")
     start.add_argument("--num-cpus", type=int, default=None, help="ray start --num-cpus")
     start.add_argument("--dashboard-port", type=int, default=None,
@@ -142,6 +181,8 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     stop.add_argument("--keep-blocks", action="store_true",
                       help="keep the namespace's cold blocks for a later start of the same namespace")
     stop.add_argument("--ray", action="store_true", help="then stop the Ray head (it must run on this machine)")
+    stop.add_argument("--serve", action="store_true",
+                      help="stop only the namespace's kvres serve application (as kvres serve --stop)")
     stop.set_defaults(run=_stop)
     from ..serve.launch import add_serve_arguments
 
@@ -176,16 +217,23 @@ def build_parser() -> argparse.ArgumentParser:
     _standing_commands(sub)
     from ..capacity_report import register as register_capacity  # kvres capacity MODEL.gguf
     from ..top import register as register_top  # kvres top
+    from .chat import register as register_chat  # kvres chat
 
     register_capacity(sub)
     register_top(sub)
+    register_chat(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..model_setup import ModelChoiceError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except ModelChoiceError as exc:  # a --model that cannot be served: a usage error, as argparse's
+        print(f"kvres {args.command}: {exc}", file=sys.stderr)
+        return 2
     except (KvresError, ValueError, ConnectionError) as exc:  # typed errors, pydantic's, no cluster
         print(f"kvres {args.command}: {exc}", file=sys.stderr)
         return 1

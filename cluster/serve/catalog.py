@@ -6,7 +6,8 @@ Primitives:
   it), ``n_ctx`` (the most tokens one of its sessions can hold on those backends, the smallest: a
   backend's context, or where the sessions' policy keeps every token, its ``kv_budget_tokens`` and
   a split layout's stream where smaller; ``/v1/models``' ``context_length``), ``anchor`` (a control
-  token of the model, read once from its file), ``local_decoder()`` (its vocabulary decoded in this
+  token of the model, read once from its file), ``trained_context`` (GGUF ``<arch>.context_length``,
+  read once; None where unreadable here), ``local_decoder()`` (its vocabulary decoded in this
   process, where it can be), ``card()`` (the ``/v1/models`` entry).
 - ``ModelCatalog(backends, keeps_every_token=True)``: ``models``, ``resolve(name) -> (model,
   backend or None)``: a model id (placement picks the backend) or a backend's name (that backend);
@@ -35,6 +36,22 @@ class ServedModel:
     created: int = 0
     engines: set[str] = field(default_factory=set)
     _anchor: tuple[int | None] | None = field(default=None, repr=False)
+    _trained: tuple[int | None] | None = field(default=None, repr=False)
+
+    @property
+    def trained_context(self) -> int | None:
+        """The positions the model was trained on (GGUF ``<arch>.context_length``), read once from
+        its file; None where the file cannot be read here (another node's path) or names none."""
+        if self._trained is None:
+            from kvres.actors.model_files import read_gguf_metadata
+
+            try:
+                meta = read_gguf_metadata(self.path)
+                found = int(meta.get(f"{meta.get('general.architecture')}.context_length") or 0) or None
+            except Exception:  # not on this node, or not a GGUF (an OpenVINO folder)
+                found = None
+            self._trained = (found,)
+        return self._trained[0]
 
     @property
     def anchor(self) -> int | None:
@@ -64,7 +81,8 @@ class ServedModel:
 
     def card(self) -> dict[str, Any]:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "kvres",
-                "backends": list(self.backends), "context_length": self.n_ctx}
+                "backends": list(self.backends), "context_length": self.n_ctx,
+                "trained_context": self.trained_context}
 
 
 def _model_id(path: Path, taken: set[str]) -> str:

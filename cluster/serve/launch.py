@@ -1,10 +1,13 @@
 """``kvres serve``: the HTTP front started from the command line.
 
 Primitives:
-- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--config``, ``--host``
+- ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
+  with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
+  or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--detach``.
-- ``run_serve(args) -> int``: the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
+- ``run_serve(args) -> int``: a ``--model`` checked and its choices printed (on stderr) before
+  anything starts, then the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
   ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
   at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command (its
   task-event store bounded: ``ray_task_events``); kvres's
@@ -12,7 +15,11 @@ Primitives:
   application deployed (``kvres`` at ``/``), and one line printed: ``kvres serve: listening on
   http://HOST:PORT/v1 ...``. Then it waits for Ctrl-C or SIGTERM and removes the application (and
   with an embedded cluster, kvres's actors and the cluster). ``--detach`` (a standing cluster only)
-  returns at once and leaves the application running.
+  returns at once and leaves the application running; ``--stop`` removes it (``stop_serve``).
+- ``stop_serve(address, namespace, drop_state=False, missing_ok=False) -> str``: a detached
+  application removed from a standing cluster, kvres's actors left running (``kvres serve
+  --stop``, ``kvres stop --serve``; ``kvres stop`` does it first); ``remove_application(namespace,
+  drop_state=False) -> bool``: the same inside a connected driver.
 """
 
 from __future__ import annotations
@@ -45,8 +52,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Ray cluster to serve (default: RAY_ADDRESS, else an embedded one that ends with "
                              "the command)")
     parser.add_argument("--namespace", default="kvres", help="the namespace kvres runs in (default: kvres)")
-    parser.add_argument("--config", default=None,
-                        help="a KvresConfig as a JSON object or a JSON file (default: the namespace's, else KVRES_*)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None, metavar="PATH.gguf",
+                       help="serve this GGUF chat model: context, KV memory, layout and policy chosen for it and "
+                            "printed at start (kvres.cluster.model_setup)")
+    which.add_argument("--config", default=None,
+                       help="a KvresConfig as a JSON object or a JSON file (default: the namespace's, else KVRES_*)")
+    parser.add_argument("--kv-memory", default=None, metavar="SIZE",
+                        help="with --model: the KV memory, e.g. 8GiB (default: half the free GPU or host memory "
+                             "less the weights)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default 127.0.0.1; without an API key always 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
@@ -60,6 +74,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, default=None, help="an embedded cluster's CPUs (default: all)")
     parser.add_argument("--detach", action="store_true",
                         help="return once deployed and leave it running (needs a standing cluster: --address)")
+    parser.add_argument("--stop", action="store_true",
+                        help="remove the detached application of --namespace from the standing cluster (kvres's "
+                             "actors and sessions keep running) and exit")
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -73,27 +90,96 @@ def _stop_on_sigterm() -> threading.Event:
     return stop
 
 
+def _front_of(namespace: str) -> bool:
+    """Whether this cluster runs the application ``kvres`` for ``namespace`` (connected as a driver):
+    Serve has it, and its replicas made the namespace's state actor."""
+    import ray
+    from ray import serve
+
+    from .state_actor import state_actor_name
+
+    if APP_NAME not in serve.status().applications:
+        return False
+    try:
+        ray.get_actor(state_actor_name(), namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def remove_application(namespace: str, drop_state: bool = False) -> bool:
+    """In a connected driver: the namespace's application removed (and Serve itself where it runs
+    no other, so its HTTP port is free again); ``drop_state``: its state actor too, with the stored
+    responses. False where there was none."""
+    from ray import serve
+
+    from .state_actor import ServeState
+
+    if not _front_of(namespace):
+        return False
+    serve.delete(APP_NAME)
+    if not serve.status().applications:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+    if drop_state:
+        ServeState(namespace).destroy()
+    return True
+
+
+def stop_serve(address: str | None, namespace: str, drop_state: bool = False, missing_ok: bool = False) -> str:
+    """``kvres serve --stop`` / ``kvres stop --serve`` (and the first step of ``kvres stop``): the
+    detached application of ``namespace`` removed from the standing cluster at ``address`` (else
+    ``RAY_ADDRESS``, else the one on this machine); kvres's actors stay. One line saying what was
+    done; without such an application a ``KvresError`` naming the cluster, or with ``missing_ok`` ""."""
+    import ray
+
+    from ..standing import _driver
+
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    with _driver(target, namespace):
+        where = str(ray.get_runtime_context().gcs_address)
+        if remove_application(namespace, drop_state):
+            return (f"kvres serve: application {APP_NAME!r} of namespace {namespace!r} at {where} removed "
+                    f"(its HTTP front is gone{'' if drop_state else '; kvres actors and sessions keep running'})")
+    if missing_ok:
+        return ""
+    raise KvresError(f"kvres serve --stop: no kvres serve application of namespace {namespace!r} runs at {where}")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    if args.stop:
+        print(stop_serve(args.address, args.namespace))
+        return 0
+
+    from ..config_agreement import ConfigConflictError
     from ..ray_task_events import started_cluster_config
     from ..session import connect
     from .app import ServeOptions, build
 
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    keys = load_key_entries(args.api_key_file)
-    host = bind_host(args.host, bool(keys))
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     if args.detach and not address:
         raise ValueError("--detach needs a standing cluster (--address or RAY_ADDRESS): an embedded one ends "
                          "with this command")
     config = None
-    if args.config:
+    if args.kv_memory is not None and not args.model:
+        raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
+    if args.model:
+        from ..capacity_report import parse_bytes
+        from ..model_setup import chat_setup
+
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        config = setup.config
+        print(setup.summary("kvres serve"), file=sys.stderr, flush=True)
+    elif args.config:
         from ..standing import config_from_option
 
         config = config_from_option(args.config)
+    keys = load_key_entries(args.api_key_file)
+    host = bind_host(args.host, bool(keys))
     options = ServeOptions(namespace=args.namespace, digests=key_digests(keys), min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests)
     if address:
@@ -107,7 +193,15 @@ def run_serve(args: argparse.Namespace) -> int:
     stop = _stop_on_sigterm()  # after ray.init, which installs handlers of its own
     manager = None
     try:
-        manager = connect(address=address, namespace=args.namespace, config=config)
+        try:
+            manager = connect(address=address, namespace=args.namespace, config=config)
+        except ConfigConflictError as exc:
+            if not args.model:
+                raise
+            raise ConfigConflictError(
+                f"namespace {args.namespace!r} already runs kvres with other backends than --model's: serve them "
+                f"with kvres serve --address {address} (no --model), or give another --namespace, or start the "
+                f"namespace for this model (kvres stop, then kvres start --model {args.model})") from exc
         options = ServeOptions(**{**options.__dict__, "config": manager.config})
         try:
             serve.start(http_options={"host": host, "port": args.port})

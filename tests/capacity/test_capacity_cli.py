@@ -81,3 +81,21 @@ def test_parse_bytes() -> None:
         parse_bytes("8 parsecs")
     with pytest.raises(CapacityError, match="at least 1 byte"):
         parse_bytes("0.1")
+
+
+def test_the_device_is_named_and_a_machine_without_a_gpu_says_so(gemma3: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from kvres.actors.sizing.device_memory import llama_gpu_memory
+
+    assert main(["capacity", str(gemma3), "--memory", "64MiB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["capacity", str(gemma3), "--memory", "64MiB"]) == 0
+    out = capsys.readouterr().out
+    gpu = llama_gpu_memory(0)
+    if gpu is None:
+        assert report["gpu"] is None
+        assert "device     no GPU" in out and "vram" not in out, out
+        assert "/ host RAM (no GPU) 100.0 GB/s" in out  # the decode's bandwidth is host RAM's
+    else:
+        assert report["gpu"] == f"{gpu.name} ({gpu.description})" and f"device     {report['gpu']}" in out
+        assert "/ vram 100.0 GB/s" in out

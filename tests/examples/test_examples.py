@@ -62,7 +62,7 @@ def test_chat_example_answers_each_piped_line() -> None:
 
 
 def test_chat_example_leaves_out_the_oldest_turns_past_what_the_session_holds() -> None:
-    """A conversation longer than the default backend's KV budget (2048 tokens): once it no longer
+    """A conversation longer than a session of the chat model holds (its trained 512 tokens): once it no longer
     fits, the oldest turns are left out (said on stderr) and every turn is still answered."""
     words = ["the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "the", "big", "red", "dog", "near",
              "an", "old", "tree"]
