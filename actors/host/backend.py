@@ -91,7 +91,8 @@ if TYPE_CHECKING:
 
 
 class TokenStream:
-    """A streaming generate: iterate for its tokens; ``generation`` is its answer once it ended. A
+    """A streaming generate: iterate for its tokens (or ``next_chunk()`` for every token out by
+    then, in one list: read one way or the other); ``generation`` is its answer once it ended. A
     token counts as read when the reader asks for the next one (the Ray shell asks once its driver
     took it): the job runs at most ``STREAM_AHEAD`` tokens past what was read, and is committed
     once every token was read. ``close(keep=None)`` (or leaving a ``with`` block) ends the call
@@ -100,22 +101,34 @@ class TokenStream:
     def __init__(self, job: Job, wake: Callable[[], None], leave: Callable[[int], object]) -> None:
         self.job = job
         self._tokens = job.tokens()
+        self._chunks = job.chunks()
         self._wake = wake  # the step loop's: a job waiting for its reader goes on
         self._leave = leave
         self.handed_out = 0
-        self._unread = False  # the token handed out last is not counted read until the next is asked for
+        self._unread = 0  # the tokens handed out last are not counted read until more are asked for
 
     def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
-        if self._unread:
-            self._unread = False
-            self.job.took(self._wake)
+        self._count_read()
         token = next(self._tokens)
         self.handed_out += 1
-        self._unread = True
+        self._unread = 1
         return token
+
+    def next_chunk(self) -> list[int]:
+        """Every token out by now (waiting for the first), in one list; ``StopIteration`` at the end."""
+        self._count_read()
+        chunk = next(self._chunks)
+        self.handed_out += len(chunk)
+        self._unread = len(chunk)
+        return chunk
+
+    def _count_read(self) -> None:
+        if self._unread:
+            self.job.took(self._wake, self._unread)
+            self._unread = 0
 
     def __enter__(self) -> TokenStream:
         return self

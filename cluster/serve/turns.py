@@ -14,12 +14,13 @@ Primitives:
 - ``StreamingTurn(service, session, stack, prompt, plan, started, anchor)`` (``start_streaming``
   makes and starts one): ``start()`` (blocking: the prompt appended and the first token pulled, so
   that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
-  iterator of text pieces, each token pulled on the service's threads), ``outcome()``, ``ttft_s``,
+  iterator of text pieces, each chunk of tokens pulled on the service's threads: every token the
+  backend had out, one Ray object, ``TokenStream.chunks``), ``outcome()``, ``ttft_s``,
   ``gaps`` (the inter-token histogram), ``end()`` (blocking, once: a stream left before its end
   keeps only the tokens whose text was sent, ``sent_tokens``: what ``TextDeltas.covered`` was when
   the last piece handed to the response went out (the response asked for the next), then
   ``stack`` is closed: the session's lease released, a one-request session closed). The backend
-  runs at most ``STREAM_AHEAD`` tokens past what the turn pulled, and the turn pulls a token only
+  runs at most ``STREAM_AHEAD`` tokens past what the turn pulled, and the turn pulls a chunk only
   once the response asks for the next piece.
 """
 
@@ -30,7 +31,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -174,6 +175,7 @@ class StreamingTurn:
         self.sent_tokens = 0  # the tokens whose text went out to the client
         self.completed = False
         self._stream: TokenStream | None = None
+        self._chunks: Iterator[list[int]] | None = None
         self._first: str | None = None
         self._final: tuple[str, int] = ("", 0)
         self._last_token_at = 0.0
@@ -206,17 +208,21 @@ class StreamingTurn:
         self._first = self._pull()
 
     def _pull(self) -> str | None:
+        """The text of the next chunk of tokens (every token the backend had out: one Ray object)."""
         assert self._stream is not None
-        token = next(self._stream, None)
-        if token is None:
+        if self._chunks is None:
+            self._chunks = self._stream.chunks()
+        chunk = next(self._chunks, None)
+        if chunk is None:
             return None
         now = time.monotonic()
         if self.ttft_s is None:
             self.ttft_s = now - self.started
         else:
-            self.gaps.observe(now - self._last_token_at)
+            for _ in chunk:  # the chunk's tokens came over the gap since the last one
+                self.gaps.observe((now - self._last_token_at) / len(chunk))
         self._last_token_at = now
-        return self.text.push(token)
+        return "".join([self.text.push(token) for token in chunk])
 
     def _finish(self) -> None:
         assert self._in_context is not None
