@@ -136,8 +136,8 @@ class ServeMetrics:
         for mine, theirs in ((self.ttft, delta.ttft), (self.gaps, delta.gaps), (self.duration, delta.duration)):
             for route, hist in theirs.items():
                 mine.setdefault(route, Histogram(hist.buckets)).merge(*hist.state())
-        for key, n in delta.tokens.items():
-            self.tokens[key] += n
+        for kind, n in delta.tokens.items():
+            self.tokens[kind] += n
         for session_id, counters in delta.sessions.items():
             c = self.sessions.setdefault(session_id, dict.fromkeys(SESSION_COUNTERS, 0))
             for name, n in counters.items():
