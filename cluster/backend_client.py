@@ -143,20 +143,28 @@ class BackendClient:
         return answer_
 
     def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-               messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None) -> TokenStream:
+               messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None,
+               ephemeral: bool = False, policy: SessionPolicy | None = None) -> TokenStream:
         """``follow``: where the session went when this backend does not know it (its handle's
-        ``_followed``): the stream starts there instead, once, before any token."""
-        return TokenStream(self, session_id, request, request_id, prompt, messages, follow)
+        ``_followed``): the stream starts there instead, once, before any token. ``ephemeral``: a
+        stateless turn: the backend opens the session (``policy``) in the call and closes it when
+        the stream ends (no journal record, no directory entry)."""
+        return TokenStream(self, session_id, request, request_id, prompt, messages, follow,
+                           opens=(policy,) if ephemeral else None)
 
     def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-                    messages: list[dict[str, Any]] | None = None, chunks: bool = False) -> Any:
+                    messages: list[dict[str, Any]] | None = None, chunks: bool = False,
+                    opens: tuple[SessionPolicy | None] | None = None) -> Any:
         """The backend's streaming generator of one request (tokens, or with ``chunks`` lists of
-        them, then the ``Generation``); ``prompt`` / ``messages``: appended first, in the same call."""
+        them, then the ``Generation``); ``prompt`` / ``messages``: appended first, in the same call;
+        ``opens``: an ephemeral session of that policy, opened and closed by the call."""
         lease = None if self._lease is None else [self._lease]  # in a list: handed over, not resolved
+        options: dict[str, Any] = {"lease": lease}
         if chunks:
-            return self._handle().stream.remote(session_id, request, request_id, prompt, messages, lease=lease,
-                                                chunks=True)
-        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, lease=lease)
+            options["chunks"] = True
+        if opens is not None:
+            options["ephemeral"], options["policy"] = True, opens[0]
+        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, **options)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:
@@ -250,6 +258,7 @@ class _StreamState:
     left: bool = False  # its caller left it: nothing more is handed out
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     handed: list[int] = field(default_factory=list)  # the tokens handed out, that a repeat must give again
+    opens: tuple[SessionPolicy | None] | None = None  # an ephemeral session the call opens (of this policy)
 
 
 # this driver's latest stream of each session, while something holds it
@@ -282,8 +291,9 @@ class TokenStream:
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
                  prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
-                 follow: Follow | None = None) -> None:
-        self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow)
+                 follow: Follow | None = None, opens: tuple[SessionPolicy | None] | None = None) -> None:
+        self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow,
+                                   opens=opens)
         self._tokens: Generator[int, None, None] | None = None
         self._chunks: Generator[list[int], None, None] | None = None
         with _streams_lock:
@@ -358,7 +368,7 @@ def _run(state: _StreamState, chunks: bool) -> Generator[list[int], None, None]:
                         return
                     state.sent = True
                 for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
-                                               state.messages, chunks=chunks):
+                                               state.messages, chunks=chunks, opens=state.opens):
                     item = answer(ref)
                     if isinstance(item, Generation):
                         state.generation = item
@@ -438,6 +448,8 @@ def _cancel(state: _StreamState, keep: int) -> None:
         if state.generation is None:  # (the reader of another thread may have had it from the backend)
             state.generation = generation
     except Exception as exc:  # the stream was left: its caller has nothing to receive an error
+        if isinstance(exc, UnknownSessionError) and state.opens is not None:
+            return  # an ephemeral session is closed by its call as it ends
         logging.getLogger("kvres.cluster").warning(
             "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, keep,
             type(exc).__name__, exc)

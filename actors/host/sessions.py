@@ -77,6 +77,7 @@ class HostSession:
     layouts: dict[int, tuple[Range, ...]] = field(default_factory=dict)  # log length -> resident, at commits
     mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
     touched_at: float = field(default_factory=time.monotonic)  # its last call came or ended (retention's clock)
+    ephemeral: bool = False  # opened for one call and closed by it: never in the journal
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
         """What was resident when the log was ``log_length`` long (a rollback there restores it)."""

@@ -270,8 +270,8 @@ class BackendServer:
     @_method("calls", streaming=True)
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
-               lease: list[ray.ObjectRef[bytes]] | None = None,
-               chunks: bool = False) -> Iterator[int | list[int] | Generation]:
+               lease: list[ray.ObjectRef[bytes]] | None = None, chunks: bool = False, ephemeral: bool = False,
+               policy: SessionPolicy | None = None) -> Iterator[int | list[int] | Generation]:
         """One object per token (``chunks``: per list of the tokens out when the last was taken,
         ``TokenStream.next_chunk``), then the ``Generation`` (why it ended). Each yield returns once
         the driver took its object (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
@@ -280,9 +280,11 @@ class BackendServer:
         only the tokens it yielded: the generator closed (by Ray too, when the driver that called
         dies), or the driver gone (``lease``: an object the driver owns; Ray reports its owner's
         death to whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt``
-        (tokens) or ``messages`` (a chat turn): appended first, in the same call."""
+        (tokens) or ``messages`` (a chat turn): appended first, in the same call. ``ephemeral``: a
+        stateless turn, its session (of ``policy``) opened and closed by this call, never journaled."""
         with self._call("stream") as t0:
-            stream = self.host.stream(session_id, request, request_id, prompt, messages)
+            stream = self.host.stream(session_id, request, request_id, prompt, messages, ephemeral=ephemeral,
+                                      policy=policy)
             read: Callable[[], list[int]] = stream.next_chunk if chunks else lambda: [next(stream)]
             yielded = 0
             checked = time.monotonic()

@@ -14,8 +14,9 @@ Primitives:
 - ``Service.session(session_id, tenant, owner=None) -> Session``: an open session the caller's
   tenant owns (``owner``: what the session's lease said of its owner, when one is held);
   ``Service.claim(session_id, tenant)``: a session this front opened or forked is ``tenant``'s.
-- ``Service.stateless(model, backend, tenant=None) -> (Session, ExitStack)``: a session opened for one
-  request and closed when the stack closes.
+- ``Service.stateless(model, backend, tenant=None, one_call=False) -> (Session, ExitStack)``: a
+  session opened for one request and closed when the stack closes; with ``one_call`` (a turn that
+  is one streamed call) an ``EphemeralSession``, which that call opens and closes on the backend.
 - ``Service.bound(model, backend, session_id, tenant=None) -> (Session, ExitStack)``: the named session
   (opened with that id on first use), held under its lease until the stack closes; another request
   on it meanwhile is refused (409). A session of another model than the one asked is a 400. The
@@ -32,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from kvres.actors.config import SessionPolicy
 from kvres.coldstore import validate_session_id
 from kvres.policy import UnknownSessionError
 
@@ -108,8 +112,15 @@ class Service:
             raise OtherTenantsSessionError(session_id)
         return session
 
-    def stateless(self, model: ServedModel, backend: str | None,
-                  tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
+    def stateless(self, model: ServedModel, backend: str | None, tenant: str | None = None,
+                  one_call: bool = False) -> tuple[Session, contextlib.ExitStack]:
+        """``one_call``: the turn is one streamed call (``turns.one_call``): its session is ephemeral,
+        opened and closed by that call on the backend (no journal record, no directory entry, no
+        planner call: ``backend``, else the model's backend, one at random where it has several)."""
+        if one_call:
+            policy = None if tenant is None else self.manager.config.default_policy.with_retention(tenant=tenant)
+            name = backend or random.choice(model.backends)
+            return EphemeralSession(self.manager, f"once-{uuid.uuid4().hex}", name, policy), contextlib.ExitStack()
         stack = contextlib.ExitStack()
         session = self._open(model, backend, None, tenant)  # no other request can name it: not claimed
         stack.callback(self.close_quietly, session)
@@ -168,6 +179,15 @@ class Service:
             pass
         except Exception as exc:  # the answer is on its way: a session left open is logged, not raised
             log.warning("closing session %r failed: %s: %s", session.session_id, type(exc).__name__, exc)
+
+
+class EphemeralSession(Session):
+    """A stateless turn's session: its one stream opens it on the backend (with ``policy``) and
+    closes it as it ends; nothing else is sent for it."""
+
+    def __init__(self, manager: SessionManager, session_id: str, backend: str, policy: SessionPolicy | None) -> None:
+        super().__init__(manager, session_id, backend)
+        self._opens = (policy,)
 
 
 class RememberedSession(Session):

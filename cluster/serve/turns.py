@@ -11,6 +11,8 @@ Primitives:
   after a token that keeps llama.cpp from dropping the first token's leading space; by ``decode``,
   the model's vocabulary in this process, else by the backend).
 - ``run_turn(session, prompt, plan, anchor) -> TurnOutcome``: blocking, the whole reply at once.
+- ``one_call(prompt, anchor) -> bool``: whether a streamed turn is one call to the backend (then a
+  stateless one runs on an ephemeral session, ``Service.stateless(one_call=True)``).
 - ``StreamingTurn(service, session, stack, prompt, plan, started, anchor)`` (``start_streaming``
   makes and starts one): ``start()`` (blocking: the prompt appended and the first token pulled, so
   that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
@@ -41,6 +43,7 @@ from kvres.actors.generation import Generation
 from ..session_handle import Session
 from .metrics import TOKEN_GAP_BUCKETS, Histogram
 from .sampling_fields import GenerationPlan
+from .service import EphemeralSession
 from .text_deltas import TextDeltas
 
 if TYPE_CHECKING:
@@ -71,6 +74,13 @@ class TurnOutcome:
     @property
     def completion_tokens(self) -> int:
         return len(self.tokens)
+
+
+def one_call(prompt: Prompt, anchor: int | None) -> bool:
+    """Whether a streamed turn is one call to the backend (the prompt appended in it): where the
+    model has a control token to decode the reply after, and the prompt is messages or token ids
+    (text is tokenized by an append of its own)."""
+    return anchor is not None and not isinstance(prompt.raw, str)
 
 
 def openai_finish(kvres_finish: str) -> str:
@@ -191,7 +201,7 @@ class StreamingTurn:
         between the two); the log's length is read after the reply, off the path to the first
         token."""
         plan, session, prompt = self.plan, self.session, self.prompt
-        if self.anchor is None or isinstance(prompt.raw, str):  # text is tokenized by the append
+        if self.anchor is None or isinstance(prompt.raw, str):  # not one_call: text is tokenized by the append
             self.appended = _append(session, prompt)
             self._in_context = _in_context(session, None, self.decode)
             self._stream = session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
@@ -270,6 +280,8 @@ class StreamingTurn:
                     self._pending.result()  # the token being pulled: the stream is not ours to close before
             if self._stream is not None and not self.completed:
                 self._stream.close()  # commits the tokens pulled; those whose text was not sent go below
+                if isinstance(self.session, EphemeralSession):
+                    return  # closed by its call as it ended
                 held = len(self.session.tokens())
                 keep = held - self._stream.delivered + self.sent_tokens
                 if held > keep:

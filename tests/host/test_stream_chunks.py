@@ -70,3 +70,27 @@ def test_a_stream_read_in_chunks_and_left_keeps_what_it_handed_out(tmp_path: Pat
     stream.close()  # the tokens it handed out: both chunks, not those the job ran ahead
     assert host.tokens("s") == PROMPT + got
     assert stream.generation is not None and stream.generation.finish_reason == "cancelled"
+
+
+def test_an_ephemeral_stream_opens_and_closes_its_session_in_the_call_and_journals_nothing(tmp_path: Path) -> None:
+    """A stateless turn (``stream(..., ephemeral=True)``): the session is opened by the call, never
+    written to the journal, and closed once the stream ends, read to its end or left."""
+    host = _host(tmp_path)
+    host.open_session("twin")
+    host.append("twin", PROMPT)
+    want = list(host.generate("twin", 12))
+    journal = host._ctx.journal
+    stream = host.stream("once", 12, prompt=PROMPT, ephemeral=True)
+    got = stream.next_chunk()
+    assert "once" in host.sessions() and journal.load("once") is None  # open, and not in the journal
+    while True:
+        try:
+            got += stream.next_chunk()
+        except StopIteration:
+            break
+    assert got == want and "once" not in host.sessions() and journal.load("once") is None
+    assert stream.generation is not None and list(stream.generation) == want
+    left = host.stream("left", 40, prompt=PROMPT, ephemeral=True)
+    next(left)
+    left.close()
+    assert "left" not in host.sessions() and journal.load("left") is None
