@@ -232,11 +232,12 @@ def test_a_prompt_past_what_a_session_holds_is_a_400_and_a_reply_stops_there(ser
 def test_a_stateless_streamed_turn_runs_on_an_ephemeral_session_no_directory_lists(server) -> None:
     """Without an X-Session-Id a streamed chat turn is one call to the backend on an ephemeral
     session, opened and closed by that call: while it streams, no session of it is in the
-    directory the sessions routes list (nor afterwards)."""
+    directory the sessions routes list (nor afterwards). (A long reply: the connection's buffers
+    would take a short one whole before the listing is asked for.)"""
     http = server.http()
     before = {s["id"] for s in http.get("/v1/sessions").json()["data"]}
     body = {"model": server.model, "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True, **TEXT_ONLY}
+            "max_tokens": 1900, "temperature": 0, "ignore_eos": True, "stream": True, **TEXT_ONLY}
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200, r.read()
         lines = r.iter_lines()
