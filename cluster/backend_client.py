@@ -14,7 +14,8 @@ Primitives:
   ``suspend``, ``resume``,
   ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``.
 - ``TokenStream``: the tokens of a streaming generate (the backend runs at most
-  ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out); ``generation``
+  ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out), one Ray object
+  per token, or per list of them read through ``chunks()``; ``generation``
   once it ended; a context manager. Leaving it early (``close()``, the end of a ``with`` block,
   dropping it, or ``end_stream``) commits only what it handed out.
 - ``end_stream(session_id, only=None)``: ends this driver's unfinished stream of the session (only
@@ -36,7 +37,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,7 +47,7 @@ from ray.exceptions import ActorUnschedulableError, RayActorError
 from kvres.actors.config import SessionPolicy
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.journal import SessionRecord
-from kvres.policy import SessionExistsError, UnknownSessionError
+from kvres.policy import ArgumentError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, NodeLostError
 
 from .remote_calls import answer, call
@@ -142,17 +143,28 @@ class BackendClient:
         return answer_
 
     def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-               messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None) -> TokenStream:
+               messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None,
+               ephemeral: bool = False, policy: SessionPolicy | None = None) -> TokenStream:
         """``follow``: where the session went when this backend does not know it (its handle's
-        ``_followed``): the stream starts there instead, once, before any token."""
-        return TokenStream(self, session_id, request, request_id, prompt, messages, follow)
+        ``_followed``): the stream starts there instead, once, before any token. ``ephemeral``: a
+        stateless turn: the backend opens the session (``policy``) in the call and closes it when
+        the stream ends (no journal record, no directory entry)."""
+        return TokenStream(self, session_id, request, request_id, prompt, messages, follow,
+                           opens=(policy,) if ephemeral else None)
 
     def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
-                    messages: list[dict[str, Any]] | None = None) -> Any:
-        """The backend's streaming generator of one request (tokens, then the ``Generation``);
-        ``prompt`` / ``messages``: appended first, in the same call."""
+                    messages: list[dict[str, Any]] | None = None, chunks: bool = False,
+                    opens: tuple[SessionPolicy | None] | None = None) -> Any:
+        """The backend's streaming generator of one request (tokens, or with ``chunks`` lists of
+        them, then the ``Generation``); ``prompt`` / ``messages``: appended first, in the same call;
+        ``opens``: an ephemeral session of that policy, opened and closed by the call."""
         lease = None if self._lease is None else [self._lease]  # in a list: handed over, not resolved
-        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, lease=lease)
+        options: dict[str, Any] = {"lease": lease}
+        if chunks:
+            options["chunks"] = True
+        if opens is not None:
+            options["ephemeral"], options["policy"] = True, opens[0]
+        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, **options)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:
@@ -246,6 +258,7 @@ class _StreamState:
     left: bool = False  # its caller left it: nothing more is handed out
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     handed: list[int] = field(default_factory=list)  # the tokens handed out, that a repeat must give again
+    opens: tuple[SessionPolicy | None] | None = None  # an ephemeral session the call opens (of this policy)
 
 
 # this driver's latest stream of each session, while something holds it
@@ -267,18 +280,22 @@ def end_stream(session_id: str, only: TokenStream | None = None) -> None:
 class TokenStream:
     """Tokens as the backend produces them (a Ray streaming generator), at most ``STREAM_AHEAD``
     ahead of what it handed out (the backend waits for its reader); ``generation`` (why it ended)
-    once it has. Leaving it early (``close()``, a ``with`` block's end, dropping it, or the next
-    call of the session through its handle: ``end_stream``) ends the call on the backend with only
-    the tokens handed out committed. After a backend death the request is sent again once the
-    backend is back: the same sampler and seed give the same tokens, and those already handed out
-    are skipped; where the repeat gives other ones (the session's KV recomputed inexactly) the
-    stream ends with ``BackendLostError`` (``_diverged``)."""
+    once it has. Iterated, it hands out one token per Ray object; ``chunks()`` hands out lists
+    instead, each every token the backend had out when the last list was taken, one Ray object
+    each (read one way or the other). Leaving it early (``close()``, a ``with`` block's end,
+    dropping it, or the next call of the session through its handle: ``end_stream``) ends the call
+    on the backend with only the tokens handed out committed. After a backend death the request is
+    sent again once the backend is back: the same sampler and seed give the same tokens, and those
+    already handed out are skipped; where the repeat gives other ones (the session's KV recomputed
+    inexactly) the stream ends with ``BackendLostError`` (``_diverged``)."""
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
                  prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
-                 follow: Follow | None = None) -> None:
-        self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow)
-        self._tokens = _run(self._state)
+                 follow: Follow | None = None, opens: tuple[SessionPolicy | None] | None = None) -> None:
+        self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow,
+                                   opens=opens)
+        self._tokens: Generator[int, None, None] | None = None
+        self._chunks: Generator[list[int], None, None] | None = None
         with _streams_lock:
             _streams[session_id] = self
 
@@ -286,7 +303,21 @@ class TokenStream:
         return self
 
     def __next__(self) -> int:
+        if self._tokens is None:
+            if self._chunks is not None:
+                raise ArgumentError("this stream is read in chunks (chunks()); read it on that way")
+            self._tokens = _tokens_of(_run(self._state, chunks=False))
         return next(self._tokens)
+
+    def chunks(self) -> Iterator[list[int]]:
+        """The tokens in lists, one Ray object each: every token the backend had out when the last
+        list was taken (it runs at most ``STREAM_AHEAD`` tokens past what was handed out). A list
+        handed out counts whole in what the stream handed out."""
+        if self._chunks is None:
+            if self._tokens is not None:
+                raise ArgumentError("this stream is read token by token; read it on that way")
+            self._chunks = _run(self._state, chunks=True)
+        return self._chunks
 
     def __enter__(self) -> TokenStream:
         return self
@@ -310,11 +341,22 @@ class TokenStream:
         """Leave the stream: the backend keeps (commits) only the tokens handed out so far. From
         another thread than the one reading it, that reader gets no more tokens."""
         _leave(self._state)
-        with contextlib.suppress(ValueError):  # being read in another thread: it stops at its next token
-            self._tokens.close()
+        for reader in (self._tokens, self._chunks):
+            if reader is not None:
+                with contextlib.suppress(ValueError):  # being read in another thread: it stops at its next token
+                    reader.close()
 
 
-def _run(state: _StreamState) -> Generator[int, None, None]:
+def _tokens_of(chunks: Generator[list[int], None, None]) -> Generator[int, None, None]:
+    """One token per list (a stream read token by token gets one token per Ray object)."""
+    try:
+        for chunk in chunks:
+            yield chunk[0]
+    finally:
+        chunks.close()
+
+
+def _run(state: _StreamState, chunks: bool) -> Generator[list[int], None, None]:
     client = state.client = state.client.routed(state.session_id)
     attempt, followed = 1, False
     try:
@@ -326,25 +368,31 @@ def _run(state: _StreamState) -> Generator[int, None, None]:
                         return
                     state.sent = True
                 for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
-                                               state.messages):
+                                               state.messages, chunks=chunks, opens=state.opens):
                     item = answer(ref)
                     if isinstance(item, Generation):
                         state.generation = item
                         continue
-                    produced += 1
-                    if produced > state.delivered:
-                        with state.lock:
-                            left, kept = state.left, state.delivered
-                            if not left:
-                                state.delivered = produced
-                                state.handed.append(int(item))
-                        if left:  # by another thread; where the backend did not have the call yet, now it has
-                            if state.generation is None:
-                                _cancel(state, kept)
-                            return
-                        yield int(item)
-                    elif int(item) != state.handed[produced - 1]:
-                        _diverged(state, client.name, produced - 1)
+                    got = [int(t) for t in item] if isinstance(item, list) else [int(item)]
+                    new: list[int] = []
+                    for token in got:
+                        produced += 1
+                        if produced > state.delivered:
+                            new.append(token)
+                        elif token != state.handed[produced - 1]:
+                            _diverged(state, client.name, produced - 1)
+                    if not new:
+                        continue
+                    with state.lock:
+                        left, kept = state.left, state.delivered
+                        if not left:
+                            state.delivered += len(new)
+                            state.handed.extend(new)
+                    if left:  # by another thread; where the backend did not have the call yet, now it has
+                        if state.generation is None:
+                            _cancel(state, kept)
+                        return
+                    yield new
                 return
             except UnknownSessionError:
                 moved = None if followed or state.delivered or state.follow is None else state.follow()
@@ -400,6 +448,8 @@ def _cancel(state: _StreamState, keep: int) -> None:
         if state.generation is None:  # (the reader of another thread may have had it from the backend)
             state.generation = generation
     except Exception as exc:  # the stream was left: its caller has nothing to receive an error
+        if isinstance(exc, UnknownSessionError) and state.opens is not None:
+            return  # an ephemeral session is closed by its call as it ends
         logging.getLogger("kvres.cluster").warning(
             "session %r: leaving a stream after %d tokens failed (%s: %s)", state.session_id, keep,
             type(exc).__name__, exc)

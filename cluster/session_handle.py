@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kvres.actors.chat_template import messages_of
+from kvres.actors.config import SessionPolicy
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.sampling import SamplingParams
 from kvres.policy import ArgumentError, KvresError, RangeError, UnknownSessionError
@@ -62,6 +63,10 @@ class SessionManager(Protocol):
 
 
 class Session:
+    # an ephemeral session (the HTTP front's stateless turn): (its policy,) where its one stream
+    # opens it on the backend and closes it as it ends; None for a session opened on its own
+    _opens: tuple[SessionPolicy | None] | None = None
+
     def __init__(self, manager: SessionManager, session_id: str, backend: str) -> None:
         self._manager = manager
         self.session_id = session_id
@@ -158,7 +163,10 @@ class Session:
         given = _prompt(prompt)
         self._end_stream()
         return self._made(self._backend.stream(self.session_id, request, uuid.uuid4().hex, given,
-                                               follow=self._followed))
+                                               follow=self._followed, **self._opening()))
+
+    def _opening(self) -> dict[str, Any]:
+        return {} if self._opens is None else {"ephemeral": True, "policy": self._opens[0]}
 
     def _made(self, stream: TokenStream) -> TokenStream:
         self._stream = weakref.ref(stream)
@@ -175,7 +183,7 @@ class Session:
         checked = [m.model_dump() for m in messages_of(messages)]
         self._end_stream()
         return self._made(self._backend.stream(self.session_id, request, uuid.uuid4().hex, messages=checked,
-                                               follow=self._followed))
+                                               follow=self._followed, **self._opening()))
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, temperature: float = 0.0,
              seed: int | None = None, *, stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),

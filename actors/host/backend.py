@@ -16,7 +16,9 @@ Primitives:
   and step loop, pending calls failing with ``LoopStoppedError``) and its engine is freed.
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
   commit; the first token comes in the step after the prompt's last chunk); ``stream`` takes a
-  chat turn's ``messages`` instead. ``stream`` / ``chat_stream`` return a ``TokenStream``: its job
+  chat turn's ``messages`` instead, and ``ephemeral=True`` (with a ``policy``) for a stateless turn:
+  its session opened in the call, never written to the journal, closed when the stream ends or is
+  left. ``stream`` / ``chat_stream`` return a ``TokenStream``: its job
   runs at most ``STREAM_AHEAD`` tokens past what its reader took and is committed once the reader
   took them all; ``close()`` leaves it, keeping what it handed out. The operations a backend
   serves are declared once, in ``kvres.actors.host.backend_surface`` (``BackendSurface``), and
@@ -52,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from kvres.policy import SessionExistsError
+from kvres.policy import SessionExistsError, UnknownSessionError
 from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, plan_backend
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.recall import RecallCosts
@@ -91,31 +93,59 @@ if TYPE_CHECKING:
 
 
 class TokenStream:
-    """A streaming generate: iterate for its tokens; ``generation`` is its answer once it ended. A
+    """A streaming generate: iterate for its tokens (or ``next_chunk()`` for every token out by
+    then, in one list: read one way or the other); ``generation`` is its answer once it ended. A
     token counts as read when the reader asks for the next one (the Ray shell asks once its driver
     took it): the job runs at most ``STREAM_AHEAD`` tokens past what was read, and is committed
     once every token was read. ``close(keep=None)`` (or leaving a ``with`` block) ends the call
     with only its first ``keep`` tokens committed (what it handed out when None)."""
 
-    def __init__(self, job: Job, wake: Callable[[], None], leave: Callable[[int], object]) -> None:
+    def __init__(self, job: Job, wake: Callable[[], None], leave: Callable[[int], object],
+                 ended: Callable[[], None] | None = None) -> None:
         self.job = job
         self._tokens = job.tokens()
+        self._chunks = job.chunks()
         self._wake = wake  # the step loop's: a job waiting for its reader goes on
         self._leave = leave
+        self._ended = ended  # called once the stream ended, read to its end or left (an ephemeral session closed)
         self.handed_out = 0
-        self._unread = False  # the token handed out last is not counted read until the next is asked for
+        self._unread = 0  # the tokens handed out last are not counted read until more are asked for
 
     def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
-        if self._unread:
-            self._unread = False
-            self.job.took(self._wake)
-        token = next(self._tokens)
+        self._count_read()
+        try:
+            token = next(self._tokens)
+        except BaseException:
+            self._end()
+            raise
         self.handed_out += 1
-        self._unread = True
+        self._unread = 1
         return token
+
+    def next_chunk(self) -> list[int]:
+        """Every token out by now (waiting for the first), in one list; ``StopIteration`` at the end."""
+        self._count_read()
+        try:
+            chunk = next(self._chunks)
+        except BaseException:
+            self._end()
+            raise
+        self.handed_out += len(chunk)
+        self._unread = len(chunk)
+        return chunk
+
+    def _end(self) -> None:
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            ended()
+
+    def _count_read(self) -> None:
+        if self._unread:
+            self.job.took(self._wake, self._unread)
+            self._unread = 0
 
     def __enter__(self) -> TokenStream:
         return self
@@ -126,8 +156,11 @@ class TokenStream:
     def close(self, keep: int | None = None) -> None:
         """Leave the stream: the call ends now with its first ``keep`` tokens (all it handed out
         when None) committed (``BackendHost.cancel``); nothing happens once it has ended."""
-        if not self.job.done:
-            self._leave(self.handed_out if keep is None else keep)
+        try:
+            if not self.job.done:
+                self._leave(self.handed_out if keep is None else keep)
+        finally:
+            self._end()
 
     @property
     def generation(self) -> Generation | None:
@@ -257,12 +290,17 @@ class BackendHost:
 
     # -- session lifecycle ----------------------------------------------------------------------
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
+        self._open(session_id, policy)
+
+    def _open(self, session_id: str, policy: SessionPolicy | None, ephemeral: bool = False) -> None:
+        """``ephemeral``: for one call, which closes it; never in the journal (not looked for there)."""
         ctx = self._ctx
         policy = self._policy_here(policy)
         with ctx.lock:
-            if session_id in ctx.sessions or ctx.journal.load(session_id) is not None:
+            if session_id in ctx.sessions or (not ephemeral and ctx.journal.load(session_id) is not None):
                 raise SessionExistsError(session_id)
             s = ctx.new_session(policy)
+            s.ephemeral = ephemeral
             self._kv.check_policy(policy, s.residency)
             try:
                 self._pressure.make_room({}, newcomer=session_id)
@@ -470,17 +508,34 @@ class BackendHost:
     def stream(
         self, session_id: str, request: int | GenerationRequest, request_id: str | None = None,
         prompt: Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None, *,
-        temperature: float = 0.0, seed: int | None = None,
+        temperature: float = 0.0, seed: int | None = None, ephemeral: bool = False,
+        policy: SessionPolicy | None = None,
     ) -> TokenStream:
         """Tokens as they are produced, at most ``STREAM_AHEAD`` past what its reader took;
         committed once the reader took them all (or, when it is left, up to what ``cancel`` /
         ``TokenStream.close`` says was delivered). ``prompt``: tokens appended first, in the same
         call; ``messages``: a chat turn instead (``chat_stream``). ``temperature`` / ``seed``: the
-        sampling of a ``request`` given as just ``max_tokens`` (without ``messages``)."""
+        sampling of a ``request`` given as just ``max_tokens`` (without ``messages``).
+        ``ephemeral``: a stateless turn: the session is opened here (with ``policy``), never
+        written to the journal, and closed when the stream ends or is left."""
+        if ephemeral:
+            self._open(session_id, policy, ephemeral=True)
+            try:
+                stream = self.stream(session_id, request, request_id, prompt, messages, temperature=temperature,
+                                     seed=seed)
+            except BaseException:
+                self._ctx.close(session_id)
+                raise
+            stream._ended = functools.partial(self._close_ephemeral, session_id)
+            return stream
         if messages is not None:
             return self.chat_stream(session_id, messages, request, request_id)
         return self._stream_of(self._generate_job(session_id, request, temperature, seed, True, request_id, prompt,
                                                   ahead=STREAM_AHEAD))
+
+    def _close_ephemeral(self, session_id: str) -> None:
+        with contextlib.suppress(UnknownSessionError):  # closed meanwhile (the backend shutting down)
+            self._ctx.close(session_id)
 
     def _stream_of(self, job: Job) -> TokenStream:
         return TokenStream(job, self._loop.poke, lambda keep: self.cancel(job.session_id, job.request_id, keep))

@@ -9,7 +9,8 @@ Primitives:
   ``BackendClient`` (``cluster/backend_client.py``) are each checked against it by mypy, in their
   own module (``make typecheck``). A class may take more than the declaration: a wider type, a
   default, or a parameter of its own after the declared ones, keyword-only or defaulted (the host's
-  ``temperature`` / ``seed``, the shell's stream ``lease``, the client's ``follow``, ``once``,
+  ``temperature`` / ``seed``, the shell's stream ``lease`` and ``chunks``, the stream's
+  ``ephemeral`` / ``policy`` of a stateless turn in all three, the client's ``follow``, ``once``,
   ``retry_ok``).
 - The type parameters are what differs by nature. ``StreamT``: what ``stream`` hands back (the
   host's ``TokenStream`` of a job, the shell's generator of tokens then the ``Generation``, the

@@ -129,7 +129,8 @@ class HostContext:
             if self.store is not None:
                 self.store.release(s.cold + ([] if s.live else s.record.blocks))
             del self.sessions[session_id]
-            self.journal.delete(session_id)
+            if not s.ephemeral:
+                self.journal.delete(session_id)
             self.metrics.set_resident(self.name, session_id, 0)
             self.publish()
             self.jobs.poke()

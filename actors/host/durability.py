@@ -51,19 +51,22 @@ class Durability:
         later: bool = False,
     ) -> SessionRecord:
         """Write the session's record to the journal (``backend`` overrides who serves it: ""
-        while it moves); a call's commit also records its request id and result."""
+        while it moves; an ephemeral session's is kept in memory only); a call's commit also
+        records its request id and result."""
         record = self.snapshot(session_id)
         if request_id is not None:
             record.request_id, record.result = request_id, result
         if backend is not None:
             record.backend = backend
-        if later:
+        s = self.ctx.sessions[session_id]
+        if s.ephemeral:
+            pass  # opened for one call, closed by it: its record is kept in memory only
+        elif later:
             self.ctx.journal.save_later(record)
         else:
             started = time.perf_counter()
             self.ctx.journal.save(record)
             self.ctx.jobs.profile.commit_s += time.perf_counter() - started
-        s = self.ctx.sessions[session_id]
         s.committed = record
         if s.state is SessionState.PREEMPTED:  # what its call did is committed: simply suspended now
             s.park(s.record)

@@ -2,7 +2,8 @@
 
 Primitives:
 - ``Job``: one ``append`` (tokens still to feed) or ``generate`` (tokens still to produce, with its
-  own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes,
+  own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes
+  (``chunks()``: in lists, each every token out by then),
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
   generate job produced. A streamed generate given ``ahead`` (``STREAM_AHEAD``: backpressure)
   produces at most that many tokens past what its reader took (``took``), and is committed only
@@ -179,9 +180,10 @@ class Job:
         self.held = behind >= self.ahead or (self.remaining <= 0 and behind > 0)
         return self.held
 
-    def took(self, wake: Callable[[], None]) -> None:
-        """Its reader took one more token: ``wake`` (the loop) where a step left the job waiting for it."""
-        self.read += 1
+    def took(self, wake: Callable[[], None], count: int = 1) -> None:
+        """Its reader took ``count`` more tokens: ``wake`` (the loop) where a step left the job
+        waiting for it."""
+        self.read += count
         if self.held:
             wake()
 
@@ -213,6 +215,28 @@ class Job:
                 break
             assert isinstance(item, int)
             yield item
+        if self.error is not None:
+            raise self.error
+
+    def chunks(self) -> Iterator[list[int]]:
+        """What ``tokens()`` yields, in lists: each holds every token out when it is taken (it
+        waits for the first)."""
+        ended = False
+        while not ended:
+            chunk: list[int] = []
+            item = self._out.get()
+            while True:
+                if item is _END:
+                    ended = True
+                    break
+                assert isinstance(item, int)
+                chunk.append(item)
+                try:
+                    item = self._out.get_nowait()
+                except queue.Empty:
+                    break
+            if chunk:
+                yield chunk
         if self.error is not None:
             raise self.error
 

@@ -80,6 +80,7 @@ class HostSession:
     mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
     touched_at: float = field(default_factory=time.monotonic)  # its last call came or ended (retention's clock)
     prefix_break: dict[str, Any] | None = None  # where its last chat render left its log (the next reply says)
+    ephemeral: bool = False  # opened for one call and closed by it: never in the journal
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
         """What was resident when the log was ``log_length`` long (a rollback there restores it)."""

@@ -14,7 +14,8 @@ Primitives:
   freezes the heap it started with (``heap.freeze_startup_heap``), and forwards to its host the
   operations ``kvres.actors.host.backend_surface.BackendSurface`` declares (mypy checks this class
   against it): ``open_session``, ``append``, ``append_text``, ``generate``, ``stream`` (a Ray
-  streaming generator: one object per token, each yield returning once the driver took it),
+  streaming generator: one object per token, or with ``chunks`` per list of the tokens out by
+  then, each yield returning once the driver took it),
   ``chat``, ``append_messages``, ``cancel``, ``tokens``, ``truncate``, ``fork``, ``export``,
   ``restore``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``tokenize``,
   ``detokenize``; and ``stats``, ``ping``, ``pid``.
@@ -269,30 +270,40 @@ class BackendServer:
     @_method("calls", streaming=True)
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
-               lease: list[ray.ObjectRef[bytes]] | None = None) -> Iterator[int | Generation]:
-        """One object per token, then the ``Generation`` (why it ended). Each yield returns once
-        the driver took its token (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
-        count it read, so the host's job runs at most ``STREAM_AHEAD`` tokens past the driver and
-        is committed once the driver took them all. A stream its consumer leaves keeps only the
-        tokens it yielded: the generator closed (by Ray too, when the driver that called dies), or
-        the driver gone (``lease``: an object the driver owns; Ray reports its owner's death to
-        whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt`` (tokens)
-        or ``messages`` (a chat turn): appended first, in the same call."""
+               lease: list[ray.ObjectRef[bytes]] | None = None, chunks: bool = False, ephemeral: bool = False,
+               policy: SessionPolicy | None = None) -> Iterator[int | list[int] | Generation]:
+        """One object per token (``chunks``: per list of the tokens out when the last was taken,
+        ``TokenStream.next_chunk``), then the ``Generation`` (why it ended). Each yield returns once
+        the driver took its object (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
+        count its tokens read, so the host's job runs at most ``STREAM_AHEAD`` tokens past the
+        driver and is committed once the driver took them all. A stream its consumer leaves keeps
+        only the tokens it yielded: the generator closed (by Ray too, when the driver that called
+        dies), or the driver gone (``lease``: an object the driver owns; Ray reports its owner's
+        death to whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt``
+        (tokens) or ``messages`` (a chat turn): appended first, in the same call. ``ephemeral``: a
+        stateless turn, its session (of ``policy``) opened and closed by this call, never journaled."""
         with self._call("stream") as t0:
-            stream = self.host.stream(session_id, request, request_id, prompt, messages)
+            stream = self.host.stream(session_id, request, request_id, prompt, messages, ephemeral=ephemeral,
+                                      policy=policy)
+            read: Callable[[], list[int]] = stream.next_chunk if chunks else lambda: [next(stream)]
             yielded = 0
             checked = time.monotonic()
             name, last = self.host.name, t0
             try:
-                for token in stream:
+                while True:
+                    try:
+                        got = read()
+                    except StopIteration:
+                        break
                     now = time.perf_counter()
                     if yielded:
-                        self.metrics.observe_token_gap(name, now - last)
+                        for _ in got:  # a chunk's tokens came over the gap since the last one
+                            self.metrics.observe_token_gap(name, (now - last) / len(got))
                     else:
                         self.metrics.observe_first_token(name, "stream", now - t0)
                     last = now
-                    yield token
-                    yielded += 1
+                    yield got if chunks else got[0]
+                    yielded += len(got)
                     if lease and time.monotonic() - checked > LEASE_CHECK_S:
                         checked = time.monotonic()
                         if not driver_alive(lease[0]):
@@ -399,7 +410,7 @@ class BackendServer:
 
 
 if TYPE_CHECKING:
-    def _declared(server: BackendServer) -> BackendSurface[Iterator[int | Generation], tuple[str, int]]:
+    def _declared(server: BackendServer) -> BackendSurface[Iterator[int | list[int] | Generation], tuple[str, int]]:
         return server  # mypy checks the shell's operations against their declaration
 
 

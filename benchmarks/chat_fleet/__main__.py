@@ -5,7 +5,8 @@ Run: ``.venv/bin/python -m benchmarks.chat_fleet --config engine-free|realistic-
 [--reply-tokens N] [--repeats 3] [--threads 2] [--cache-ram-mib 4096] [--kv-layout split|unified]
 [--sides kvres,llama-server] [--model PATH] [--out DIR]`` (also ``python -m benchmarks.serve --peer
 llama-server ...`` and ``python -m benchmarks.fleet --http ...``). Needs ``make peers`` once.
-Writes ``chat_fleet-<config>.json`` and ``.png`` into DIR (default benchmarks/results).
+Writes ``chat_fleet-<config>.json`` and ``.png`` into DIR (default benchmarks/results); each kvres
+run prints (and keeps, as ``hops``) its per-hop profile (``benchmarks.chat_fleet.hops``).
 
 Both servers run at once on the same GGUF (the shared stories260K model with a chat template
 added, or ``benchmarks.realistic_model``'s shape with ``CHAT_TEMPLATE``): ``kvres serve`` (one
@@ -32,6 +33,7 @@ from typing import Any
 from benchmarks.peers import LlamaServer, llama_server_path
 
 from .driver import run_side
+from .hops import hop_table
 from .report import compare, plot, pooled
 from .sides import ChatModel, KvresServe, llama_server_flags, peer_side, prepare_model
 from .workload import PRESETS, ChatWorkload, Conversation, build_conversations, words
@@ -102,6 +104,8 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
                     other = next((sides[o] for o in sides if o != name), None)
                     runs[name].append(run_side(sides[name], other, w, conversations))
                     _print_run(repeat, runs[name][-1])
+                    if "hops" in runs[name][-1]:
+                        print(hop_table(runs[name][-1]["hops"]), flush=True)
         finally:
             if peer is not None:
                 peer.stop()

@@ -18,7 +18,9 @@ Primitives:
   client's conversations' turns one after another; the CPU seconds of both sides' process trees
   over the timed part (/proc), the turns' timings and token counts. Bound sides (kvres) carry each
   conversation's ``X-Session-Id`` (the session is deleted afterwards, untimed); the others get the
-  whole history each turn with ``cache_prompt``.
+  whole history each turn with ``cache_prompt``. A bound side's run carries ``hops``
+  (``hops.hop_profile``: CPU per turn of each hop, and the front's time against the client's, from
+  its ``/metrics`` read before and after the timed part).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from benchmarks.fleet.workload import TurnTiming, summarize
 
+from .hops import hop_profile
 from .proc_cpu import cpu_between, snapshot
 from .sides import Side
 from .workload import ChatWorkload, Conversation, Message
@@ -180,10 +183,12 @@ def run_side(side: Side, other: Side | None, w: ChatWorkload, conversations: lis
         opening_s = _in_threads(w.clients, opening)
         roots = [side.root_pid] + ([other.root_pid] if other else [])
         waited, idle_cores = wait_quiet(roots)
+        metrics_before = _metrics_text(clients[0]) if side.bound else ""
         mine, theirs = snapshot(side.root_pid), snapshot(other.root_pid) if other else {}
         t0 = time.perf_counter()
         wall = _in_threads(w.clients, timed)
         mine_after, theirs_after = snapshot(side.root_pid), snapshot(other.root_pid) if other else {}
+        metrics_after = _metrics_text(clients[0]) if side.bound else ""
     finally:
         for i, session in enumerate(sessions):
             if session is not None:
@@ -196,7 +201,7 @@ def run_side(side: Side, other: Side | None, w: ChatWorkload, conversations: lis
     cpu = cpu_between(mine, mine_after)
     turns = max(1, len(records))
     timings = [TurnTiming(r.conversation, r.turn, r.start_s, r.first_token_s, r.end_s) for r in records]
-    return {
+    run = {
         "side": side.name, "run_id": run_id, **summarize(timings, wall), "failed_turns": w.timed_turns - len(records),
         "failures": failures[:5], "opening_s": opening_s, "waited_for_quiet_s": waited,
         "idle_cores_before": idle_cores,
@@ -215,3 +220,12 @@ def run_side(side: Side, other: Side | None, w: ChatWorkload, conversations: lis
             1, sum(1 for r in records if r.turn == k)) for k in range(w.turns)],
         "records": [asdict(r) for r in sorted(records, key=lambda r: (r.conversation, r.turn))],
     }
+    if side.bound:
+        run["hops"] = hop_profile(run, metrics_before, metrics_after)
+    return run
+
+
+def _metrics_text(client: Any) -> str:
+    """The front's ``/metrics`` (kvres serve), read between the timed parts."""
+    r = client.get("/metrics")
+    return str(r.text) if r.status_code == 200 else ""

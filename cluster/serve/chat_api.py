@@ -37,7 +37,7 @@ from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
 from .tool_shaping import ToolPlan, ToolStream
-from .turns import Prompt, StreamingTurn, TurnOutcome, run_turn, start_streaming
+from .turns import Prompt, StreamingTurn, TurnOutcome, one_call, run_turn, start_streaming
 
 router = APIRouter()
 SESSION_HEADER = "x-session-id"
@@ -79,11 +79,12 @@ class _Turn:
         self.started = time.monotonic()
         self.headers = {"X-Session-Id": session_id} if session_id else {}
 
-    def acquire(self) -> Any:
+    def acquire(self, streamed: bool = False) -> Any:
         tenant = tenant_of(self.request)
         if self.session_id is not None:
             return self.service.bound(self.model, self.backend, self.session_id, tenant)
-        return self.service.stateless(self.model, self.backend, tenant)
+        return self.service.stateless(self.model, self.backend, tenant,
+                                      one_call=streamed and one_call(self.prompt, self.model.anchor))
 
     def whole(self) -> TurnOutcome:
         session, stack = self.acquire()
@@ -91,7 +92,7 @@ class _Turn:
             return run_turn(session, self.prompt, self.plan, self.model.anchor, self.model.local_decoder())
 
     def streaming(self) -> StreamingTurn:
-        session, stack = self.acquire()
+        session, stack = self.acquire(streamed=True)
         return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
                                self.model.local_decoder())
 

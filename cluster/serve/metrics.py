@@ -15,14 +15,23 @@ Primitives:
   ``kvres_serve_prefix_breaks_total{route}`` (bound turns whose rendered conversation left what
   their session held: a client or template rewrote earlier turns).
 
+- ``ServeMetrics.merge(replica, delta, in_flight)``: what a replica aggregated, added.
+- ``ReplicaMetrics(send, flush_every_s=1.0)``: a replica's requests aggregated in its own process
+  (``enter``, ``record``), sent in one call per flush (``flush``): when no request of the replica is
+  left in flight, else at most every ``flush_every_s``; no Ray call per request.
+
 One ``ServeMetrics`` lives in the serve state actor (``state_actor``), so ``/metrics`` answers the
-same whichever replica serves it.
+same whichever replica serves it (a replica flushes its own before it reads them; another
+replica's requests still in flight count within ``flush_every_s``).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -125,6 +134,23 @@ class ServeMetrics:
             c["cached_tokens"] += sample.cached_tokens
             c["completion_tokens"] += sample.completion_tokens
 
+    def merge(self, replica: str, delta: ServeMetrics, in_flight: dict[str, int]) -> None:
+        """Add what a replica aggregated since its last flush (``ReplicaMetrics``); ``in_flight``:
+        its requests not yet answered now, per route."""
+        for key, n in delta.requests.items():
+            self.requests[key] += n
+        for mine, theirs in ((self.ttft, delta.ttft), (self.gaps, delta.gaps), (self.duration, delta.duration)):
+            for route, hist in theirs.items():
+                mine.setdefault(route, Histogram(hist.buckets)).merge(*hist.state())
+        for kind, n in delta.tokens.items():
+            self.tokens[kind] += n
+        for session_id, counters in delta.sessions.items():
+            c = self.sessions.setdefault(session_id, dict.fromkeys(SESSION_COUNTERS, 0))
+            for name, n in counters.items():
+                c[name] += n
+        for route, n in in_flight.items():
+            self.in_flight[(replica, route)] = n
+
     def session_counters(self, session_id: str) -> dict[str, int]:
         return dict(self.sessions.get(session_id) or dict.fromkeys(SESSION_COUNTERS, 0))
 
@@ -165,3 +191,57 @@ class ServeMetrics:
         for route, n in sorted(self.prefix_breaks.items()):
             lines.append(f'kvres_serve_prefix_breaks_total{{route="{_label(route)}"}} {n}')
         return "\n".join(lines) + "\n"
+
+
+class ReplicaMetrics:
+    """A replica's requests aggregated where they are made, sent to the shared ``ServeMetrics`` in
+    one call per flush rather than calls per request: ``enter(route)`` / ``record(sample)`` touch
+    only this process; ``send(delta, in_flight)`` (the serve state actor's ``merge``, not waited
+    for) runs when the replica has no request left in flight (the end of a burst: its figures are
+    there at once), else at most every ``flush_every_s`` (a background thread), and on ``flush()``
+    (before the shared figures are read)."""
+
+    def __init__(self, send: Callable[[ServeMetrics, dict[str, int]], None], flush_every_s: float = 1.0) -> None:
+        self._send = send
+        self.flush_every_s = flush_every_s
+        self._lock = threading.Lock()
+        self._pending = ServeMetrics()
+        self._in_flight: dict[str, int] = defaultdict(int)
+        self._dirty = False
+        self._last = time.monotonic()
+        self._flusher: threading.Thread | None = None
+
+    def enter(self, route: str) -> None:
+        with self._lock:
+            self._in_flight[route] += 1
+            self._dirty = True
+
+    def record(self, sample: RequestSample) -> None:
+        with self._lock:
+            self._in_flight[sample.route] = max(0, self._in_flight[sample.route] - 1)
+            self._pending.record(sample)
+            self._dirty = True
+            now_due = not any(self._in_flight.values()) or time.monotonic() - self._last >= self.flush_every_s
+            if not now_due and (self._flusher is None or not self._flusher.is_alive()):
+                self._flusher = threading.Thread(target=self._flush_later, name="kvres-serve-metrics", daemon=True)
+                self._flusher.start()
+        if now_due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
+            delta, self._pending = self._pending, ServeMetrics()
+            in_flight = dict(self._in_flight)
+            self._dirty, self._last = False, time.monotonic()
+            self._send(delta, in_flight)  # under the lock: deltas reach the actor in the order taken
+
+    def _flush_later(self) -> None:
+        while True:
+            time.sleep(self.flush_every_s)
+            self.flush()
+            with self._lock:
+                if not any(self._in_flight.values()) and not self._dirty:
+                    self._flusher = None
+                    return

@@ -14,11 +14,14 @@ Primitives:
 - ``Service.session(session_id, tenant, owner=None) -> Session``: an open session the caller's
   tenant owns (``owner``: what the session's lease said of its owner, when one is held);
   ``Service.claim(session_id, tenant)``: a session this front opened or forked is ``tenant``'s.
-- ``Service.stateless(model, backend, tenant=None) -> (Session, ExitStack)``: a session opened for one
-  request and closed when the stack closes.
+- ``Service.stateless(model, backend, tenant=None, one_call=False) -> (Session, ExitStack)``: a
+  session opened for one request and closed when the stack closes; with ``one_call`` (a turn that
+  is one streamed call) an ``EphemeralSession``, which that call opens and closes on the backend.
 - ``Service.bound(model, backend, session_id, tenant=None) -> (Session, ExitStack)``: the named session
   (opened with that id on first use), held under its lease until the stack closes; another request
-  on it meanwhile is refused (409). A session of another model than the one asked is a 400.
+  on it meanwhile is refused (409). A session of another model than the one asked is a 400. The
+  replica remembers where it ran each session, so a bound turn makes no planner call to find it
+  (``RememberedSession``: it follows a session moved meanwhile, and opens again one closed).
 - ``Service.lease(session_id) -> (ExitStack, Owner)``: the session's lease alone (for the sessions
   routes), and its owner as far as the front knows.
 
@@ -30,13 +33,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from kvres.actors.config import SessionPolicy
 from kvres.coldstore import validate_session_id
 from kvres.policy import UnknownSessionError
 
+from ..backend_client import BackendClient
 from ..kvres_config import KvresConfig
 from ..session import SessionManager, connect
 from ..session_handle import Session
@@ -47,6 +54,7 @@ from .owners import Owner, may_use
 from .state_actor import ServeState
 
 T = TypeVar("T")
+REMEMBERED_SESSIONS = 100_000  # where this replica ran each session: forgotten all at once past this
 log = logging.getLogger("kvres.serve")
 
 
@@ -60,6 +68,7 @@ class Service:
         self.state = ServeState(namespace)
         self.keys = KeyCheck(digests)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kvres-serve")
+        self._where: dict[str, str] = {}  # session id -> the backend this replica last ran it on
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.wrap_future(self.pool.submit(fn, *args))
@@ -103,8 +112,15 @@ class Service:
             raise OtherTenantsSessionError(session_id)
         return session
 
-    def stateless(self, model: ServedModel, backend: str | None,
-                  tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
+    def stateless(self, model: ServedModel, backend: str | None, tenant: str | None = None,
+                  one_call: bool = False) -> tuple[Session, contextlib.ExitStack]:
+        """``one_call``: the turn is one streamed call (``turns.one_call``): its session is ephemeral,
+        opened and closed by that call on the backend (no journal record, no directory entry, no
+        planner call: ``backend``, else the model's backend, one at random where it has several)."""
+        if one_call:
+            policy = None if tenant is None else self.manager.config.default_policy.with_retention(tenant=tenant)
+            name = backend or random.choice(model.backends)
+            return EphemeralSession(self.manager, f"once-{uuid.uuid4().hex}", name, policy), contextlib.ExitStack()
         stack = contextlib.ExitStack()
         session = self._open(model, backend, None, tenant)  # no other request can name it: not claimed
         stack.callback(self.close_quietly, session)
@@ -121,13 +137,15 @@ class Service:
         stack, owner = self.lease(session_id)
         try:
             try:
-                session = self.session(session_id, tenant, owner)
+                session = self._remembered(session_id, tenant, owner, lambda: self.open_session(
+                    model, backend, session_id, tenant).backend) or self.session(session_id, tenant, owner)
             except OtherTenantsSessionError:
                 raise ApiError(409, f"session id {session_id!r} is taken by a session another API key's tenant "
                                     "owns; bind this conversation to another X-Session-Id",
                                param="X-Session-Id", code="session_exists") from None
             except UnknownSessionError:
                 session = self.open_session(model, backend, session_id, tenant)
+            stack.callback(self._remember, session)
             if session.backend not in model.backends or (backend is not None and session.backend != backend):
                 raise bad_request(f"session {session_id!r} runs on backend {session.backend!r} "
                                   f"(model {self.catalog.of_backend(session.backend).id!r}), not {model.id!r}"
@@ -137,6 +155,23 @@ class Service:
             stack.close()
             raise
 
+    def _remembered(self, session_id: str, tenant: str | None, owner: Owner,
+                    reopen: Callable[[], str]) -> Session | None:
+        """The session's handle from where this replica last ran it (no planner call), None where
+        it has not (or, fenced, does not know whose it is); ``reopen`` opens it again where that
+        backend no longer has it and the planner's directory has it nowhere else."""
+        backend = self._where.get(session_id)
+        if backend is None or (self.fenced and not owner.known):
+            return None
+        if self.fenced and not may_use(owner.tenant, tenant):
+            raise OtherTenantsSessionError(session_id)
+        return RememberedSession(self.manager, session_id, backend, reopen)
+
+    def _remember(self, session: Session) -> None:
+        if len(self._where) > REMEMBERED_SESSIONS:
+            self._where.clear()
+        self._where[session.session_id] = session.backend
+
     def close_quietly(self, session: Session) -> None:
         try:
             session.close()
@@ -144,6 +179,34 @@ class Service:
             pass
         except Exception as exc:  # the answer is on its way: a session left open is logged, not raised
             log.warning("closing session %r failed: %s: %s", session.session_id, type(exc).__name__, exc)
+
+
+class EphemeralSession(Session):
+    """A stateless turn's session: its one stream opens it on the backend (with ``policy``) and
+    closes it as it ends; nothing else is sent for it."""
+
+    def __init__(self, manager: SessionManager, session_id: str, backend: str, policy: SessionPolicy | None) -> None:
+        super().__init__(manager, session_id, backend)
+        self._opens = (policy,)
+
+
+class RememberedSession(Session):
+    """A bound turn's session handle made from where the replica last ran it. Where that backend no
+    longer has it, the handle follows it where the planner's directory says (another handle moved
+    it); where the directory has it nowhere else (closed meanwhile: its ``ttl_s``, a driver, another
+    replica), it is opened again (``reopen``, once), as a session's first use opens it."""
+
+    def __init__(self, manager: SessionManager, session_id: str, backend: str, reopen: Callable[[], str]) -> None:
+        super().__init__(manager, session_id, backend)
+        self._reopen: Callable[[], str] | None = reopen
+
+    def _followed(self) -> BackendClient | None:
+        client = super()._followed()
+        if client is not None or self._reopen is None:
+            return client
+        reopen, self._reopen = self._reopen, None
+        self.backend = reopen()
+        return self._backend
 
 
 class OtherTenantsSessionError(UnknownSessionError):

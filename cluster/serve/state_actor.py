@@ -13,10 +13,12 @@ Primitives:
   ``SessionLockedError`` when another request holds it; it gives the session's cached owner),
   ``owner(key) -> Owner``, ``claim(key, tenant)`` (sent without waiting: calls from one replica
   reach the actor in order, so a claim made under a lease lands before its release),
-  ``enter`` / ``record`` (metrics, sent without waiting),
+  ``enter`` / ``record`` (metrics, aggregated in the replica and sent one flush at a time,
+  ``metrics.ReplicaMetrics``: no call per request),
   ``metrics_text()``, ``session_counters(session_id)``, ``destroy()`` (kill the actor and drop its stored responses).
 
-Several of its calls make each request; like kvres's other actors it reports no task events to Ray
+A request that binds a session makes its lease's calls (acquire, release); metrics reach it one
+flush at a time. Like kvres's other actors it reports no task events to Ray
 (``ray_task_events.actor_task_events``).
 """
 
@@ -33,7 +35,7 @@ import ray
 from ..ray_task_events import actor_task_events
 from .http_errors import SessionLockedError
 from .leases import SessionLeases
-from .metrics import RequestSample, ServeMetrics
+from .metrics import ReplicaMetrics, RequestSample, ServeMetrics
 from .owners import Owner, SessionOwners
 from .records import ResponseRecord, ResponseRecords
 
@@ -124,12 +126,8 @@ class ServeStateActor:
         self.owners.set(key, tenant)
 
     # -- metrics -------------------------------------------------------------------------------
-    def enter(self, replica: str, route: str) -> None:
-        self.metrics.enter(replica, route)
-
-    def record(self, replica: str, sample: RequestSample) -> None:
-        self.metrics.leave(replica, sample.route)
-        self.metrics.record(sample)
+    def merge(self, replica: str, delta: ServeMetrics, in_flight: dict[str, int]) -> None:
+        self.metrics.merge(replica, delta, in_flight)
 
     def metrics_text(self) -> str:
         return self.metrics.render()
@@ -149,6 +147,7 @@ class ServeState:
         self._held: dict[str, str] = {}
         self._lock = threading.Lock()
         self._renewer: threading.Thread | None = None
+        self._metrics = ReplicaMetrics(self._send_metrics)
 
     def _get(self, ref: Any) -> Any:
         return ray.get(ref)
@@ -210,15 +209,20 @@ class ServeState:
             self._handle.renew.remote(held, LEASE_TTL_S)
 
     def enter(self, route: str) -> None:
-        self._handle.enter.remote(self.replica, route)
+        self._metrics.enter(route)
 
     def record(self, sample: RequestSample) -> None:
-        self._handle.record.remote(self.replica, sample)
+        self._metrics.record(sample)
+
+    def _send_metrics(self, delta: ServeMetrics, in_flight: dict[str, int]) -> None:
+        self._handle.merge.remote(self.replica, delta, in_flight)
 
     def metrics_text(self) -> str:
+        self._metrics.flush()  # sent before the read: calls from one replica reach the actor in order
         return str(self._get(self._handle.metrics_text.remote()))
 
     def session_counters(self, session_id: str) -> dict[str, int]:
+        self._metrics.flush()
         return dict(self._get(self._handle.session_counters.remote(session_id)))
 
     def destroy(self) -> None:

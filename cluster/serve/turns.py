@@ -13,15 +13,18 @@ Primitives:
   after a token that keeps llama.cpp from dropping the first token's leading space; by ``decode``,
   the model's vocabulary in this process, else by the backend).
 - ``run_turn(session, prompt, plan, anchor) -> TurnOutcome``: blocking, the whole reply at once.
+- ``one_call(prompt, anchor) -> bool``: whether a streamed turn is one call to the backend (then a
+  stateless one runs on an ephemeral session, ``Service.stateless(one_call=True)``).
 - ``StreamingTurn(service, session, stack, prompt, plan, started, anchor)`` (``start_streaming``
   makes and starts one): ``start()`` (blocking: the prompt appended and the first token pulled, so
   that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
-  iterator of text pieces, each token pulled on the service's threads), ``outcome()``, ``ttft_s``,
+  iterator of text pieces, each chunk of tokens pulled on the service's threads: every token the
+  backend had out, one Ray object, ``TokenStream.chunks``), ``outcome()``, ``ttft_s``,
   ``gaps`` (the inter-token histogram), ``end()`` (blocking, once: a stream left before its end
   keeps only the tokens whose text was sent, ``sent_tokens``: what ``TextDeltas.covered`` was when
   the last piece handed to the response went out (the response asked for the next), then
   ``stack`` is closed: the session's lease released, a one-request session closed). The backend
-  runs at most ``STREAM_AHEAD`` tokens past what the turn pulled, and the turn pulls a token only
+  runs at most ``STREAM_AHEAD`` tokens past what the turn pulled, and the turn pulls a chunk only
   once the response asks for the next piece.
 """
 
@@ -32,7 +35,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +45,7 @@ from kvres.actors.generation import Generation
 from ..session_handle import Session
 from .metrics import TOKEN_GAP_BUCKETS, Histogram
 from .sampling_fields import GenerationPlan
+from .service import EphemeralSession
 from .text_deltas import TextDeltas
 
 if TYPE_CHECKING:
@@ -73,6 +77,13 @@ class TurnOutcome:
     @property
     def completion_tokens(self) -> int:
         return len(self.tokens)
+
+
+def one_call(prompt: Prompt, anchor: int | None) -> bool:
+    """Whether a streamed turn is one call to the backend (the prompt appended in it): where the
+    model has a control token to decode the reply after, and the prompt is messages or token ids
+    (text is tokenized by an append of its own)."""
+    return anchor is not None and not isinstance(prompt.raw, str)
 
 
 def openai_finish(kvres_finish: str) -> str:
@@ -177,6 +188,7 @@ class StreamingTurn:
         self.sent_tokens = 0  # the tokens whose text went out to the client
         self.completed = False
         self._stream: TokenStream | None = None
+        self._chunks: Iterator[list[int]] | None = None
         self._first: str | None = None
         self._final: tuple[str, int] = ("", 0)
         self._last_token_at = 0.0
@@ -192,7 +204,7 @@ class StreamingTurn:
         between the two); the log's length is read after the reply, off the path to the first
         token."""
         plan, session, prompt = self.plan, self.session, self.prompt
-        if self.anchor is None or isinstance(prompt.raw, str):  # text is tokenized by the append
+        if self.anchor is None or isinstance(prompt.raw, str):  # not one_call: text is tokenized by the append
             self.appended = _append(session, prompt)
             self._in_context = _in_context(session, None, self.decode)
             self._stream = session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
@@ -209,17 +221,21 @@ class StreamingTurn:
         self._first = self._pull()
 
     def _pull(self) -> str | None:
+        """The text of the next chunk of tokens (every token the backend had out: one Ray object)."""
         assert self._stream is not None
-        token = next(self._stream, None)
-        if token is None:
+        if self._chunks is None:
+            self._chunks = self._stream.chunks()
+        chunk = next(self._chunks, None)
+        if chunk is None:
             return None
         now = time.monotonic()
         if self.ttft_s is None:
             self.ttft_s = now - self.started
         else:
-            self.gaps.observe(now - self._last_token_at)
+            for _ in chunk:  # the chunk's tokens came over the gap since the last one
+                self.gaps.observe((now - self._last_token_at) / len(chunk))
         self._last_token_at = now
-        return self.text.push(token)
+        return "".join([self.text.push(token) for token in chunk])
 
     def _finish(self) -> None:
         assert self._in_context is not None
@@ -267,6 +283,8 @@ class StreamingTurn:
                     self._pending.result()  # the token being pulled: the stream is not ours to close before
             if self._stream is not None and not self.completed:
                 self._stream.close()  # commits the tokens pulled; those whose text was not sent go below
+                if isinstance(self.session, EphemeralSession):
+                    return  # closed by its call as it ended
                 held = len(self.session.tokens())
                 keep = held - self._stream.delivered + self.sent_tokens
                 if held > keep:

@@ -143,3 +143,36 @@ def test_llama_server_gets_the_slots_and_kv_kvres_gets() -> None:
     assert flags[flags.index("-c") + 1] == "1804" and flags[flags.index("-np") + 1] == "4"
     assert "--kv-unified" in flags and flags[flags.index("--cache-ram") + 1] == "4096"
     assert flags[flags.index("-t") + 1] == "2" == flags[flags.index("-tb") + 1]
+
+
+def test_the_hop_profile_groups_processes_into_hops_and_splits_the_front_s_time() -> None:
+    from benchmarks.chat_fleet.hops import OTHER, hop_profile, hop_table, serve_histogram
+
+    def metrics(ttft_sum: float, ttft_n: int, dur_sum: float, dur_n: int) -> str:
+        route = 'route="/v1/chat/completions"'
+        return "\n".join([
+            f'kvres_serve_time_to_first_token_seconds_bucket{{{route},le="0.1"}} {ttft_n}',
+            f"kvres_serve_time_to_first_token_seconds_sum{{{route}}} {ttft_sum}",
+            f"kvres_serve_time_to_first_token_seconds_count{{{route}}} {ttft_n}",
+            'kvres_serve_time_to_first_token_seconds_sum{route="/v1/responses"} 99.0',
+            f"kvres_serve_request_duration_seconds_sum{{{route}}} {dur_sum}",
+            f"kvres_serve_request_duration_seconds_count{{{route}}} {dur_n}"])
+
+    assert serve_histogram(metrics(1.5, 3, 0, 0), "kvres_serve_time_to_first_token_seconds") == (1.5, 3)
+    run = {"cpu_by_process": {"ray::ServeReplica:kvres:KvresOpenAI": {"cpu_s_per_turn": 0.030},
+                              "ray::ProxyActor": {"cpu_s_per_turn": 0.020},
+                              "ray::MeteredColdStoreServer": {"cpu_s_per_turn": 0.001},
+                              "ray::ColdStoreServer": {"cpu_s_per_turn": 0.002},
+                              "log_monitor.py": {"cpu_s_per_turn": 0.004}},
+           "ttft_samples_s": [0.1, 0.3], "latency_samples_s": [0.4, 0.6]}
+    profile = hop_profile(run, metrics(1.0, 10, 2.0, 10), metrics(1.3, 12, 2.8, 12))
+    cpu = profile["cpu_ms_per_turn"]
+    assert cpu["Serve replica"] == pytest.approx(30) and cpu["HTTP proxy"] == pytest.approx(20)
+    assert cpu["cold store"] == pytest.approx(3) and cpu[OTHER] == pytest.approx(4) and cpu["planner"] == 0
+    assert profile["cpu_ms_per_turn_total"] == pytest.approx(57)
+    t = profile["time_ms"]
+    assert t["client_ttft_mean"] == pytest.approx(200) and t["replica_ttft_mean"] == pytest.approx(150)
+    assert t["before_replica_ttft_mean"] == pytest.approx(50)
+    assert t["replica_turn_mean"] == pytest.approx(400) and t["outside_replica_turn_mean"] == pytest.approx(100)
+    assert "| Serve replica | 30.0 |" in hop_table(profile)
+    assert hop_profile(run, "", "")["time_ms"]["replica_ttft_mean"] is None

@@ -148,3 +148,32 @@ def test_a_chat_stream_left_with_break_keeps_what_it_handed_out_for_the_next_tur
         reply = s.chat(messages + [{"role": "assistant", "content": s.detokenize(got)},
                                    {"role": "user", "content": "And then?"}], max_tokens=4)
         assert len(reply) <= 4
+
+
+@pytest.mark.parametrize("backend", ENGINES)
+def test_a_stream_read_in_chunks_carries_every_token_out_in_one_object_and_keeps_the_rule(manager, backend) -> None:
+    """``TokenStream.chunks()``: one Ray object per chunk, each every token the backend had out when
+    the last was taken; the backend still runs at most ``STREAM_AHEAD`` past what the driver took,
+    and a stream left keeps the chunks it handed out."""
+    with manager.open_session(backend=backend) as s, manager.open_session(backend=backend) as other, \
+            manager.open_session(backend=backend) as twin:
+        for session in (s, other, twin):
+            session.append(PROMPT)
+        want = list(twin.generate(60, ignore_eos=True))
+        stream = s.stream(60, ignore_eos=True)
+        chunks = stream.chunks()
+        got = next(chunks) + next(chunks)
+        other.generate(32, ignore_eos=True)  # the driver holds back: the backend runs ahead, then waits
+        watcher = manager.session(s.session_id)  # another handle's read leaves the stream running
+        held = len(watcher.tokens()) - len(PROMPT)
+        assert len(got) < held <= len(got) + STREAM_AHEAD
+        third, fourth = next(chunks), next(chunks)  # what the backend ran ahead comes in few objects
+        assert len(third) + len(fourth) >= STREAM_AHEAD and max(len(third), len(fourth)) > 1
+        got += third + fourth
+        stream.close()
+        assert got == want[:len(got)] and stream.finish_reason == "cancelled"
+        assert s.tokens() == PROMPT + got
+        again = s.stream(60 - len(got), ignore_eos=True)
+        assert got + [t for chunk in again.chunks() for t in chunk] == want
+        with pytest.raises(Exception, match="chunks"):
+            next(again)  # read one way only

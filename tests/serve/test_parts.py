@@ -22,7 +22,13 @@ from kvres.cluster.serve.catalog import ModelCatalog
 from kvres.cluster.serve.http_errors import ApiError, SessionLockedError, api_error
 from kvres.cluster.serve.http_glue import parse, route_label
 from kvres.cluster.serve.leases import SessionLeases
-from kvres.cluster.serve.metrics import TOKEN_GAP_BUCKETS, Histogram, RequestSample, ServeMetrics
+from kvres.cluster.serve.metrics import (
+    TOKEN_GAP_BUCKETS,
+    Histogram,
+    ReplicaMetrics,
+    RequestSample,
+    ServeMetrics,
+)
 from kvres.cluster.serve.openai_schemas import ChatCompletionRequest
 from kvres.cluster.serve.owners import Owner, SessionOwners, may_use
 from kvres.cluster.serve.records import ResponseRecord, ResponseRecords
@@ -191,6 +197,44 @@ def test_metrics_render_per_route() -> None:
     assert 'kvres_serve_queue_depth{route="/v1/chat/completions"} 1' in text
     assert 'kvres_serve_tokens_total{route="/v1/chat/completions",kind="cached"} 20' in text
     assert m.session_counters("s") == {"turns": 1, "prefilled_tokens": 10, "cached_tokens": 20, "completion_tokens": 3}
+
+
+def test_a_replica_aggregates_its_requests_and_sends_them_once_per_flush() -> None:
+    """No call per request: what a replica's requests made is sent when none is left in flight (or
+    at most every flush_every_s, or when the figures are read), and merged it reads as if recorded
+    one by one in the shared metrics."""
+    sent: list[tuple[ServeMetrics, dict[str, int]]] = []
+    replica = ReplicaMetrics(lambda delta, in_flight: sent.append((delta, in_flight)), flush_every_s=3600)
+    samples = [RequestSample("/v1/chat/completions", 200, 0.5, ttft_s=0.05, prompt_tokens=30, cached_tokens=20,
+                             completion_tokens=3, session_id="s"),
+               RequestSample("/v1/chat/completions", 200, 0.7, ttft_s=0.2, prompt_tokens=9, completion_tokens=2,
+                             session_id="s"),
+               RequestSample("/v1/models", 200, 0.01)]
+    for route in ("/v1/chat/completions", "/v1/chat/completions", "/v1/models"):
+        replica.enter(route)
+    replica.record(samples[0])
+    replica.record(samples[2])
+    assert sent == []  # a request is still in flight, and the flush is not due
+    shared = ServeMetrics()
+    shared.enter("other", "/v1/models")
+    replica.flush()  # the figures are read: what the replica has goes first
+    assert len(sent) == 1 and sent[0][1] == {"/v1/chat/completions": 1, "/v1/models": 0}
+    shared.merge("r", *sent[0])
+    assert shared.queue_depth() == {"/v1/chat/completions": 1, "/v1/models": 1}
+    replica.record(samples[1])  # the last in flight: sent at once
+    assert len(sent) == 2
+    shared.merge("r", *sent[1])
+    replica.flush()
+    assert len(sent) == 2  # nothing new: nothing sent
+    one_by_one = ServeMetrics()
+    one_by_one.enter("other", "/v1/models")
+    for sample in samples:  # as the actor counted each request before (a call at its start, one at its end)
+        one_by_one.enter("r", sample.route)
+        one_by_one.leave("r", sample.route)
+        one_by_one.record(sample)
+    assert shared.render() == one_by_one.render()
+    assert shared.session_counters("s") == {"turns": 2, "prefilled_tokens": 19, "cached_tokens": 20,
+                                            "completion_tokens": 5}
 
 
 def test_text_deltas_hold_back_stop_prefixes_and_broken_characters() -> None:

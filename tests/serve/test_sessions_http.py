@@ -227,3 +227,26 @@ def test_a_prompt_past_what_a_session_holds_is_a_400_and_a_reply_stops_there(ser
         chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
     assert not any("error" in c for c in chunks), chunks[-1]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_stateless_streamed_turn_runs_on_an_ephemeral_session_no_directory_lists(server) -> None:
+    """Without an X-Session-Id a streamed chat turn is one call to the backend on an ephemeral
+    session, opened and closed by that call: while it streams, no session of it is in the
+    directory the sessions routes list (nor afterwards). (A long reply: the connection's buffers
+    would take a short one whole before the listing is asked for.)"""
+    http = server.http()
+    before = {s["id"] for s in http.get("/v1/sessions").json()["data"]}
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 1900, "temperature": 0, "ignore_eos": True, "stream": True, **TEXT_ONLY}
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {") and '"content": "' in line
+             and '"content": ""' not in line)
+        during = {s["id"] for s in server.http().get("/v1/sessions").json()["data"]}
+        rest = list(lines)
+    assert during - before == set()
+    assert [line for line in rest if line][-1] == "data: [DONE]"
+    pieces = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert any(p["choices"] and p["choices"][0]["finish_reason"] == "length" for p in pieces)
+    assert {s["id"] for s in http.get("/v1/sessions").json()["data"]} - before == set()

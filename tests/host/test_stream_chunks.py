@@ -1,0 +1,96 @@
+"""A stream read in chunks (``TokenStream.next_chunk``, what the Ray shell sends as one object when
+asked with ``chunks``): each chunk holds every token out when it is taken, the job still runs at
+most ``STREAM_AHEAD`` tokens past what was read, and a stream left keeps what it handed out. On the
+real llama.cpp engine and the shared model, without Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvres.actors.config import BackendConfig
+from kvres.actors.host.backend import BackendHost
+from kvres.actors.host.scheduler import STREAM_AHEAD
+from tests.conftest import local_host, shared_model_path
+
+PROMPT = [3 + (7 * i) % 200 for i in range(30)]
+
+
+def _host(tmp_path: Path) -> BackendHost:
+    config = BackendConfig(name="chunks", model_path=shared_model_path(), n_ctx=1024, n_seq_max=2,
+                           kv_budget_tokens=1000, n_threads=1)
+    host: BackendHost = local_host(config, tmp_path)
+    return host
+
+
+def _steps(host: BackendHost, count: int = 16) -> None:
+    """``count`` steps of the backend's loop, a stream's job among them (another session's generate)."""
+    host.generate("other", count)
+
+
+def test_a_chunk_holds_every_token_out_and_the_job_stays_within_stream_ahead(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    host.open_session("twin")
+    host.append("twin", PROMPT)
+    want = list(host.generate("twin", 40))
+    host.open_session("other")
+    host.append("other", PROMPT)
+    host.open_session("s")
+    host.append("s", PROMPT)
+    stream = host.stream("s", 40)
+    first = stream.next_chunk()
+    _steps(host)
+    # nothing of the first chunk counts read until more is asked for: the job stops STREAM_AHEAD past 0
+    assert len(stream.job.produced) == STREAM_AHEAD
+    second = stream.next_chunk()  # counts the first read: the loop may add one more before this is taken
+    assert len(first) + len(second) in (STREAM_AHEAD, STREAM_AHEAD + 1)
+    assert first + second == want[:len(first) + len(second)]
+    _steps(host)
+    assert len(stream.job.produced) == len(first) + STREAM_AHEAD
+    got = first + second
+    while True:
+        try:
+            got += stream.next_chunk()
+        except StopIteration:
+            break
+    assert got == want and host.tokens("s") == PROMPT + want
+    assert stream.generation is not None and stream.generation.finish_reason == "length"
+
+
+def test_a_stream_read_in_chunks_and_left_keeps_what_it_handed_out(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    host.open_session("other")
+    host.append("other", PROMPT)
+    host.open_session("s")
+    host.append("s", PROMPT)
+    stream = host.stream("s", 40)
+    got = stream.next_chunk()
+    _steps(host)
+    got += stream.next_chunk()
+    _steps(host)
+    stream.close()  # the tokens it handed out: both chunks, not those the job ran ahead
+    assert host.tokens("s") == PROMPT + got
+    assert stream.generation is not None and stream.generation.finish_reason == "cancelled"
+
+
+def test_an_ephemeral_stream_opens_and_closes_its_session_in_the_call_and_journals_nothing(tmp_path: Path) -> None:
+    """A stateless turn (``stream(..., ephemeral=True)``): the session is opened by the call, never
+    written to the journal, and closed once the stream ends, read to its end or left."""
+    host = _host(tmp_path)
+    host.open_session("twin")
+    host.append("twin", PROMPT)
+    want = list(host.generate("twin", 12))
+    journal = host._ctx.journal
+    stream = host.stream("once", 12, prompt=PROMPT, ephemeral=True)
+    got = stream.next_chunk()
+    assert "once" in host.sessions() and journal.load("once") is None  # open, and not in the journal
+    while True:
+        try:
+            got += stream.next_chunk()
+        except StopIteration:
+            break
+    assert got == want and "once" not in host.sessions() and journal.load("once") is None
+    assert stream.generation is not None and list(stream.generation) == want
+    left = host.stream("left", 40, prompt=PROMPT, ephemeral=True)
+    next(left)
+    left.close()
+    assert "left" not in host.sessions() and journal.load("left") is None
