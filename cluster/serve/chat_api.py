@@ -5,7 +5,9 @@ Primitives:
   session (opened on first use): the model's chat template renders the whole conversation the
   client sends, the session keeps what of it it already holds and appends only the rest
   (``usage.prompt_tokens_details.cached_tokens`` says how much was kept); the answer echoes the
-  header. Without one, the turn runs on a session opened for the request and closed after it.
+  header. Without one, the turn runs on a session opened for the request and closed after it. A
+  session lives as ``X-Session-Idle`` / ``X-Session-TTL`` on its first request ask, else as the
+  server's defaults say (``lifetime``).
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
   ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage. A client
@@ -26,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .catalog import ServedModel
 from .http_errors import api_error
 from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
+from .lifetime import lifetime_of
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
@@ -70,11 +73,12 @@ class _Turn:
         self.created = int(time.time())
         self.started = time.monotonic()
         self.headers = {"X-Session-Id": session_id} if session_id else {}
+        self.lifetime = lifetime_of(service.lifetime, request.headers)  # a bad header: a 400 before any call
 
     def acquire(self) -> Any:
         tenant = tenant_of(self.request)
         if self.session_id is not None:
-            return self.service.bound(self.model, self.backend, self.session_id, tenant)
+            return self.service.bound(self.model, self.backend, self.session_id, tenant, self.lifetime)
         return self.service.stateless(self.model, self.backend, tenant)
 
     def whole(self) -> TurnOutcome:
