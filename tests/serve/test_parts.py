@@ -326,3 +326,11 @@ def test_a_busy_session_is_a_409_with_retry_after() -> None:
     err = api_error(SessionLockedError("locked"))
     assert (err.status, err.code, err.headers) == (409, "session_busy", {"Retry-After": "1"})
     assert api_error(SessionBusyError("busy")).headers == {"Retry-After": "1"}
+
+
+def test_session_counters_are_kept_for_the_sessions_used_last() -> None:
+    m = ServeMetrics(max_sessions=2)
+    for sid in ("a", "b", "a", "c"):  # c comes third: b, the one unused longest, goes
+        m.record(RequestSample("/v1/chat/completions", 200, 0.1, prompt_tokens=5, session_id=sid))
+    assert list(m.sessions) == ["a", "c"]
+    assert m.session_counters("a")["turns"] == 2 and m.session_counters("b")["turns"] == 0
