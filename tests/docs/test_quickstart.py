@@ -13,7 +13,9 @@ What the test adds to a user's fresh clone, and only this:
   started is found and stopped afterwards (``kvres serve`` with SIGTERM, a head the README left
   running with ``kvres stop --ray``, then every process of its Ray folder);
 - a ``kvres serve`` that serves until Ctrl-C runs in the background while the later blocks talk to
-  it, as in a second terminal.
+  it, as in a second terminal;
+- ``ray job submit`` is tried again, 5 s apart, while Ray answers that the head's job agent is not
+  up yet (the README says to); its job must print its result.
 
 The README's chat must answer right: the replies the ``openai`` snippet prints are the ones its
 ``text`` block shows.
@@ -25,18 +27,21 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.docs.doc_blocks import Block
-from tests.docs.test_docs_run import DocRun, _runnable
+from tests.docs.doc_blocks import Block, Command
+from tests.docs.test_docs_run import COMMAND_TIMEOUT_S, DocRun, _failure, _runnable
 
 README = "README.md"
 README_SERVE_PORT = 8000
 README_HEAD_PORT = 6379
 STAMP = REPO_ROOT / ".venv" / ".kvres-installed"
+NO_AGENT_YET = "No available agent to submit job"  # what `ray job submit` says while the head's agent starts
+JOB_AGENT_TRIES = 36
 
 
 def _user_env(ray_tmp: Path, cache: Path) -> dict[str, str]:
@@ -76,6 +81,20 @@ class QuickStart(DocRun):
 
     def adapt(self, text: str) -> str:
         return text  # as written
+
+    def run_command(self, command: Command) -> None:
+        if "ray job submit" not in command.text:
+            super().run_command(command)
+            return
+        for _ in range(JOB_AGENT_TRIES):  # as the README says: the head's job agent may still be starting
+            script = f"source {self.state}\n{command.text}\n"
+            out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=self.base_env,
+                                 cwd=self.workdir, timeout=COMMAND_TIMEOUT_S)
+            if NO_AGENT_YET not in out.stderr:
+                break
+            time.sleep(5)
+        assert out.returncode == 0, _failure(command, f"`{command.text}`", out, f"exited {out.returncode}")
+        assert "KVRES_JOB_RESULT " in out.stdout, _failure(command, f"`{command.text}`", out, "printed no result")
 
     def run_python(self, block: Block) -> None:
         out = self._run(["bash", "-c", f"source {self.state}\nexec python -"], env=self.base_env, where=block,

@@ -9,8 +9,9 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ IDLE_S = 2
 TTL_S = 8
 WAIT_S = 120  # how long a look for what the timers do may take on a loaded machine (no timing is asserted)
 TEXT_ONLY = {"grammar": "root ::= [a-z ]+"}
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def _chat(http: httpx.Client, model: str, session: str, **headers: str) -> httpx
     return http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": session, **headers})
 
 
-def _until(look, what: str, srv: Server):  # type: ignore[no-untyped-def]
+def _until(look: Callable[[], T | None], what: str, srv: Server) -> T:
     deadline = time.monotonic() + WAIT_S
     while (seen := look()) is None:
         if time.monotonic() > deadline:
