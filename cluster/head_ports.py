@@ -7,8 +7,9 @@ Primitives:
   lands), the Ray client server (10001). A second head on the machine would take the same ones.
 - ``EPHEMERAL``: the head's other listening ports, random by default; named explicitly too, so
   that the printed line says every port the head holds.
-- ``bindable(host, port) -> bool``: nothing on this machine listens on ``port`` of ``host`` (a
-  bind succeeds).
+- ``bindable(host, port) -> bool``: nothing on this machine listens on ``port``, of ``host`` or of
+  any other address (a bind to ``host`` and one to every address succeed): Ray's agents listen on
+  the node's address, which need not be ``host``.
 - ``choose_head_ports(host, dashboard_port=None, taken=()) -> HeadPorts``: each fixed default where
   it is free, else a free port of the system's choice; an explicit ``dashboard_port`` is used as
   given (``PortTakenError`` naming it when something listens there).
@@ -34,11 +35,12 @@ class PortTakenError(KvresError, OSError):
 
 
 def bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
+    for address in (host, ""):  # "": every address, so a holder of the port on another one counts
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                return False
     return True
 
 

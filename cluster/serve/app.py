@@ -8,12 +8,13 @@ Primitives:
   namespace) and its FastAPI app. Replicas hold no session: any replica serves any request.
 - ``ServeOptions``: namespace, config (a ``KvresConfig``; None: what the namespace was started
   with), API key digests, ``min_replicas`` / ``max_replicas`` (Serve autoscales between them),
-  ``max_ongoing_requests`` per replica, ``num_cpus`` per replica.
+  ``max_ongoing_requests`` per replica, ``num_cpus`` per replica, ``lifetime`` (the sessions'
+  idle and TTL defaults, ``lifetime.SessionLifetime``).
 - ``build(options) -> Application``: the bound application.
 - ``build_app(args) -> Application``: the builder for ``serve run`` / ``serve deploy``
   (``import_path: kvres.cluster.serve.app:build_app``); ``args``: ``namespace``, ``config`` (JSON
   object or file), ``api_key_file``, ``min_replicas``, ``max_replicas``,
-  ``max_ongoing_requests``, ``num_cpus``. Keys come from ``api_key_file``, else ``KVRES_API_KEYS`` /
+  ``max_ongoing_requests``, ``num_cpus``, ``session_idle_s``, ``session_ttl_s`` (0: never). Keys come from ``api_key_file``, else ``KVRES_API_KEYS`` /
   ``KVRES_API_KEY_FILE`` where the application is built.
 """
 
@@ -33,6 +34,7 @@ from ..kvres_config import KvresConfig
 from . import chat_api, responses_api, sessions_api
 from .auth import key_digests, load_key_entries
 from .http_glue import FrontDoor, answers_errors, service_of
+from .lifetime import DEFAULT_IDLE_S, DEFAULT_TTL_S, SessionLifetime, seconds_option
 from .service import Service
 
 log = logging.getLogger("kvres.serve")
@@ -60,8 +62,15 @@ def make_fastapi(service: Service) -> FastAPI:
         return JSONResponse(served.card())
 
     @app.get("/health")
-    async def health() -> Response:
-        return JSONResponse({"status": "ok"})
+    @answers_errors
+    async def health(request: Request) -> Response:
+        svc = service_of(request)
+        reachable = await svc.run(svc.reachable)
+        ok = all(any(backends.values()) for backends in reachable.values())
+        models = {model: {"backends": {name: "ok" if up else "unreachable" for name, up in backends.items()}}
+                  for model, backends in reachable.items()}
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": models},
+                            status_code=200 if ok else 503)
 
     @app.get("/metrics")
     @answers_errors
@@ -83,12 +92,13 @@ def make_fastapi(service: Service) -> FastAPI:
 
 @serve.ingress()
 class KvresOpenAI:
-    def __init__(self, namespace: str, config_json: str | None, digests: tuple[str, ...]) -> None:
+    def __init__(self, namespace: str, config_json: str | None, digests: tuple[str, ...],
+                 lifetime: SessionLifetime | None = None) -> None:
         from ..gcs_config import published_config
 
         config = KvresConfig.model_validate_json(config_json) if config_json else (
             published_config(namespace) or KvresConfig.from_env())
-        self.service = Service(namespace, config, digests)
+        self.service = Service(namespace, config, digests, lifetime=lifetime)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return make_fastapi(self.service)
@@ -103,6 +113,7 @@ class ServeOptions:
     max_replicas: int = 2
     max_ongoing_requests: int = 64
     num_cpus: float = 0.0
+    lifetime: SessionLifetime = field(default_factory=SessionLifetime)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -122,7 +133,7 @@ def build(options: ServeOptions) -> Application:
         ray_actor_options={"num_cpus": options.num_cpus}, health_check_period_s=10.0,
     )(KvresOpenAI)
     config_json = options.config.model_dump_json() if options.config is not None else None
-    app: Application = deployment.bind(options.namespace, config_json, options.digests)
+    app: Application = deployment.bind(options.namespace, config_json, options.digests, options.lifetime)
     return app
 
 
@@ -130,7 +141,8 @@ def build_app(args: dict[str, Any]) -> Application:
     from ..standing import config_from_option
 
     args = dict(args)
-    known = {"namespace", "config", "api_key_file", "min_replicas", "max_replicas", "max_ongoing_requests", "num_cpus"}
+    known = {"namespace", "config", "api_key_file", "min_replicas", "max_replicas", "max_ongoing_requests", "num_cpus",
+             "session_idle_s", "session_ttl_s"}
     unknown = sorted(set(args) - known)
     if unknown:
         raise ValueError(f"unknown kvres serve arguments {unknown}; known: {sorted(known)}")
@@ -143,4 +155,7 @@ def build_app(args: dict[str, Any]) -> Application:
         namespace=str(args.get("namespace", "kvres")), config=config, digests=key_digests(keys),
         min_replicas=int(args.get("min_replicas", 1)), max_replicas=int(args.get("max_replicas", 2)),
         max_ongoing_requests=int(args.get("max_ongoing_requests", 64)), num_cpus=float(args.get("num_cpus", 0.0)),
+        lifetime=SessionLifetime(
+            idle_s=seconds_option(str(args["session_idle_s"])) if "session_idle_s" in args else DEFAULT_IDLE_S,
+            ttl_s=seconds_option(str(args["session_ttl_s"])) if "session_ttl_s" in args else DEFAULT_TTL_S),
     ))

@@ -5,7 +5,9 @@ Primitives:
   session (opened on first use): the model's chat template renders the whole conversation the
   client sends, the session keeps what of it it already holds and appends only the rest
   (``usage.prompt_tokens_details.cached_tokens`` says how much was kept); the answer echoes the
-  header. Without one, the turn runs on a session opened for the request and closed after it.
+  header. Without one, the turn runs on a session opened for the request and closed after it. A
+  session lives as ``X-Session-Idle`` / ``X-Session-TTL`` on its first request ask, else as the
+  server's defaults say (``lifetime``).
   ``tools`` are rendered by the model's own template and the reply's calls parsed in its family's
   form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``. A bound
   turn's answer has a ``kvres`` field: ``session_id`` and ``prefix_break`` (where the rendered
@@ -33,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .catalog import ServedModel
 from .http_errors import api_error
 from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
+from .lifetime import lifetime_of
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
@@ -78,11 +81,12 @@ class _Turn:
         self.created = int(time.time())
         self.started = time.monotonic()
         self.headers = {"X-Session-Id": session_id} if session_id else {}
+        self.lifetime = lifetime_of(service.lifetime, request.headers)  # a bad header: a 400 before any call
 
     def acquire(self, streamed: bool = False) -> Any:
         tenant = tenant_of(self.request)
         if self.session_id is not None:
-            return self.service.bound(self.model, self.backend, self.session_id, tenant)
+            return self.service.bound(self.model, self.backend, self.session_id, tenant, self.lifetime)
         return self.service.stateless(self.model, self.backend, tenant,
                                       one_call=streamed and one_call(self.prompt, self.model.anchor))
 

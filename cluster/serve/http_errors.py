@@ -4,7 +4,8 @@ Primitives:
 - ``ApiError(status, message, type=..., param=None, code=None, headers=None)``: an answer to send
   as it is; ``body()`` is ``{"error": {"message", "type", "param", "code"}}``; ``headers``: what
   goes with it (a 429's ``Retry-After``).
-- ``SessionLockedError``: another request is running on the session (``409``, never queued).
+- ``SessionLockedError``: another request is running on the session (``409`` ``session_busy``, never
+  queued, with ``Retry-After: BUSY_RETRY_AFTER_S``).
 - ``api_error(exc) -> ApiError``: the status for any exception: bad input (pydantic's
   ``ValidationError`` naming the field, kvres's typed refusals, ``ValueError`` / ``TypeError``)
   400 (a prompt past what its session can hold: ``context_length_exceeded``), an unknown session or
@@ -38,6 +39,8 @@ from kvres.policy.errors import ActorLostError, BlockMismatchError, CapabilityEr
 from kvres.policy.placement import PlacementError
 
 from ..session import ConnectError
+
+BUSY_RETRY_AFTER_S = 1  # a session busy with another request's turn: try again after this long
 
 
 class ApiError(KvresError):
@@ -103,7 +106,8 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
     if isinstance(exc, (SessionExistsError,)):
         return ApiError(409, message, param="session_id", code="session_exists")
     if isinstance(exc, (SessionBusyError, SessionLockedError)):
-        return ApiError(409, message, param="session_id", code="session_busy")
+        return ApiError(409, message, param="session_id", code="session_busy",
+                        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
     if isinstance(exc, (BackendFullError, PlacementError)):
         code = "tenant_quota" if isinstance(exc, TenantQuotaError) else "backend_full"
         return ApiError(429, message, type="rate_limit_error", code=code, headers=_retry_after(exc))

@@ -5,15 +5,17 @@ Primitives:
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
-  ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--detach``.
+  ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--session-idle`` /
+  ``--session-ttl`` (seconds without a call before an HTTP-opened session is parked / closed; 0:
+  never; ``lifetime``), ``--detach``.
 - ``run_serve(args) -> int``: a ``--model`` checked and its choices printed (on stderr) before
   anything starts, then the API keys (``--api-key-file``, else ``KVRES_API_KEYS`` /
   ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
   at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command (its
   task-event store bounded: ``ray_task_events``); kvres's
   actors found or started there (``connect``), Serve's HTTP proxy on ``--host:--port``, the
-  application deployed (``kvres`` at ``/``), and one line printed: ``kvres serve: listening on
-  http://HOST:PORT/v1 ...``. Then it waits for Ctrl-C or SIGTERM and removes the application (and
+  application deployed (``kvres`` at ``/``), and two lines printed: ``kvres serve: listening on
+  http://HOST:PORT/v1 ...`` and the sessions' lifetime. Then it waits for Ctrl-C or SIGTERM and removes the application (and
   with an embedded cluster, kvres's actors and the cluster). ``--detach`` (a standing cluster only)
   returns at once and leaves the application running; ``--stop`` removes it (``stop_serve``).
 - ``stop_serve(address, namespace, drop_state=False, missing_ok=False) -> str``: a detached
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 from kvres.policy import KvresError
 
 from .auth import bind_host, key_digests, load_key_entries
+from .lifetime import DEFAULT_IDLE_S, DEFAULT_TTL_S, SessionLifetime, seconds_option
 
 if TYPE_CHECKING:
     from ..session import SessionManager
@@ -72,11 +75,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ongoing-requests", type=int, default=64,
                         help="requests one replica runs at once (default 64)")
     parser.add_argument("--num-cpus", type=int, default=None, help="an embedded cluster's CPUs (default: all)")
+    parser.add_argument("--session-idle", type=_seconds_arg, default=DEFAULT_IDLE_S, metavar="SECONDS",
+                        help=f"an HTTP-opened session is parked (its KV to the cold store) after this long without "
+                             f"a call (default {DEFAULT_IDLE_S:.0f}; 0: never)")
+    parser.add_argument("--session-ttl", type=_seconds_arg, default=DEFAULT_TTL_S, metavar="SECONDS",
+                        help=f"an HTTP-opened session is closed after this long without a call (default "
+                             f"{DEFAULT_TTL_S:.0f}; 0: never)")
     parser.add_argument("--detach", action="store_true",
                         help="return once deployed and leave it running (needs a standing cluster: --address)")
     parser.add_argument("--stop", action="store_true",
                         help="remove the detached application of --namespace from the standing cluster (kvres's "
                              "actors and sessions keep running) and exit")
+
+
+def _seconds_arg(text: str) -> float | None:
+    try:
+        return seconds_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -180,8 +196,10 @@ def run_serve(args: argparse.Namespace) -> int:
         config = config_from_option(args.config)
     keys = load_key_entries(args.api_key_file)
     host = bind_host(args.host, bool(keys))
+    lifetime = SessionLifetime(idle_s=args.session_idle, ttl_s=args.session_ttl)
     options = ServeOptions(namespace=args.namespace, digests=key_digests(keys), min_replicas=args.min_replicas,
-                           max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests)
+                           max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests,
+                           lifetime=lifetime)
     if address:
         from ..ray_auth import follow_local_token
 
@@ -213,6 +231,7 @@ def run_serve(args: argparse.Namespace) -> int:
         models = ", ".join(b.name for b in manager.config.backends)
         print(f"kvres serve: listening on http://{host}:{args.port}/v1 (namespace {args.namespace!r}, "
               f"backends {models}; API key {'required' if keys else 'not required'})", flush=True)
+        print(f"kvres serve: {lifetime.describe()}", flush=True)
         if args.detach:
             return 0
         stop.wait()

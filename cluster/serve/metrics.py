@@ -7,7 +7,8 @@ Primitives:
 - ``ServeMetrics``: ``enter(replica, route)`` / ``leave(replica, route)`` (the queue depth: requests
   received and not yet answered, per route, summed over replicas), ``record(sample)``,
   ``session_counters(session_id)`` (a bound session's turns, prefilled / cached / completion
-  tokens through HTTP: ``SESSION_COUNTERS``), ``forget_session(session_id)``,
+  tokens through HTTP: ``SESSION_COUNTERS``; those of the ``max_sessions`` sessions whose turns
+  came last: sessions that expired are never told), ``forget_session(session_id)``,
   ``render() -> str`` (``text/plain; version=0.0.4``): ``kvres_serve_requests_total{route,status}``,
   ``kvres_serve_time_to_first_token_seconds``, ``kvres_serve_inter_token_latency_seconds``,
   ``kvres_serve_request_duration_seconds`` (histograms per route), ``kvres_serve_queue_depth{route}``,
@@ -103,7 +104,8 @@ class ServeMetrics:
     duration: dict[str, Histogram] = field(default_factory=dict)
     tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     in_flight: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    sessions: dict[str, dict[str, int]] = field(default_factory=dict)
+    sessions: dict[str, dict[str, int]] = field(default_factory=dict)  # the last used last
+    max_sessions: int = 100_000
     prefix_breaks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def enter(self, replica: str, route: str) -> None:
@@ -128,7 +130,10 @@ class ServeMetrics:
         if sample.prefix_breaks:
             self.prefix_breaks[route] += sample.prefix_breaks
         if sample.session_id is not None and sample.status < 400:
-            c = self.sessions.setdefault(sample.session_id, dict.fromkeys(SESSION_COUNTERS, 0))
+            c = self.sessions.pop(sample.session_id, None) or dict.fromkeys(SESSION_COUNTERS, 0)
+            self.sessions[sample.session_id] = c
+            while len(self.sessions) > self.max_sessions:
+                del self.sessions[next(iter(self.sessions))]
             c["turns"] += 1
             c["prefilled_tokens"] += sample.prompt_tokens - sample.cached_tokens
             c["cached_tokens"] += sample.cached_tokens

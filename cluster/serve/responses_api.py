@@ -11,7 +11,9 @@ Primitives:
   whose instructions differ from the previous response's is rendered anew on a branch, so the
   stored point is never rewritten; ``store=false``
   keeps nothing: a session it opened or forked is closed after the answer (so is one whose
-  response failed or whose client left mid-stream).
+  response failed or whose client left mid-stream). A chain's session lives as the first
+  response's ``X-Session-Idle`` / ``X-Session-TTL`` ask, else as the server's defaults say
+  (``lifetime``); once its TTL closed it, a continuation of it is a 404.
 - ``stream=true``: the specification's events, in order: ``response.created``,
   ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
   ``response.output_text.delta`` (one per piece of text), ``response.output_text.done``,
@@ -50,6 +52,7 @@ from ..session_handle import Session
 from .catalog import ServedModel
 from .http_errors import ApiError, api_error, bad_request, not_found
 from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
+from .lifetime import SessionLifetime, lifetime_of
 from .owners import may_use
 from .records import ResponseRecord
 from .responses_schemas import ResponseRequest, chat_messages
@@ -77,6 +80,7 @@ class _Call:
     plan: GenerationPlan
     tools: ToolPlan
     tenant: str | None = None  # the label of the request's API key: a session it opens counts against it
+    lifetime: SessionLifetime | None = None  # a session it opens: its idle and TTL clocks (None: the service's)
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     created_at: float = field(default_factory=time.time)
@@ -112,7 +116,7 @@ class _Call:
             sid = _new_session_id()
             stack, _ = service.lease(sid)
             try:
-                session = service.open_session(self.model, self.backend, sid, self.tenant)
+                session = service.open_session(self.model, self.backend, sid, self.tenant, self.lifetime)
             except BaseException:
                 stack.close()
                 raise
@@ -256,7 +260,8 @@ async def create_response(request: Request) -> Response:
     tools = ToolPlan.of_request(model, req.tools, req.tool_choice, req.parallel_tool_calls, flat=True)
     plan = tools.constrain(req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx,
                                                   "max_output_tokens"), req.json_schema(), req.wants_logprobs()))
-    call = _Call(service, req, model, backend, plan, tools, tenant_of(request))
+    call = _Call(service, req, model, backend, plan, tools, tenant_of(request),
+                 lifetime_of(service.lifetime, request.headers))
     if req.stream:
         started = await service.run(call.streaming)
         return StreamingResponse(_events(request, call, started), media_type="text/event-stream")

@@ -1,27 +1,32 @@
 """One replica's link to kvres: the session manager, the model catalog, the shared state, threads.
 
 Primitives:
-- ``Service(namespace, config, digests, max_workers=64)``: connects to the kvres actors of
-  ``namespace`` (Ray is already running in a Serve replica), ``catalog``, ``state``
-  (``ServeState``), ``keys`` (``KeyCheck``); ``run(fn, *args)`` (await a blocking kvres call on the
+- ``Service(namespace, config, digests, max_workers=64, lifetime=SessionLifetime())``: connects to
+  the kvres actors of ``namespace`` (Ray is already running in a Serve replica), ``catalog``,
+  ``state`` (``ServeState``), ``keys`` (``KeyCheck``), ``lifetime`` (how long the sessions it opens
+  live unless a request asks otherwise: ``lifetime.SessionLifetime``); ``run(fn, *args)`` (await a blocking kvres call on the
   replica's own thread pool, so the event loop never waits on Ray); ``close()``.
 - ``Service.fenced``: whether requests carry an identity (API keys are configured): then a key's
   requests reach only its own tenant's sessions (``owners.may_use``); another tenant's session
   answers as an unknown one (404), and as a taken id (409) where a request would open it.
-- ``Service.open_session(model, backend, session_id=None, tenant=None) -> Session``: on ``backend``,
-  or where placement puts a session of ``model``; ``tenant``: the label of the request's API key,
-  whose quotas the session counts against (and who owns it).
+- ``Service.open_session(model, backend, session_id=None, tenant=None, lifetime=None) -> Session``:
+  on ``backend``, or where placement puts a session of ``model``; ``tenant``: the label of the
+  request's API key, whose quotas the session counts against (and who owns it); ``lifetime``: its
+  idle and TTL clocks (None: the service's).
 - ``Service.session(session_id, tenant, owner=None) -> Session``: an open session the caller's
   tenant owns (``owner``: what the session's lease said of its owner, when one is held);
   ``Service.claim(session_id, tenant)``: a session this front opened or forked is ``tenant``'s.
 - ``Service.stateless(model, backend, tenant=None, one_call=False) -> (Session, ExitStack)``: a
   session opened for one request and closed when the stack closes; with ``one_call`` (a turn that
   is one streamed call) an ``EphemeralSession``, which that call opens and closes on the backend.
-- ``Service.bound(model, backend, session_id, tenant=None) -> (Session, ExitStack)``: the named session
-  (opened with that id on first use), held under its lease until the stack closes; another request
-  on it meanwhile is refused (409). A session of another model than the one asked is a 400. The
-  replica remembers where it ran each session, so a bound turn makes no planner call to find it
-  (``RememberedSession``: it follows a session moved meanwhile, and opens again one closed).
+- ``Service.bound(model, backend, session_id, tenant=None, lifetime=None) -> (Session, ExitStack)``: the
+  named session (opened with that id and ``lifetime`` on first use), held under its lease until the
+  stack closes; another request on it meanwhile is refused (409). A session of another model than
+  the one asked is a 400. The replica remembers where it ran each session, so a bound turn makes no
+  planner call to find it (``RememberedSession``: it follows a session moved meanwhile, and opens
+  again one closed).
+- ``Service.reachable(timeout_s=HEALTH_TIMEOUT_S) -> {model id: {backend: bool}}``: which backends
+  answer a ping within ``timeout_s`` (all asked at once), per model (``/health``).
 - ``Service.lease(session_id) -> (ExitStack, Owner)``: the session's lease alone (for the sessions
   routes), and its owner as far as the front knows.
 
@@ -50,18 +55,21 @@ from ..session_handle import Session
 from .auth import KeyCheck
 from .catalog import ModelCatalog, ServedModel
 from .http_errors import ApiError, bad_request
+from .lifetime import SessionLifetime
 from .owners import Owner, may_use
 from .state_actor import ServeState
 
 T = TypeVar("T")
 REMEMBERED_SESSIONS = 100_000  # where this replica ran each session: forgotten all at once past this
 log = logging.getLogger("kvres.serve")
+HEALTH_TIMEOUT_S = 5.0  # a backend that does not answer a ping in this long counts as unreachable
 
 
 class Service:
     def __init__(self, namespace: str, config: KvresConfig, digests: tuple[str, ...] = (),
-                 max_workers: int = 64) -> None:
+                 max_workers: int = 64, lifetime: SessionLifetime | None = None) -> None:
         self.namespace = namespace
+        self.lifetime = lifetime or SessionLifetime()
         self.manager: SessionManager = connect(namespace=namespace, config=config)
         config = self.manager.config
         self.catalog = ModelCatalog(config.backends, keeps_every_token=config.default_policy.residency.keeps_every_token)
@@ -76,21 +84,42 @@ class Service:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    def reachable(self, timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, dict[str, bool]]:
+        import ray
+
+        refs: dict[str, Any] = {}
+        for model in self.catalog.models:
+            for name in model.backends:
+                with contextlib.suppress(Exception):  # gone from the cluster: unreachable
+                    refs[name] = self.manager.backend(name).ping_ref()
+        answered: set[str] = set()
+        if refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+            ready_ids = {ref.hex() for ref in ready}
+            for name, ref in refs.items():
+                if ref.hex() in ready_ids:
+                    with contextlib.suppress(Exception):  # it died: its ping raised
+                        ray.get(ref, timeout=0)
+                        answered.add(name)
+        return {model.id: {name: name in answered for name in model.backends} for model in self.catalog.models}
+
     # -- sessions ------------------------------------------------------------------------------
     @property
     def fenced(self) -> bool:
         return not self.keys.open
 
     def _open(self, model: ServedModel, backend: str | None, session_id: str | None,
-              tenant: str | None) -> Session:
-        policy = None if tenant is None else self.manager.config.default_policy.with_retention(tenant=tenant)
+              tenant: str | None, lifetime: SessionLifetime | None = None) -> Session:
+        lifetime = lifetime or self.lifetime  # a clock of None: the default policy's own
+        policy = self.manager.config.default_policy.with_retention(
+            tenant=tenant, idle_suspend_s=lifetime.idle_s, ttl_s=lifetime.ttl_s)
         if backend is not None:
             return self.manager.open_session(backend=backend, session_id=session_id, policy=policy)
         return self.manager.open_session(model=str(model.path), session_id=session_id, policy=policy)
 
     def open_session(self, model: ServedModel, backend: str | None, session_id: str | None = None,
-                     tenant: str | None = None) -> Session:
-        session = self._open(model, backend, session_id, tenant)
+                     tenant: str | None = None, lifetime: SessionLifetime | None = None) -> Session:
+        session = self._open(model, backend, session_id, tenant, lifetime)
         self.claim(session.session_id, tenant)
         return session
 
@@ -132,19 +161,19 @@ class Service:
         owner = stack.enter_context(self.state.lease(session_id))
         return stack, owner
 
-    def bound(self, model: ServedModel, backend: str | None, session_id: str,
-              tenant: str | None = None) -> tuple[Session, contextlib.ExitStack]:
+    def bound(self, model: ServedModel, backend: str | None, session_id: str, tenant: str | None = None,
+              lifetime: SessionLifetime | None = None) -> tuple[Session, contextlib.ExitStack]:
         stack, owner = self.lease(session_id)
         try:
             try:
                 session = self._remembered(session_id, tenant, owner, lambda: self.open_session(
-                    model, backend, session_id, tenant).backend) or self.session(session_id, tenant, owner)
+                    model, backend, session_id, tenant, lifetime).backend) or self.session(session_id, tenant, owner)
             except OtherTenantsSessionError:
                 raise ApiError(409, f"session id {session_id!r} is taken by a session another API key's tenant "
                                     "owns; bind this conversation to another X-Session-Id",
                                param="X-Session-Id", code="session_exists") from None
             except UnknownSessionError:
-                session = self.open_session(model, backend, session_id, tenant)
+                session = self.open_session(model, backend, session_id, tenant, lifetime)
             stack.callback(self._remember, session)
             if session.backend not in model.backends or (backend is not None and session.backend != backend):
                 raise bad_request(f"session {session_id!r} runs on backend {session.backend!r} "

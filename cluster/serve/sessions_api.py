@@ -1,7 +1,9 @@
 """``/v1/sessions``: kvres's sessions over HTTP (kvres's own API, not OpenAI's).
 
 Primitives:
-- ``router``: ``GET /v1/sessions`` (every open session and its backend), ``GET
+- ``router``: ``GET /v1/sessions`` (the open sessions and their backends, in id order, a page at a
+  time: ``limit``, default ``DEFAULT_LIST_LIMIT``, at most ``MAX_LIST_LIMIT``; ``after``, the last
+  id of the page before; the answer's ``has_more`` and ``last_id`` say where the next page starts), ``GET
   /v1/sessions/{id}`` (the backend's stats: state, token count, resident ranges, cold blocks,
   counters; and ``http``: the turns, prefilled, cached and completion tokens the HTTP front
   counted for it), ``GET /v1/sessions/{id}/tokens`` (its token log, and as text with the control
@@ -44,6 +46,8 @@ from .service import Service
 router = APIRouter()
 MAX_SESSION_FILE = 1 << 30
 LIST_TIMEOUT_S = 30.0  # a backend's stats for the fenced list
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
 
 
 class ForkBody(BaseModel):
@@ -66,8 +70,27 @@ def _summary(session_id: str, backend: str, **more: Any) -> dict[str, Any]:
 @answers_errors
 async def list_sessions(request: Request) -> Response:
     service = service_of(request)
+    limit = _list_limit(request.query_params.get("limit"))
+    after = request.query_params.get("after")
     sessions = await service.run(_listed, service, tenant_of(request))
-    return JSONResponse({"object": "list", "data": [_summary(s.session_id, s.backend) for s in sessions]})
+    page = [s for s in sessions if after is None or s.session_id > after][:limit + 1]
+    has_more = len(page) > limit
+    page = page[:limit]
+    return JSONResponse({"object": "list", "data": [_summary(s.session_id, s.backend) for s in page],
+                         "first_id": page[0].session_id if page else None,
+                         "last_id": page[-1].session_id if page else None, "has_more": has_more})
+
+
+def _list_limit(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_LIST_LIMIT
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise bad_request(f"limit must be an integer in 1..{MAX_LIST_LIMIT}, got {text!r}", param="limit")
+    return limit
 
 
 def _listed(service: Service, tenant: str | None) -> list[Session]:

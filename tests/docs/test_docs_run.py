@@ -19,13 +19,16 @@ machine and leaves nothing behind:
   its own, ``RAY_AUTH_MODE=disabled`` (a throwaway cluster on 127.0.0.1), ``OMP_NUM_THREADS=1``,
   and no ``RAY_ADDRESS`` or ``KVRES_*`` from the caller;
 - ``kvres start`` gets free ports, ``--node-ip-address 127.0.0.1`` and no Ray dashboard (its other
-  arguments are the document's), and the documentation address ``192.0.2.2:6379`` becomes the
-  address that ``kvres start`` printed;
+  arguments are the document's), and the documentation addresses ``192.0.2.2:6379`` and
+  ``127.0.0.1:6379`` become the address that ``kvres start`` printed;
 - afterwards a head ``kvres start`` started and the document left running gets ``kvres stop
   --ray`` (kvres's cold-store folders go with it), and every Ray process of the document's
   ``RAY_TMPDIR`` is killed (never a machine-wide ``ray stop``);
 - ``make`` takes the install as done (``-o .venv/.kvres-installed``): the test never reinstalls
-  the environment it runs in.
+  the environment it runs in;
+- a ``kvres serve`` that serves until Ctrl-C (no ``--detach``) runs in the background, on a free
+  port (the docs' ``127.0.0.1:8000`` becomes it), while the document's later blocks talk to it;
+  the test waits for its ``/health`` first and stops it (SIGTERM) when the document ends.
 
 ``EXCLUDED`` lists the commands that cannot run here, with why; an entry that matches nothing any
 more fails the test, so the list stays short and true.
@@ -37,14 +40,18 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import httpx
 import pytest
 
 from kvres.cluster.standing import head_processes, stop_head
@@ -57,7 +64,11 @@ from tests.examples.test_examples import _stop_ray_started_in
 VENV_BIN = Path(sys.executable).parent
 _KVRES_START = re.compile(r"^((?:[A-Za-z_]\w*=\S*\s+)*)kvres start\b")  # after any VAR=value
 _MAKE = re.compile(r"^((?:[A-Za-z_]\w*=\S*\s+)*)make\b")
+_KVRES_SERVE = re.compile(r"^(?:[A-Za-z_]\w*=\S*\s+)*(?:\.venv/bin/)?kvres serve\b(?!.*--detach)")
+DOC_SERVE_ADDRESS = "127.0.0.1:8000"  # where the docs' clients find `kvres serve`
+SERVE_START_TIMEOUT_S = 300
 DOC_ADDRESS = "192.0.2.2:6379"  # the address the docs show (RFC 5737 documentation range)
+DOC_LOCAL_ADDRESS = "127.0.0.1:6379"  # what `kvres start --node-ip-address 127.0.0.1` prints
 DOCS = ["README.md", *sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").glob("*.md"))]
 COMMAND_TIMEOUT_S = 300
 
@@ -71,12 +82,14 @@ class Exclusion:
 
 EXCLUDED = (
     Exclusion("README.md", "make test", "runs the whole suite, this test included"),
+    Exclusion("README.md", "RAY_AUTH_MODE=token ray job submit",
+              "needs the Ray dashboard, which the heads this test starts run without; tests/docs/test_quickstart.py "
+              "runs it as written"),
     Exclusion("docs/gpu.md", 'CMAKE_ARGS="-DGGML_CUDA=on"', "rebuilds llama-cpp-python from PyPI against CUDA"),
     Exclusion("docs/operators.md", "apt-get install prometheus", "installs a package from the internet"),
     Exclusion("docs/operators.md", "prometheus --config.file", "a server that runs until it is stopped"),
-    Exclusion("docs/serving.md", "kvres serve", "serves until Ctrl-C"),
-    Exclusion("docs/serving.md", "kvres start && kvres serve", "Serve's HTTP proxy on the fixed port 8000"),
-    Exclusion("docs/serving.md", "openai.OpenAI(", "needs a running `kvres serve` and its API key"),
+    Exclusion("docs/serving.md", "kvres serve --config", "a second server beside the one the document runs"),
+    Exclusion("docs/serving.md", "kvres start && kvres serve", "a third server, on a standing cluster"),
 )
 
 
@@ -132,6 +145,9 @@ class DocRun:
         self.base_env = _base_env(self.ray_tmp, self.scratch / "cache")
         self.state = self.scratch / "shell-state"
         subprocess.run(["bash", "-c", f"export -p > {self.state}"], env=self.base_env, check=True)
+        self.serve_port = free_port()
+        self.server: subprocess.Popen[str] | None = None
+        self.server_output: list[str] = []
 
     def adapt(self, text: str) -> str:
         start = (f"kvres start --port {self.port} --node-ip-address 127.0.0.1 --num-cpus 2 "
@@ -140,10 +156,16 @@ class DocRun:
                  f"--ray-arg=--dashboard-agent-listen-port={free_port()}")
         text = _KVRES_START.sub(lambda m: m.group(1) + start, text)
         text = _MAKE.sub(lambda m: m.group(1) + "make -o .venv/.kvres-installed", text)
-        return text.replace(DOC_ADDRESS, self.address)
+        if _KVRES_SERVE.match(text) and "--port" not in text:  # (before any comment that ends the line)
+            text = text.replace("kvres serve", f"kvres serve --port {self.serve_port}", 1)
+        return (text.replace(DOC_ADDRESS, self.address).replace(DOC_LOCAL_ADDRESS, self.address)
+                .replace(DOC_SERVE_ADDRESS, f"127.0.0.1:{self.serve_port}"))
 
     def run_command(self, command: Command) -> None:
         text = self.adapt(command.text)
+        if _KVRES_SERVE.match(command.text):
+            self.start_server(command, text)
+            return
         script = f"source {self.state}\n{text}\n__rc=$?\nexport -p > {self.state}\nexit $__rc\n"
         out = self._run(["bash", "-c", script], env=self.base_env, where=command, what=f"`{command.text}`")
         if _KVRES_START.match(command.text):
@@ -152,6 +174,43 @@ class DocRun:
                                 out.stdout, re.M)
             assert printed, _failure(command, f"`{command.text}`", out, f"printed no address on port {self.port}")
             self.address = printed.group(1)
+
+    def start_server(self, command: Command, text: str) -> None:
+        """The command in the background, until it prints that it listens and ``/health`` answers."""
+        assert self.server is None, f"{command.doc}:{command.line}: a second `kvres serve` in one document"
+        script = f"source {self.state}\nexec {text}\n"
+        self.server = subprocess.Popen(["bash", "-c", script], env=self.base_env, cwd=self.workdir, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        listening = threading.Event()
+
+        def read(stream: IO[str]) -> None:
+            for line in stream:
+                self.server_output.append(line)
+                if line.startswith("kvres serve: listening on"):
+                    listening.set()
+            listening.set()
+
+        assert self.server.stdout is not None
+        threading.Thread(target=read, args=(self.server.stdout,), daemon=True).start()
+        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+        listening.wait(SERVE_START_TIMEOUT_S)
+        while self.server.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.serve_port}/health", timeout=10).status_code == 200:
+                    return
+            time.sleep(0.5)
+        pytest.fail(f"{command.doc}:{command.line}: `{command.text}` did not start serving within "
+                    f"{SERVE_START_TIMEOUT_S} s\n{''.join(self.server_output)[-3000:]}", pytrace=False)
+
+    def stop_server(self) -> None:
+        if self.server is None or self.server.poll() is not None:
+            return
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.server.pid, signal.SIGKILL)  # the group this test started, nothing else
+            self.server.wait(timeout=30)
 
     def run_python(self, block: Block) -> None:
         env = {**self.base_env, **{k: self.adapt(v) for k, v in python_env(block).items()}}
@@ -171,6 +230,7 @@ class DocRun:
         return out
 
     def close(self) -> None:
+        self.stop_server()
         if self.started_head and head_processes(self.port):  # the document left it running
             # kvres stop first: it removes the cold-store folders the namespace made in the user's cache
             subprocess.run([str(VENV_BIN / "kvres"), "stop", "--address", self.address, "--ray"], cwd=self.workdir,

@@ -95,10 +95,10 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
 
 def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
                  tenant_key: str | None = None, config: dict[str, Any] | None = None, replicas: int = 2,
-                 backends: list[dict[str, object]] | None = None) -> Server:
+                 backends: list[dict[str, object]] | None = None, args: list[str] | None = None) -> Server:
     """``config``: the KvresConfig to serve (its ``model_path`` fields unset: the served model);
     by default one backend ``b0`` with a quota for ``TENANT``, or ``backends`` in its place (each of
-    the served model when it names none)."""
+    the served model when it names none); ``args``: more ``kvres serve`` arguments."""
     model = served_model_path(folder)
     config = config or {
         "backends": backends or [{"name": "b0", "n_ctx": 2048, "n_seq_max": 8, "kv_budget_tokens": 2000,
@@ -111,7 +111,8 @@ def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, 
     keys = (key or "") + (f", {tenant_key} tenant={TENANT}" if key and tenant_key else "")
     env.update({"KVRES_API_KEYS": keys, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})})
     command = [sys.executable, "-m", "kvres.cluster.cli", "serve", "--config", json.dumps(config), "--port", str(port),
-               "--num-cpus", "2", "--min-replicas", str(replicas), "--max-replicas", str(replicas), "--namespace", f"kvres-serve-test-{secrets.token_hex(4)}"]
+               "--num-cpus", "2", "--min-replicas", str(replicas), "--max-replicas", str(replicas), "--namespace", f"kvres-serve-test-{secrets.token_hex(4)}",
+               *(args or [])]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", key or "", model.name.removesuffix(".gguf"), process,

@@ -343,3 +343,38 @@ def test_the_local_vocabulary_decodes_as_the_backend_does(stories_model) -> None
     with pytest.raises(ValueError, match="outside the vocabulary"):
         vocab.detokenize([vocab.n_vocab])
     assert local_vocab("/no/such/model.gguf") is None
+
+
+def test_session_lifetime_from_options_and_headers() -> None:
+    from kvres.cluster.serve.lifetime import MAX_LIFETIME_S, SessionLifetime, lifetime_of, seconds_option
+
+    assert seconds_option("0") is None and seconds_option("2.5") == 2.5
+    for text in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(ValueError, match=repr(text)):
+            seconds_option(text)
+    defaults = SessionLifetime(idle_s=300, ttl_s=None)
+    assert lifetime_of(defaults, {}) == defaults
+    asked = lifetime_of(defaults, {"x-session-ttl": "60", "x-session-idle": " 5 "})
+    assert asked.policy_fields() == {"idle_suspend_s": 5.0, "ttl_s": 60.0}
+    assert lifetime_of(defaults, {"x-session-ttl": str(MAX_LIFETIME_S)}).ttl_s == MAX_LIFETIME_S
+    for value in ("0", "-3", "nan", str(MAX_LIFETIME_S + 1), ""):
+        with pytest.raises(ApiError) as err:
+            lifetime_of(defaults, {"x-session-ttl": value})
+        assert err.value.status == 400 and err.value.param == "X-Session-TTL" and repr(value) in err.value.message
+    with pytest.raises(ValueError, match="idle_s"):
+        SessionLifetime(idle_s=0)
+    assert "never parked" in SessionLifetime(idle_s=None).describe()
+
+
+def test_a_busy_session_is_a_409_with_retry_after() -> None:
+    err = api_error(SessionLockedError("locked"))
+    assert (err.status, err.code, err.headers) == (409, "session_busy", {"Retry-After": "1"})
+    assert api_error(SessionBusyError("busy")).headers == {"Retry-After": "1"}
+
+
+def test_session_counters_are_kept_for_the_sessions_used_last() -> None:
+    m = ServeMetrics(max_sessions=2)
+    for sid in ("a", "b", "a", "c"):  # c comes third: b, the one unused longest, goes
+        m.record(RequestSample("/v1/chat/completions", 200, 0.1, prompt_tokens=5, session_id=sid))
+    assert list(m.sessions) == ["a", "c"]
+    assert m.session_counters("a")["turns"] == 2 and m.session_counters("b")["turns"] == 0

@@ -78,17 +78,18 @@ def test_one_request_per_session_at_a_time(server) -> None:
             "temperature": 0, "stream": True, "ignore_eos": True}
     start = threading.Barrier(2)
 
-    def call(_: int) -> tuple[int, str]:
+    def call(_: int) -> tuple[int, str, str | None]:
         with server.http() as own:
             start.wait(timeout=30)
             with own.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": sid}) as r:
-                return r.status_code, r.read().decode()
+                return r.status_code, r.read().decode(), r.headers.get("retry-after")
 
     with ThreadPoolExecutor(2) as pool:
         answers = sorted(pool.map(call, range(2)))
-    assert [code for code, _ in answers] == [200, 409], answers
+    assert [code for code, _, _ in answers] == [200, 409], answers
     error = json.loads(answers[1][1])["error"]
     assert error["code"] == "session_busy" and sid in error["message"]
+    assert answers[1][2] == "1"  # Retry-After, in seconds
     server.http().delete(f"/v1/sessions/{sid}")
 
 
@@ -189,6 +190,31 @@ def test_concurrent_clients_each_on_their_own_session(server) -> None:
     replicas |= {http.get("/v1/models").headers["x-kvres-replica"] for _ in range(20)}
     assert len(replicas) == 2  # stateless replicas: the sessions above were served by both
     for sid in sids:
+        http.delete(f"/v1/sessions/{sid}")
+
+
+def test_the_session_list_comes_in_pages(server) -> None:
+    http = server.http()
+    opened = [_sid("page") for _ in range(3)]
+    for sid in opened:
+        assert _chat(http, server.model, [{"role": "user", "content": "hi"}], sid).status_code == 200
+    whole = http.get("/v1/sessions", params={"limit": 1000}).json()
+    assert whole["has_more"] is False and set(opened) <= {s["id"] for s in whole["data"]}
+    pages, after = [], None
+    while True:
+        page = http.get("/v1/sessions", params={"limit": 2, **({"after": after} if after else {})}).json()
+        assert len(page["data"]) <= 2
+        pages.extend(s["id"] for s in page["data"])
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+        assert after == page["data"][-1]["id"]
+    assert pages == [s["id"] for s in whole["data"]]  # in id order, each once
+    assert len(http.get("/v1/sessions").json()["data"]) <= 100  # the default page
+    for limit in ("0", "1001", "many"):
+        bad = http.get("/v1/sessions", params={"limit": limit})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit" and "1..1000" in bad.text
+    for sid in opened:
         http.delete(f"/v1/sessions/{sid}")
 
 
