@@ -172,7 +172,8 @@ class BackendConfig(BaseModel):
     # llama.cpp only: "split" gives each session a KV stream of n_ctx / n_seq_max cells that only its
     # tokens attend over (faster with many resident sessions; no eviction from a session's middle).
     # None: kvres chooses when the backend starts: split from 4 sessions with streams of 512 tokens
-    # or more (no sliding window, no spilling KV tier), else unified (backend_setup.kv_layout_choice)
+    # or more (no sliding window, no spilling KV tier, a cluster default policy that keeps every
+    # token), else unified (backend_setup.kv_layout_choice)
     kv_layout: Literal["unified", "split"] | None = None
     # llama.cpp only: flash attention (None: on, except the split layout on the CPU; a quantized V
     # cache needs it). Its blocks store V rows another way, so they move only between backends
