@@ -17,8 +17,9 @@ Primitives:
 - ``TenantQuota``: what one tenant's sessions may hold on a backend together: ``resident_tokens``
   and ``cold_bytes`` (None: no limit); ``kvres.actors.host.quotas`` keeps them.
 - ``BackendConfig``: engine, model path, n_ctx, KV budget, KV types (``kvres.policy.kv_types``),
-  the llama.cpp KV layout (``kv_layout``: one cache for all sessions, or one stream each) and
-  ``flash_attn`` (None: on, except for the split layout on the CPU), threads, GPUs and device
+  the llama.cpp KV layout (``kv_layout``: one cache for all sessions, or one stream each; None,
+  the default: kvres chooses from the backend's sizes, ``kvres.actors.backend_setup.kv_layout_choice``)
+  and ``flash_attn`` (None: on, except for the split layout on the CPU), threads, GPUs and device
   placement (``n_gpu_layers``, ``openvino_device``); the KV budget in memory instead of tokens
   (``kv_memory_bytes`` and / or ``kv_memory_fraction`` of the free device or host memory, less
   ``kv_memory_reserve_bytes``; ``memory_budgeted``): the backend then resolves ``n_ctx`` and
@@ -169,8 +170,11 @@ class BackendConfig(BaseModel):
     node_id: str | None = None  # pin the backend to this Ray node
     openvino_mode: Literal["state", "recompute"] = "state"
     # llama.cpp only: "split" gives each session a KV stream of n_ctx / n_seq_max cells that only its
-    # tokens attend over (faster with many resident sessions; no eviction from a session's middle)
-    kv_layout: Literal["unified", "split"] = "unified"
+    # tokens attend over (faster with many resident sessions; no eviction from a session's middle).
+    # None: kvres chooses when the backend starts: split from 4 sessions with streams of 512 tokens
+    # or more (no sliding window, no spilling KV tier, a cluster default policy that keeps every
+    # token), else unified (backend_setup.kv_layout_choice)
+    kv_layout: Literal["unified", "split"] | None = None
     # llama.cpp only: flash attention (None: on, except the split layout on the CPU; a quantized V
     # cache needs it). Its blocks store V rows another way, so they move only between backends
     # with the same setting (a session moving elsewhere is recomputed from its log)

@@ -41,6 +41,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from kvres.actors.backend_setup.engine_registry import kv_layout_of
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.default_model import default_model_path
 from kvres.actors.host.journal import SessionRecord
@@ -193,6 +194,11 @@ class SessionManager:
     def _ensure_backend(self, cfg: BackendConfig) -> Any:
         if cfg.model_path is None:
             cfg = cfg.model_copy(update={"model_path": default_model_path()})
+        evicting = not self.config.default_policy.residency.keeps_every_token
+        layout = kv_layout_of(cfg, evicting_sessions=evicting)
+        if evicting and layout is not None and layout.chosen:
+            # the sessions it opens by default evict from their middle, which the split layout cannot
+            cfg = cfg.model_copy(update={"kv_layout": layout.layout})
         if not actor_exists(backend_actor_name(cfg.name), self.namespace):
             forget_start(self.namespace, cfg.name)  # created anew: an earlier failure no longer holds
         options: dict[str, Any] = {

@@ -11,16 +11,21 @@ Primitives:
   None when it takes no measured costs (it reads every cold block); ``tier_probe(config, placement)``
   the ``ProbeEngine`` T*'s probes measure with before the executor exists (the backend's own
   threads and offload: ``llama_threads(config)``); ``engine_evicts`` whether it evicts by itself
-  (kvres does not address its KV: what a ``LoadReport`` tells placement).
+  (kvres does not address its KV: what a ``LoadReport`` tells placement); ``kv_layouts`` whether
+  it has KV layouts to choose between (llama.cpp's unified and split, ``kv_layout_choice``).
 - ``ENGINES``: the table, "llama", "openvino", "openvino-genai"; ``engine_spec(name)`` (an
   ``UnknownEngineError`` naming the name and the known ones).
+- ``kv_layout_of(config, model_path=None, spills=False, evicting_sessions=False)``: the
+  ``LayoutChoice`` the config runs (its own layout, else the one its sizes choose), None where its
+  engine has no layouts.
 - ``make_executor(config, model_path, placement=None)``: the engine's executor (a
   ``LlamaExecutor`` with layers offloaded and main GPU from the placement, an OpenVINO executor
   of the configured mechanism on the placement's device, or a ``GenAIExecutor``: the engine
   evicts). Without a placement it is taken from the GPUs Ray assigned this process
   (``kvres.actors.sizing.device_placement``).
 - llama.cpp's cache as the llama executor creates it (``kvres.actors.engines.llama.cache_shape``),
-  from a config: ``llama_cache_cells(config)``, ``llama_spare_streams(config)``.
+  from a config: ``llama_cache_cells(config)``, ``llama_spare_streams(config)``; a config that
+  leaves the KV layout to kvres gets the one its sizes choose (``kv_layout_choice``).
 
 Callers ask here instead of branching on the name.
 """
@@ -40,6 +45,8 @@ from kvres.actors.sizing.device_placement import Placement, assigned_gpu_ids, pl
 from kvres.policy.capacity import LayerKVProfile
 from kvres.policy.errors import KvresError
 from kvres.policy.kv_layout import CacheCells
+
+from .kv_layout_choice import LayoutChoice, llama_kv_layout
 
 if TYPE_CHECKING:
     from kvres.actors.sizing.llama_probes import ProbeEngine
@@ -62,6 +69,7 @@ class EngineSpec:
     recall_probe: Callable[[AnyExecutor, Placement], ProbeEngine] | None = None
     tier_probe: Callable[[BackendConfig, Placement], ProbeEngine] | None = None
     engine_evicts: bool = False
+    kv_layouts: bool = False
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------
@@ -74,7 +82,7 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
     return LlamaExecutor(
         str(model_path), n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
         type_k=config.type_k, type_v=config.type_v, n_threads=config.n_threads,
-        n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu, kv_layout=config.kv_layout,
+        n_gpu_layers=placement.n_gpu_layers, main_gpu=placement.main_gpu, kv_layout=llama_kv_layout(config, model_path).layout,
         flash_attn=config.flash_attn,
     )
 
@@ -82,11 +90,11 @@ def _llama_build(config: BackendConfig, model_path: Path, placement: Placement) 
 def llama_spare_streams(config: BackendConfig) -> int:
     """The streams a split layout has beside its sessions' (one to move them through, from
     ``cache_shape.SPARE_STREAM_SESSIONS`` sessions on), each as large as a session's."""
-    return cache_shape.spare_streams(config.kv_layout, config.n_seq_max)
+    return cache_shape.spare_streams(llama_kv_layout(config).layout, config.n_seq_max)
 
 
 def llama_cache_cells(config: BackendConfig) -> CacheCells:
-    return cache_shape.cache_cells(config.kv_layout, config.n_seq_max)
+    return cache_shape.cache_cells(llama_kv_layout(config).layout, config.n_seq_max)
 
 
 def _llama_profiles(config: BackendConfig, model_path: Path, type_k: str, type_v: str
@@ -159,7 +167,8 @@ def _openvino_kv_device(config: BackendConfig, placement: Placement | None) -> D
 
 ENGINES: Mapping[str, EngineSpec] = {
     "llama": EngineSpec("llama", _llama_build, _llama_profiles, _llama_kv_device, cache_cells=llama_cache_cells,
-                        kv_tier_choice=True, recall_probe=_llama_recall_probe, tier_probe=_llama_tier_probe),
+                        kv_tier_choice=True, recall_probe=_llama_recall_probe, tier_probe=_llama_tier_probe,
+                        kv_layouts=True),
     "openvino": EngineSpec("openvino", _openvino_build, _openvino_profiles, _openvino_kv_device),
     "openvino-genai": EngineSpec("openvino-genai", _genai_build, _openvino_profiles, _openvino_kv_device,
                                  engine_evicts=True),
@@ -171,6 +180,15 @@ def engine_spec(name: str) -> EngineSpec:
         return ENGINES[name]
     except KeyError:
         raise UnknownEngineError(f"unknown engine {name!r}; kvres runs {', '.join(ENGINES)}") from None
+
+
+def kv_layout_of(config: BackendConfig, model_path: Path | None = None, spills: bool = False,
+                 evicting_sessions: bool = False) -> LayoutChoice | None:
+    """The KV layout the config runs (its own, else the one its sizes choose), None where its
+    engine has no layouts."""
+    if not engine_spec(config.engine).kv_layouts:
+        return None
+    return llama_kv_layout(config, model_path, spills=spills, evicting_sessions=evicting_sessions)
 
 
 def make_executor(config: BackendConfig, model_path: Path, placement: Placement | None = None) -> AnyExecutor:

@@ -28,8 +28,9 @@ Primitives:
   outside, a store's answer, holds up no call that needs only the lock). ``stop()`` ends it once
   the step or piece it is in is done (its pending jobs fail with ``LoopStoppedError``),
   ``join(timeout)`` waits for that.
-- ``LoopProfile``: ``steps`` taken, ``step_s`` (seconds inside them, the lock held), ``engine_s`` and
-  ``engine_tokens`` (seconds inside the engine's batched decode, and the tokens it decoded: the
+- ``LoopProfile``: ``steps`` taken (those that moved a call on: a pass in which every call waits,
+  for room or for its stream's reader, is not counted), ``step_s`` (seconds inside every pass, the
+  lock held), ``engine_s`` and ``engine_tokens`` (seconds inside the engine's batched decode, and the tokens it decoded: the
   step function counts them with ``engine(seconds, tokens)``), ``commit_s`` (seconds writing
   calls' journal records, which a call waits for before its answer); ``as_dict()``. What a step
   costs beyond the engine is ``step_s - engine_s``; the loop's wall time outside steps is idle
@@ -435,7 +436,7 @@ class StepLoop:
                     progressed = True
                     for job in jobs:
                         job.finish(exc)
-                q.profile.steps += 1
+                q.profile.steps += progressed  # a pass in which every call waits (for room, for its reader) is none
                 q.profile.step_s += time.perf_counter() - started
                 for job in jobs:
                     if job.done and job in q.jobs:

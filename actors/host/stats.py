@@ -5,7 +5,8 @@ Primitives:
   and, where the backend degraded it, why (``degraded``, else None), token count, resident ranges
   and tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
   forgotten here), its tenant (what the tenant's sessions hold here, and its quota), counters.
-- ``backend_stats(ctx, profile) -> dict``: context size, budget, resident and free tokens (and bytes where the
+- ``backend_stats(ctx, profile) -> dict``: context size, KV layout (None: a host given a config
+  whose layout was not resolved, ``kvres.actors.backend_setup.kv_config``), budget, resident and free tokens (and bytes where the
   engine's KV profile gives them), peak, sessions and their states, tenants (``quotas.tenant_usage``),
   the calls waiting for room and what they waited (``room_queue``: ``RoomQueue.stats``).
 """
@@ -77,6 +78,7 @@ def backend_stats(ctx: HostContext, profile: LayerKVProfile | None) -> dict[str,
         "model": str(config.model_path),
         "fingerprint": ctx.fingerprint,
         "n_ctx": config.n_ctx,
+        "kv_layout": config.kv_layout,
         "kv_budget_tokens": config.kv_budget_tokens,
         "resident_tokens": sum(live.values()),
         "peak_resident_tokens": ctx.peak_resident_tokens,

@@ -6,7 +6,8 @@ Primitives:
   kept by ``engine_output.captured_stderr``, is started again by Ray at most ``START_ATTEMPTS``
   times in a row; then the backend is failed, its reason the engine's own words, in Ray's GCS, and
   the planner drops it from placement: ``start_failed``). It builds the executor (``kvres.actors.backend_setup``;
-  its KV tier decision goes to the host, which runs its sessions by it), finds this node's cold
+  its KV tier decision goes to the host, which runs its sessions by it; its llama.cpp KV layout,
+  where the config leaves it, is chosen from its sizes), finds this node's cold
   store by name (``RayStorePort``; the journal is ``RayJournal``), starts measuring its recall
   costs in the background where its engine takes them and can shift positions
   (``kvres.actors.sizing.recall_costs.BackgroundRecallCosts``: with its own threads and device,
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 import ray
 
 from kvres.actors.backend_setup.engine_registry import engine_spec, make_executor
-from kvres.actors.backend_setup.kv_config import resolve_kv_tier
+from kvres.actors.backend_setup.kv_config import resolve_kv_layout, resolve_kv_tier
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
@@ -162,6 +163,7 @@ class BackendServer:
         spec = engine_spec(config.engine)
         placement = placement_for(config, assigned_gpu_ids())
         config, self.tier_decision = resolve_kv_tier(config, model, placement=placement)
+        config = resolve_kv_layout(config, model)
         store_name = cold_store_name(self.node_id)
         store = RayStorePort(store_name, namespace)
         self._reports = LoadReporter(config, str(model), self.node_id, namespace)

@@ -6,8 +6,9 @@ Primitives:
   writes are write-behind through a local stage (``STAGE_BYTES``), so a resume right after a suspend
   reads nothing over Ray.
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
-  ``WRITE_DEFER_S``, until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it): the calls do
-  not share the CPU with them;
+  ``WRITE_DEFER_S``, until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it, or after
+  they were queued where that is later): the calls do not share the CPU with them, and a resume
+  right after a suspend takes the blocks back before anything went out;
   ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
   handed to another backend, which reads its blocks from the store). ``prefetch(refs)``: start
   reading parked blocks a coming ``take`` will want (a call for a suspended session came in), in
@@ -41,7 +42,10 @@ logger = logging.getLogger("kvres.coldstore")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
 STAGE_BYTES = 256 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
 WRITE_DEFER_S = 2.0  # how long a write-behind send may wait for its backend to be between calls
-SEND_AFTER_IDLE_S = 0.005  # and, once it is, for the answer of the call that made it to leave first
+# and, once it is (or once a control call queued it: a suspend), for the answer of the call that
+# made it to leave first and its driver's next call to come: a resume right after a suspend takes
+# its blocks back from the stage, and the store is sent nothing (no 24 MB copied over and dropped)
+SEND_AFTER_IDLE_S = 0.05
 PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
 PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
 
@@ -168,7 +172,7 @@ class RayStorePort(StorePort):
         now = time.monotonic()
         left = self._outbox[0][2] + WRITE_DEFER_S - now
         if not self._defer:
-            left = min(left, self._idle_since + SEND_AFTER_IDLE_S - now)
+            left = min(left, max(self._idle_since, self._outbox[0][2]) + SEND_AFTER_IDLE_S - now)
         return left if left > 0 else None
 
     def _send_loop(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvres.actors.backend_setup.engine_registry import kv_layout_of
 from kvres.actors.config import BackendConfig
 from kvres.actors.default_model import default_model_path
 
@@ -94,9 +95,13 @@ def _model_id(path: Path, taken: set[str]) -> str:
 
 def session_context(backend: BackendConfig, keeps_every_token: bool) -> int:
     """The most tokens one session can hold on ``backend`` (``kvres.actors.host.context_limit``):
-    its context (a split layout's stream: ``n_ctx / n_seq_max``), and with a policy that keeps every
+    its context (a split layout's stream: ``n_ctx / n_seq_max``, the layout kvres chooses where the
+    config leaves it, ``kvres.actors.backend_setup.kv_layout_choice``), and with a policy that keeps every
     token resident, the KV budget where smaller."""
-    per_session = backend.n_ctx // backend.n_seq_max if backend.kv_layout == "split" else backend.n_ctx
+    model = Path(backend.model_path or default_model_path())
+    layout = kv_layout_of(backend, model, evicting_sessions=not keeps_every_token)
+    split = layout is not None and layout.layout == "split"
+    per_session = backend.n_ctx // backend.n_seq_max if split else backend.n_ctx
     return min(per_session, backend.kv_budget_tokens) if keeps_every_token else per_session
 
 

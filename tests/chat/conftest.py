@@ -27,7 +27,8 @@ def manager(tmp_path_factory: pytest.TempPathFactory):
                           n_threads=1),
             BackendConfig(name="pk", model_path=PASSKEY_MODEL, n_ctx=1024, n_seq_max=4, kv_budget_tokens=1000,
                           n_threads=1),
-            BackendConfig(name="chat", n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000, n_threads=1),
+            BackendConfig(name="chat", n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000, n_threads=1,
+                          kv_layout="unified"),  # streaming sessions evict in it
         ],
         cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=64 << 20,
                                    disk_dir=tmp_path_factory.mktemp("coldstore")),

@@ -113,6 +113,22 @@ def test_a_block_taken_back_before_it_was_sent_never_reaches_the_store(store: An
         BlockKey.of(blocks[1]), BlockKey.of(blocks[3])]
 
 
+def test_a_park_taken_back_by_the_next_call_sends_the_store_nothing(
+    store: Any, port: RayStorePort, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspend between steps (no step loop running: the port idle for long) queues its blocks,
+    and they wait for its answer to leave and its driver's next call: a resume right after takes
+    them back from the stage, and neither a put nor a delete ever goes to the store."""
+    monkeypatch.setattr(ray_store_port, "SEND_AFTER_IDLE_S", 5.0)  # the next call comes within it, however slow
+    blocks = _blocks("parked", range(0, 12, 4))
+    port.put_many(blocks)
+    time.sleep(0.2)  # the suspend's answer goes back, the driver asks for the resume
+    assert port.pop_many([BlockKey.of(b) for b in blocks]) == blocks
+    with port._sent:
+        assert not port._outbox and not port._sending and not port._settling  # nothing went out, nothing to delete
+    assert _held(store, "parked") == []
+
+
 def test_send_now_sends_what_is_held_while_the_backend_stays_busy(store: Any, port: RayStorePort) -> None:
     port.defer_writes(True)
     blocks = _blocks("handover", range(0, 16, 4))

@@ -58,6 +58,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory):
     config = KvresConfig(
         backends=[
             BackendConfig(name="f0", model_path=model, n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000, n_threads=1,
+                          kv_layout="unified",  # its sessions grow past 512 tokens and evict
                           max_room_wait_s=1.0),  # a call refused for room here is refused after 1 s of waiting
             BackendConfig(name="fov", engine="openvino", model_path=model, n_ctx=2048, kv_budget_tokens=2000,
                           n_threads=1),

@@ -102,7 +102,8 @@ def test_budget_holds_at_every_step_with_16_sessions_on_8_slots(tmp_path: Path) 
 
 
 def test_control_calls_answer_between_steps_of_a_long_generation(tmp_path: Path) -> None:
-    h = _host("llama", tmp_path, kv_budget_tokens=4000, n_ctx=4096)
+    # unified: the streaming session evicts from its middle (kvres would choose split for 8 x 512)
+    h = _host("llama", tmp_path, kv_budget_tokens=4000, n_ctx=4096, kv_layout="unified")
     h.open_session("long", SessionPolicy.streaming(512, recent_tokens=64))
     h.open_session("other")
     h.append("long", _prompt(0))

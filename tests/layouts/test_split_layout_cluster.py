@@ -96,6 +96,24 @@ def test_a_split_backend_measures_no_recall_costs(manager) -> None:
     assert stats["split"]["recall_costs"] is None and stats["unified"]["recall_costs"] is not None
 
 
+def test_a_backend_left_to_choose_runs_the_layout_its_sizes_choose(manager) -> None:
+    """The "unified" backend names no layout either: 4 sessions of 256 tokens stay unified; "auto"
+    (4 sessions of 512) runs split: its stats say so and a session holds at most its stream."""
+    import ray
+
+    layouts = {name: ray.get(manager.backend_handle(name).stats.remote())["kv_layout"]
+               for name in ("unified", "split", "auto")}
+    assert layouts == {"unified": "unified", "split": "split", "auto": "split"}
+    s = manager.open_session(backend="auto")
+    try:
+        s.append(PROMPT)
+        with pytest.raises(ContextLengthError, match="kv_layout='split'"):
+            s.append([5] * 500)
+        assert s.tokens() == PROMPT
+    finally:
+        s.close()
+
+
 def test_turns_that_start_on_high_streams_move_down_and_give_what_they_give_alone(manager) -> None:
     """On a split backend of 8 sessions, turns that start together on every other session (so the
     sessions under way sit on scattered streams) move down to the lowest streams the step leaves

@@ -295,9 +295,9 @@ def test_catalog_ids_and_backends(tmp_path) -> None:
     for p in (a, b):
         p.parent.mkdir()
         p.write_bytes(b"GGUF")
-    configs = [BackendConfig(name="x", model_path=a),
+    configs = [BackendConfig(name="x", model_path=a, kv_layout="unified"),
                BackendConfig(name="y", model_path=a, n_ctx=1024, kv_budget_tokens=1000),
-               BackendConfig(name="z", model_path=b)]
+               BackendConfig(name="z", model_path=b, kv_layout="unified")]
     catalog = ModelCatalog(configs, keeps_every_token=False)
     assert [(m.id, m.backends, m.n_ctx) for m in catalog.models] == [("m", ["x", "y"], 1024), ("b-m", ["z"], 4096)]
     # what one session holds where its policy keeps every token: the KV budget, a split stream

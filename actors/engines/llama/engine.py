@@ -264,6 +264,18 @@ class _Batch:
         self.struct.n_tokens = n
 
 
+_bytes_of_size = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_of_size.restype = ctypes.py_object
+_bytes_of_size.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def _uninitialised_bytes(size: int) -> bytes:
+    """A new ``bytes`` of ``size`` whose contents are not set yet, for llama.cpp to write into
+    before anything else sees it (``PyBytes_FromStringAndSize(NULL, size)``, as C extensions do)."""
+    out: bytes = _bytes_of_size(None, size)
+    return out
+
+
 def _payload_pointer(payload: bytes | bytearray | memoryview) -> tuple[Any, int]:
     """A ``uint8 *`` over the payload's bytes (no copy for ``bytes`` / ``bytearray``) and its size."""
     if isinstance(payload, bytes):
@@ -461,13 +473,15 @@ class LlamaContext:
 
     # -- state ----------------------------------------------------------------------------
     def state_get(self, seq: int) -> bytes:
+        """The sequence's serialised state, written by llama.cpp straight into the bytes returned
+        (no zero-filled buffer, no copy after: a 2,000-token state of a 12-layer model is ~24 MB)."""
         ll = load_llama()
         size = int(ll.llama_state_seq_get_size(self.ptr, seq))
-        buf = (ctypes.c_uint8 * size)()
-        written = int(ll.llama_state_seq_get_data(self.ptr, buf, size, seq))
+        out = _uninitialised_bytes(size)
+        written = int(ll.llama_state_seq_get_data(self.ptr, _payload_pointer(out)[0], size, seq))
         if written <= 0:
             raise EngineError(f"llama_state_seq_get_data wrote nothing for sequence {seq}")
-        return bytes(memoryview(buf)[:written])
+        return out if written == size else out[:written]
 
     def state_set(self, seq: int, payload: bytes | bytearray | memoryview) -> bool:
         buf, size = _payload_pointer(payload)
