@@ -5,10 +5,12 @@ Primitives:
   split layout pays: that many sessions resident at once, each with a stream that long.
 - ``LayoutChoice(layout, reason, chosen)``: the layout, why (for the start log), and whether kvres
   chose it (False: the config named it).
-- ``choose_kv_layout(n_ctx, n_seq_max, sliding_window=False, spills=False, evicting_sessions=False)
-  -> LayoutChoice``: the pure decision on the backend's sizes. Split where many sessions are
-  resident (``n_seq_max >= SPLIT_MIN_SESSIONS``) and none must evict from its middle: each
-  session's stream (``n_ctx / n_seq_max``) holds at least ``SPLIT_MIN_STREAM_TOKENS``, the model
+- ``choose_kv_layout(n_ctx, n_seq_max, sliding_window=False, spills=False, evicting_sessions=False,
+  session_tokens=None) -> LayoutChoice``: the pure decision on the backend's sizes. Split where many
+  sessions are resident (``n_seq_max >= SPLIT_MIN_SESSIONS``) and none must evict from its middle:
+  each session's stream (``n_ctx / n_seq_max``) holds at least ``SPLIT_MIN_STREAM_TOKENS`` and at
+  least what one session may hold on the unified cache (``session_tokens``, the backend's
+  ``kv_budget_tokens``: choosing split never lowers a session's context), the model
   has no sliding window (the split layout is not for one), the KV tier decision does not spill (a
   spilling backend runs its sessions with eviction) and the sessions it opens by default keep
   every token (``evicting_sessions``: a cluster whose ``default_policy`` evicts). Unified otherwise.
@@ -52,7 +54,7 @@ class LayoutChoice:
 
 
 def choose_kv_layout(n_ctx: int, n_seq_max: int, sliding_window: bool = False, spills: bool = False,
-                     evicting_sessions: bool = False) -> LayoutChoice:
+                     evicting_sessions: bool = False, session_tokens: int | None = None) -> LayoutChoice:
     stream = n_ctx // n_seq_max
     if n_seq_max < SPLIT_MIN_SESSIONS:
         return LayoutChoice("unified", f"n_seq_max={n_seq_max} < {SPLIT_MIN_SESSIONS}: few sessions resident at once")
@@ -65,6 +67,9 @@ def choose_kv_layout(n_ctx: int, n_seq_max: int, sliding_window: bool = False, s
     if stream < SPLIT_MIN_STREAM_TOKENS:
         return LayoutChoice("unified", f"a split stream would hold n_ctx / n_seq_max = {stream} tokens "
                                        f"< {SPLIT_MIN_STREAM_TOKENS}: sessions would outgrow it or have to evict")
+    if session_tokens is not None and stream < session_tokens:
+        return LayoutChoice("unified", f"a split stream would hold n_ctx / n_seq_max = {stream} tokens, less than "
+                                       f"one session may hold (kv_budget_tokens={session_tokens})")
     return LayoutChoice("split", f"n_seq_max={n_seq_max} sessions resident, each a stream of {stream} tokens "
                                  f"(>= {SPLIT_MIN_STREAM_TOKENS}) no other session's attention walks")
 
@@ -85,7 +90,7 @@ def llama_kv_layout(config: BackendConfig, model_path: Path | None = None, spill
     if config.kv_layout is not None:
         return LayoutChoice(config.kv_layout, "set in the backend's config", chosen=False)
     return choose_kv_layout(config.n_ctx, config.n_seq_max, sliding_window=_sliding_window(model_path),
-                            spills=spills, evicting_sessions=evicting_sessions)
+                            spills=spills, evicting_sessions=evicting_sessions, session_tokens=config.kv_budget_tokens)
 
 
 def log_layout_choice(backend: str, choice: LayoutChoice) -> None:

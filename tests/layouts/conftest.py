@@ -26,7 +26,7 @@ def manager(tmp_path_factory: pytest.TempPathFactory):
                           n_threads=1, kv_layout="split"),  # 256 cells a session
             BackendConfig(name="split8", model_path=model, n_ctx=2048, n_seq_max=8, kv_budget_tokens=2000,
                           n_threads=1, kv_layout="split"),  # 8 sessions: a spare stream to move them through
-            BackendConfig(name="auto", model_path=model, n_ctx=2048, n_seq_max=4, kv_budget_tokens=2000,
+            BackendConfig(name="auto", model_path=model, n_ctx=2048, n_seq_max=4, kv_budget_tokens=512,
                           n_threads=1),  # the layout left to kvres: 4 sessions of 512 tokens, split
         ],
         cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=64 << 20,

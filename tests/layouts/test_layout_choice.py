@@ -37,6 +37,7 @@ def test_split_where_many_sessions_are_resident_with_streams_that_hold_them() ->
     ({"n_ctx": 4096, "n_seq_max": 8, "sliding_window": True}, "sliding window"),
     ({"n_ctx": 4096, "n_seq_max": 8, "spills": True}, "spills"),
     ({"n_ctx": 4096, "n_seq_max": 8, "evicting_sessions": True}, "policy evicts"),
+    ({"n_ctx": 4096, "n_seq_max": 8, "session_tokens": 2048}, "less than one session may hold"),
 ])
 def test_unified_where_a_session_must_evict_or_few_are_resident(sizes: dict[str, int], why: str) -> None:
     choice = choose_kv_layout(**sizes)
@@ -45,27 +46,34 @@ def test_unified_where_a_session_must_evict_or_few_are_resident(sizes: dict[str,
 
 def test_other_engines_have_one_layout_and_an_explicit_one_wins() -> None:
     assert kv_layout_of(BackendConfig(engine="openvino")) is None
-    assert kv_layout_of(BackendConfig()).layout == "split"  # the default sizes: 8 sessions of 512 tokens
+    # the default sizes (8 sessions, n_ctx 4096, 2,048 tokens a session): a split stream of 512 would
+    # cut every session's context to a quarter, so they stay unified
+    default = kv_layout_of(BackendConfig())
+    assert default.layout == "unified" and "kv_budget_tokens=2048" in default.reason
+    assert kv_layout_of(BackendConfig(kv_budget_tokens=512)).layout == "split"  # 8 sessions of 512 tokens
     kept = kv_layout_of(BackendConfig(kv_layout="unified"))
     assert kept.layout == "unified" and not kept.chosen
     assert kv_layout_of(BackendConfig(kv_layout="split", n_seq_max=2, n_ctx=256, kv_budget_tokens=200)).layout == "split"
     # what sizing prices is what the engine will allocate: one stream per session and a spare
-    assert llama_spare_streams(BackendConfig()) == 1
-    assert llama_cache_cells(BackendConfig()).kv_unified is False
+    assert llama_spare_streams(BackendConfig(kv_budget_tokens=512)) == 1
+    assert llama_cache_cells(BackendConfig(kv_budget_tokens=512)).kv_unified is False
+    assert llama_cache_cells(BackendConfig()).kv_unified is True
     assert llama_cache_cells(BackendConfig(kv_layout="unified")).kv_unified is True
 
 
 def test_a_backend_resolves_and_logs_its_layout(stories_model: Path, caplog: pytest.LogCaptureFixture) -> None:
     """What a backend runs: ``resolve_kv_tier`` (a config it does not change comes back as it is),
     then ``resolve_kv_layout``."""
-    config = BackendConfig(model_path=stories_model)
+    config = BackendConfig(model_path=stories_model, kv_budget_tokens=512)
     tuned, _ = resolve_kv_tier(config, stories_model, env={}, placement=CPU)
     assert tuned is config
     with caplog.at_level(logging.INFO, logger="kvres.capacity"):
         fleet = resolve_kv_layout(tuned, stories_model)
     assert fleet.kv_layout == "split"
     assert any("KV layout split" in r.getMessage() for r in caplog.records)
-    assert resolve_kv_layout(BackendConfig(model_path=stories_model, n_seq_max=2), stories_model).kv_layout == "unified"
+    assert resolve_kv_layout(BackendConfig(model_path=stories_model, n_seq_max=2, kv_budget_tokens=512),
+                             stories_model).kv_layout == "unified"
+    assert resolve_kv_layout(BackendConfig(model_path=stories_model), stories_model).kv_layout == "unified"
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kvres.capacity"):
         asked = resolve_kv_layout(BackendConfig(model_path=stories_model, kv_layout="unified"), stories_model)
@@ -76,7 +84,7 @@ def test_a_backend_resolves_and_logs_its_layout(stories_model: Path, caplog: pyt
                                 env={}, placement=CPU)
     assert memory.kv_layout == "unified" and memory.n_ctx // memory.n_seq_max < SPLIT_MIN_STREAM_TOKENS
     roomy, _ = resolve_kv_tier(BackendConfig(model_path=stories_model, kv_memory_bytes=64 << 20, n_ctx=8192,
-                                             n_seq_max=4), stories_model, env={}, placement=CPU)
+                                             n_seq_max=4, kv_budget_tokens=2048), stories_model, env={}, placement=CPU)
     assert roomy.kv_layout == "split"
 
 
@@ -89,7 +97,7 @@ def test_a_sliding_window_model_stays_unified(tmp_path: Path) -> None:
 
 
 def test_the_catalog_reports_the_chosen_layouts_context(stories_model: Path) -> None:
-    fleet = BackendConfig(model_path=stories_model)  # split: 4096 / 8
+    fleet = BackendConfig(model_path=stories_model, kv_budget_tokens=512)  # split: 4096 / 8
     assert session_context(fleet, keeps_every_token=True) == 512
     # a cluster whose default policy evicts keeps the unified cache: a session reaches n_ctx
     assert session_context(fleet, keeps_every_token=False) == 4096

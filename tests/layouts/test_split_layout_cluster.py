@@ -98,7 +98,8 @@ def test_a_split_backend_measures_no_recall_costs(manager) -> None:
 
 def test_a_backend_left_to_choose_runs_the_layout_its_sizes_choose(manager) -> None:
     """The "unified" backend names no layout either: 4 sessions of 256 tokens stay unified; "auto"
-    (4 sessions of 512) runs split: its stats say so and a session holds at most its stream."""
+    (4 sessions of 512, each allowed 512) runs split: its stats say so and a session holds at most its
+    stream."""
     import ray
 
     layouts = {name: ray.get(manager.backend_handle(name).stats.remote())["kv_layout"]
@@ -107,7 +108,7 @@ def test_a_backend_left_to_choose_runs_the_layout_its_sizes_choose(manager) -> N
     s = manager.open_session(backend="auto")
     try:
         s.append(PROMPT)
-        with pytest.raises(ContextLengthError, match="kv_layout='split'"):
+        with pytest.raises(ContextLengthError, match="past the 512 tokens one session can hold"):
             s.append([5] * 500)
         assert s.tokens() == PROMPT
     finally:
