@@ -130,10 +130,7 @@ class ServeMetrics:
         if sample.prefix_breaks:
             self.prefix_breaks[route] += sample.prefix_breaks
         if sample.session_id is not None and sample.status < 400:
-            c = self.sessions.pop(sample.session_id, None) or dict.fromkeys(SESSION_COUNTERS, 0)
-            self.sessions[sample.session_id] = c
-            while len(self.sessions) > self.max_sessions:
-                del self.sessions[next(iter(self.sessions))]
+            c = self._used(sample.session_id)
             c["turns"] += 1
             c["prefilled_tokens"] += sample.prompt_tokens - sample.cached_tokens
             c["cached_tokens"] += sample.cached_tokens
@@ -149,12 +146,23 @@ class ServeMetrics:
                 mine.setdefault(route, Histogram(hist.buckets)).merge(*hist.state())
         for kind, n in delta.tokens.items():
             self.tokens[kind] += n
+        for route, n in delta.prefix_breaks.items():
+            self.prefix_breaks[route] += n
         for session_id, counters in delta.sessions.items():
-            c = self.sessions.setdefault(session_id, dict.fromkeys(SESSION_COUNTERS, 0))
+            c = self._used(session_id)
             for name, n in counters.items():
                 c[name] += n
         for route, n in in_flight.items():
             self.in_flight[(replica, route)] = n
+
+    def _used(self, session_id: str) -> dict[str, int]:
+        """The session's counters, moved to the end (used last); the least recently used past
+        ``max_sessions`` are dropped."""
+        c = self.sessions.pop(session_id, None) or dict.fromkeys(SESSION_COUNTERS, 0)
+        self.sessions[session_id] = c
+        while len(self.sessions) > self.max_sessions:
+            del self.sessions[next(iter(self.sessions))]
+        return c
 
     def session_counters(self, session_id: str) -> dict[str, int]:
         return dict(self.sessions.get(session_id) or dict.fromkeys(SESSION_COUNTERS, 0))

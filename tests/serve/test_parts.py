@@ -208,7 +208,7 @@ def test_a_replica_aggregates_its_requests_and_sends_them_once_per_flush() -> No
     samples = [RequestSample("/v1/chat/completions", 200, 0.5, ttft_s=0.05, prompt_tokens=30, cached_tokens=20,
                              completion_tokens=3, session_id="s"),
                RequestSample("/v1/chat/completions", 200, 0.7, ttft_s=0.2, prompt_tokens=9, completion_tokens=2,
-                             session_id="s"),
+                             session_id="s", prefix_breaks=1),
                RequestSample("/v1/models", 200, 0.01)]
     for route in ("/v1/chat/completions", "/v1/chat/completions", "/v1/models"):
         replica.enter(route)
@@ -233,6 +233,7 @@ def test_a_replica_aggregates_its_requests_and_sends_them_once_per_flush() -> No
         one_by_one.leave("r", sample.route)
         one_by_one.record(sample)
     assert shared.render() == one_by_one.render()
+    assert 'kvres_serve_prefix_breaks_total{route="/v1/chat/completions"} 1' in shared.render()
     assert shared.session_counters("s") == {"turns": 2, "prefilled_tokens": 19, "cached_tokens": 20,
                                             "completion_tokens": 5}
 
@@ -378,3 +379,7 @@ def test_session_counters_are_kept_for_the_sessions_used_last() -> None:
         m.record(RequestSample("/v1/chat/completions", 200, 0.1, prompt_tokens=5, session_id=sid))
     assert list(m.sessions) == ["a", "c"]
     assert m.session_counters("a")["turns"] == 2 and m.session_counters("b")["turns"] == 0
+    merged = ServeMetrics(max_sessions=2)
+    merged.merge("r", m, {})
+    merged.merge("r", ServeMetrics(sessions={"d": m.session_counters("a")}), {})  # merged ones count as used too
+    assert list(merged.sessions) == ["c", "d"]
