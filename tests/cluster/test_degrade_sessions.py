@@ -12,7 +12,8 @@ import pytest
 
 from kvres.actors.default_model import write_tiny_model
 from kvres.policy import CapabilityError
-from tests.host.test_degrade_sessions import BUDGET, POLICIES, grow_to_8x_budget, q8_config
+from tests.host.q8_backend import BUDGET, grow_to_8x_budget, q8_config
+from tests.host.test_degrade_sessions import POLICIES
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvres.actors.default_model import write_tiny_model
-from tests.host.test_gaps_without_shift import BUDGET, POLICIES, grow_to_8x_budget, q8_config
+from tests.host.q8_backend import BUDGET, grow_to_8x_budget, q8_config
+from tests.host.test_gaps_without_shift import POLICIES
 
 
 @pytest.fixture(scope="module")
