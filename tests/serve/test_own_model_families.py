@@ -12,6 +12,7 @@ vocabulary, a count no other family's template gives for the same message.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import sys
@@ -86,10 +87,8 @@ def test_kvres_serve_model_of_each_family(family_models: dict[str, Path], family
     for other, spec in FAMILY_SPECS.items():
         if other == family:
             continue
-        try:
+        with contextlib.suppress(ChatTemplateError):  # a template that refuses the messages is not the one used
             assert _prompt_tokens(replace(source, template=spec.template), model) != expected_prompt, other
-        except ChatTemplateError:
-            pass  # that template refuses the messages: it cannot be the one used
 
     server = _start(model)
     try:
