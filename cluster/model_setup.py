@@ -7,8 +7,9 @@ Primitives:
   chat template; else a ``ModelChoiceError``.
 - ``chat_setup(path, kv_memory_bytes=None, sessions=CHAT_SESSIONS) -> ChatSetup``: the
   ``KvresConfig`` a chat server of that model runs. One llama.cpp backend with the split layout
-  (a KV stream per resident session: no turn attends over the others' cells), ``sessions``
-  streams, each as long as the model's trained context (GGUF ``<arch>.context_length``) where
+  (a KV stream per resident session: no turn attends over the others' cells; a model with a
+  sliding window, which the split layout is not for, runs unified, each session capped at the
+  same context), ``sessions`` streams, each as long as the model's trained context (GGUF ``<arch>.context_length``) where
   the memory holds that, else what it holds; the KV memory is ``kv_memory_bytes``, else
   ``KV_MEMORY_FRACTION`` of the free memory of llama.cpp's first GPU (the backend then takes it)
   or of host RAM, less the weights and the reserve (``kvres.actors.backend_setup.kv_budget``, the
@@ -106,6 +107,7 @@ def _mib(n: float) -> str:
 def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
                sessions: int = CHAT_SESSIONS) -> ChatSetup:
     from kvres.actors.backend_setup.kv_budget import MAX_N_CTX, memory_budget, resolve_kv_memory
+    from kvres.actors.backend_setup.kv_layout_choice import has_sliding_window
     from kvres.actors.model_files import read_gguf_metadata
     from kvres.actors.sizing.device_memory import host_memory, llama_gpu_memory
 
@@ -119,7 +121,9 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
     device = gpu or host_memory()
     memory: dict[str, object] = ({"kv_memory_bytes": kv_memory_bytes} if kv_memory_bytes is not None
                                  else {"kv_memory_fraction": KV_MEMORY_FRACTION})
-    base = BackendConfig(name=_backend_name(model), model_path=model, kv_layout="split", n_seq_max=sessions,
+    windowed = has_sliding_window(model)
+    base = BackendConfig(name=_backend_name(model), model_path=model, kv_layout="unified" if windowed else "split",
+                         n_seq_max=sessions,
                          n_ctx=wanted * sessions, kv_budget_tokens=wanted * sessions,
                          num_gpus=1.0 if gpu is not None else 0.0, **memory)  # type: ignore[arg-type]
     budget, source = memory_budget(base, model, device=device)
@@ -136,7 +140,7 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
     n_ctx = per_session * sessions
     backend = BackendConfig.model_validate({
         **base.model_dump(exclude_unset=True, exclude={"kv_memory_bytes", "kv_memory_fraction"}),
-        "n_ctx": n_ctx, "kv_budget_tokens": min(resolved.kv_budget_tokens, n_ctx),
+        "n_ctx": n_ctx, "kv_budget_tokens": min(resolved.kv_budget_tokens, per_session if windowed else n_ctx),
     })
     config = KvresConfig(backends=[backend], default_policy=SessionPolicy())
     if kv_memory_bytes is not None:
@@ -157,7 +161,10 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
         ("device", f"{gpu.description} (all layers offloaded)" if gpu is not None else "CPU (no GPU llama.cpp can use)"),
         ("KV memory", where),
         ("context", f"{per_session:,} tokens per session, prompt and reply together ({why})"),
-        ("layout", f"split: {sessions} sessions resident at once, a KV stream each (KV {backend.type_k}/"
+        ("layout", f"unified: the model has a sliding window (llama.cpp's split streams are not for one); {sessions} "
+                   f"sessions share the KV cells, each up to its context (KV {backend.type_k}/{backend.type_v}); "
+                   "more sessions wait parked in the cold store while idle" if windowed else
+                   f"split: {sessions} sessions resident at once, a KV stream each (KV {backend.type_k}/"
                    f"{backend.type_v}); more sessions wait parked in the cold store while idle"),
         ("policy", "none: every token of a conversation stays resident; a turn past the context is refused "
                    "(context_length_exceeded) instead of forgetting the conversation's start"),

@@ -18,6 +18,8 @@ Primitives:
   a llama.cpp config's own layout where it names one, else the choice on its sizes (the model's
   sliding window read from its GGUF where a path is given and the file reads as one). Which
   engines have layouts at all is the registry's to say (``engine_registry.kv_layout_of``).
+- ``has_sliding_window(model_path) -> bool``: the GGUF's layers include windowed ones (False where
+  no path is given or the file does not read as a GGUF).
 - ``log_layout_choice(backend, choice)``: a choice kvres made, with its reason (``kvres.capacity``).
 
 In the unified cache every token's attention walks every occupied cell of every session, so a chat
@@ -74,7 +76,7 @@ def choose_kv_layout(n_ctx: int, n_seq_max: int, sliding_window: bool = False, s
                                  f"(>= {SPLIT_MIN_STREAM_TOKENS}) no other session's attention walks")
 
 
-def _sliding_window(model_path: Path | None) -> bool:
+def has_sliding_window(model_path: Path | None) -> bool:
     if model_path is None:
         return False
     from kvres.actors.model_files import layout_from_gguf
@@ -89,7 +91,7 @@ def llama_kv_layout(config: BackendConfig, model_path: Path | None = None, spill
                     evicting_sessions: bool = False) -> LayoutChoice:
     if config.kv_layout is not None:
         return LayoutChoice(config.kv_layout, "set in the backend's config", chosen=False)
-    return choose_kv_layout(config.n_ctx, config.n_seq_max, sliding_window=_sliding_window(model_path),
+    return choose_kv_layout(config.n_ctx, config.n_seq_max, sliding_window=has_sliding_window(model_path),
                             spills=spills, evicting_sessions=evicting_sessions, session_tokens=config.kv_budget_tokens)
 
 

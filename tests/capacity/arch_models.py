@@ -79,7 +79,7 @@ def _tensor_shape(spec: ArchModel, name: str, il: int) -> tuple[int, ...]:
 _BIAS = {"attn_q": "q", "attn_k": "k", "attn_v": "k", "attn_output": "e", "ffn_gate_inp": "x"}
 
 
-def write_arch_model(spec: ArchModel, path: Path, seed: int = 0) -> Path:
+def write_arch_model(spec: ArchModel, path: Path, seed: int = 0, chat_template: str | None = None) -> Path:
     from gguf import GGUFWriter
 
     tokens, scores, types = _vocabulary()
@@ -136,6 +136,8 @@ def write_arch_model(spec: ArchModel, path: Path, seed: int = 0) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     vocab = len(tokens)
     w.add_tensor("token_embd.weight", noise(vocab, spec.n_embd))
     w.add_tensor("output_norm.weight", np.ones(spec.n_embd, dtype=np.float32))

@@ -70,6 +70,20 @@ def test_less_memory_buys_a_shorter_context_and_the_catalog_says_so(long_model: 
         chat_setup(long_model, kv_memory_bytes=4096)
 
 
+def test_a_sliding_window_model_runs_unified_each_session_capped_at_its_context(tmp_path: Path) -> None:
+    from tests.capacity.arch_models import ARCH_MODELS, write_arch_model
+
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    gemma2 = write_arch_model(ARCH_MODELS["gemma2"], tmp_path / "gemma2.gguf", chat_template=template)
+    setup = chat_setup(gemma2, kv_memory_bytes=64 << 20)
+    backend = setup.config.backends[0]
+    assert backend.kv_layout == "unified" and backend.kv_budget_tokens == setup.session_context
+    assert backend.n_ctx == setup.session_context * backend.n_seq_max
+    card = ModelCatalog(setup.config.backends).models[0].card()
+    assert card["context_length"] == setup.session_context
+    assert "unified: the model has a sliding window" in setup.summary("kvres serve")
+
+
 def test_a_model_trained_on_fewer_positions_gets_those() -> None:
     setup = chat_setup(CHAT_MODEL)  # trained on 512: the free memory holds far more
     assert setup.session_context == 512
