@@ -9,11 +9,14 @@ Primitives:
 - ``Reply``: the generated ids (EOS excluded), their text, whether EOS ended them, and how many
   prompt tokens were prefilled for it.
 - ``chat_accuracy(gguf_path, conversations, own_history=False) -> ChatScore``: every assistant
-  turn of every conversation, in order; ``exact`` is the share of replies equal to the reference,
+  turn of every conversation, in order; ``exact`` is the share of replies equal to the reference
+  (a JSON reply whose values the question leaves open: ``json_reply_right``),
   ``eos`` the share that ended with EOS within ``max_tokens``; per family too. With
   ``own_history`` the model's own replies (not the reference ones) go into the later prompts.
   Conversations with tools render them (``Conversation.tools``); a reply that calls a tool is
   compared with the Hermes text of its ``tool_calls`` (``chat_tasks.reply_text``).
+- ``JSON_SCHEMAS`` (``json_object`` and two schemas) / ``json_questions(count)`` (one-turn questions
+  of every family, held out): what the JSON-mode scores use.
 - ``json_accuracy(gguf_path, questions, schema) -> JsonScore``: one-turn replies decoded under
   the grammar of a JSON schema (kvres's executor and sampler, as ``response_format`` runs them):
   the share that parses and the share that ends with EOS within ``max_tokens``.
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from models.chat_tasks import Conversation, Message, reply_text
+from models.chat_tasks import Conversation, Message, conversation_set, reply_text
 from models.chat_vocab import render
 from models.llama_eval import LlamaGreedy
 
@@ -92,6 +95,23 @@ class LlamaChat(LlamaGreedy):
         return Reply(out, self.model.detokenize(out), False, len(prompt) - keep)
 
 
+def json_reply_right(question: str, expected: str, got: str) -> bool:
+    """A JSON-family reply whose values the question does not fix: ``json with name and age`` wants
+    an object with those keys and values of the reference's types; a question asked for JSON wants
+    one key (``answer``, ``result`` or ``value``: any) with the question's answer."""
+    import json
+
+    try:
+        want, have = json.loads(expected), json.loads(got)
+    except ValueError:
+        return False
+    if not isinstance(have, dict) or len(have) != len(want):
+        return False
+    if "json with" in question or "json object with" in question:
+        return set(have) == set(want) and all(type(have[k]) is type(want[k]) for k in want)
+    return list(have.values()) == list(want.values())
+
+
 def chat_accuracy(
     gguf_path: str | Path, conversations: Sequence[Conversation], own_history: bool = False,
     max_tokens: int = 64, n_threads: int = 2, n_ctx: int = 512,
@@ -116,7 +136,8 @@ def chat_accuracy(
                 turn += 1
                 seen[fam] += 1
                 expected = reply_text(msg)
-                right = got.ended and got.text == expected
+                right = got.ended and (got.text == expected or fam == "json" and json_reply_right(
+                    str(history[-1]["content"]), expected, got.text))
                 ok[fam] += right
                 n_exact += right
                 n_eos += got.ended
@@ -128,6 +149,20 @@ def chat_accuracy(
     score.eos = n_eos / score.replies
     score.by_family = {f: ok[f] / seen[f] for f in sorted(seen)}
     return score
+
+
+JSON_SCHEMAS = {
+    "json_object": {"type": "object"},
+    "ok_n": {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+             "maximum": 9}}, "required": ["ok", "n"], "additionalProperties": False},
+    "name_age": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                 "required": ["name", "age"]},
+}
+
+
+def json_questions(count: int) -> list[str]:
+    """One-turn questions of every family (JSON asked for or not) from a held-out stream."""
+    return [c.messages[-2]["content"] for c in conversation_set("heldout-json", count, seed=7, max_turns=1)]
 
 
 @dataclass

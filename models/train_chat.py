@@ -8,24 +8,30 @@ Primitives:
   rendered conversation (BOS first, whole turns dropped from the end until it fits) and which
   tokens are reply tokens (each assistant message's content and the EOS after it).
 - ``make_batch(tcfg, step, tok) -> (inputs, targets, reply_mask, valid)``: the step's batch, a pure
-  function of the seed and the step: conversations of one turn count (drawn per step), padded to
-  the longest (``valid`` masks pads). A ``long_frac`` share of the steps draw long conversations,
-  so every position up to the context length is trained.
+  function of the seed and the step: conversations of one kind and turn count (drawn per step),
+  padded to the longest (``valid`` masks pads). Kinds: ordinary (1-``max_turns`` turns), long
+  (``long_frac``: every position up to the context length is trained), tool conversations
+  (``tools_frac``) and name recall (``recall_frac``, the question 2-10 turns after the name).
+- ``warm_start(model, vocab, init_dir, sha256)``: start from an earlier chat checkpoint; the
+  embedding and output rows follow the token texts (new tokens start fresh).
 - ``chat_loss(logits, targets, reply, valid, lm_weight)``: mean NLL of the reply tokens plus
   ``lm_weight`` times the mean NLL of the other real tokens.
 - ``reply_accuracy(model, tok, conversations) -> (exact, by_family)``: share of replies whose every
   token (EOS included) is the argmax under teacher forcing, which is what greedy decoding gives.
 - CLI: ``python models/train_chat.py`` trains, saves ``models/chat.{npz,json}``, exports
   ``models/chat.gguf``, measures accuracy in torch and llama.cpp (``models.chat_eval``) and writes
-  ``models/CHAT_MANIFEST.json`` and ``models/chat_train_log.json``. ``--smoke`` runs a tiny
-  version into a scratch folder; ``--check-log N`` re-trains N steps and compares the log.
+  ``models/CHAT_MANIFEST.json`` and ``models/chat_train_log.json``. ``--init-dir`` names the
+  warm start's folder (``ChatTrainConfig.init_sha256``: the first chat model, ``git show
+  b9639e3:models/chat.npz``); ``--snapshot-dir`` writes a GGUF every 250 steps; ``--smoke`` runs a
+  tiny version (``--out-dir`` a scratch folder); ``--check-log N`` re-trains N steps and compares
+  the log.
 
 The Llama module, its GGUF tensor names, the learning-rate schedule and the torch set-up are
 ``models.train_passkey``'s. Deterministic as that one is: fixed seeds, 2 threads, deterministic
-algorithms, batches derived from (seed, step) only (``--check-log 101`` matched the committed log).
+algorithms, batches derived from (seed, step) only.
 
-Committed run (2,500 steps, 2 threads of a shared, heavily loaded 2-core machine: 4,481 s wall):
-held-out replies exact 98.8%, all ending with EOS, torch = llama.cpp. See CHAT_MANIFEST.json.
+Committed run: the first chat model (2,500 steps from scratch, 4,481 s) continued for 1,400 steps on
+the new mix (1 thread of a shared 2-core machine at a load average of ~15). See CHAT_MANIFEST.json.
 """
 
 from __future__ import annotations
@@ -332,6 +338,20 @@ def llama_scores(gguf_path: Path, sets: dict[str, list[ct.Conversation]]) -> dic
     return out
 
 
+def json_scores(gguf_path: Path, count: int) -> dict[str, Any] | None:
+    try:
+        from models.chat_eval import JSON_SCHEMAS, json_accuracy, json_questions
+    except ImportError as e:
+        print(f"llama.cpp JSON accuracy skipped: {e}", flush=True)
+        return None
+    out: dict[str, Any] = {"questions": f"json_questions({count})"}
+    for name, schema in JSON_SCHEMAS.items():
+        s = json_accuracy(gguf_path, json_questions(count), schema)
+        out[name] = {"replies": s.replies, "parsed": round(s.parsed, 4), "eos": round(s.eos, 4),
+                     "failures": s.failures[:4]}
+    return out
+
+
 def check_log(cfg: ModelConfig, tcfg: ChatTrainConfig, tok: ChatTokenizer, log_path: Path, n_steps: int,
               init_dir: Path | None) -> int:
     ref = {r["step"]: r for r in json.loads(log_path.read_text())}
@@ -397,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf_path = export_chat_gguf(arrays, config, out / f"{STEM}.gguf")
     llama = llama_scores(gguf_path, sets)
     print(json.dumps({"llama_cpp": llama}), flush=True)
+    json_mode = json_scores(gguf_path, 10 if args.smoke else 50)
+    print(json.dumps({"json_mode": json_mode}), flush=True)
     manifest = {
         "model": "kvres-chat: tiny Llama-architecture chat model trained by models/train_chat.py",
         "artifacts": {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in (npz, js, gguf_path)},
@@ -411,8 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy": {
             "torch_teacher_forced": {k: {"exact": round(v[0], 4), "by_family": v[1]} for k, v in torch_acc.items()},
             "llama_cpp_greedy": llama,
+            "llama_cpp_json_mode": json_mode,
         },
-        "commands": {"train": "python models/train_chat.py", "export": "python models/chat_export.py"},
+        "warm_start": {"npz_sha256": tcfg.init_sha256, "from": f"git show {BASE_COMMIT}:models/chat.npz (and chat.json)"}
+        if tcfg.init_sha256 else None,
+        "commands": {"train": "python models/train_chat.py --init-dir DIR  (DIR holds the warm start's chat.npz + chat.json)",
+                     "export": "python models/chat_export.py"},
     }
     (out / "CHAT_MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     (out / f"{STEM}_train_log.json").write_text(json.dumps(log) + "\n")

@@ -222,18 +222,24 @@ def test_heldout_tool_conversations() -> None:
     assert score.exact >= MIN_TOOLS_30, score.misses
 
 
-JSON_SCHEMAS = [
-    {"type": "object"},  # response_format json_object
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
-     "required": ["ok", "n"], "additionalProperties": False},
-    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]},
-]
+@pytest.mark.parametrize("schema", ["json_object", "ok_n", "name_age"])
+def test_json_mode_replies_parse_and_end(schema: str) -> None:
+    """``response_format``: the schema's grammar constrains decoding; the model closes the JSON and ends."""
+    from models.chat_eval import JSON_SCHEMAS, json_accuracy, json_questions
 
-
-@pytest.mark.parametrize("schema", JSON_SCHEMAS, ids=["json_object", "ok_n", "name_age"])
-def test_json_mode_replies_parse_and_end(schema: dict) -> None:
-    from models.chat_eval import json_accuracy
-
-    questions = [c.messages[-2]["content"] for c in ct.conversation_set("heldout", 20, seed=7, max_turns=1)]
-    score = json_accuracy(_gguf(), questions + ["what is 3 plus 4? answer in json."], schema)
+    questions = json_questions(20) + ["what is 3 plus 4? answer in json.", "hello", "what is my name?"]
+    score = json_accuracy(_gguf(), questions, JSON_SCHEMAS[schema])
     assert score.parsed == 1.0 and score.eos == 1.0, score.failures
+
+
+def test_json_replies_count_by_keys_and_types_where_the_question_leaves_values_open() -> None:
+    from models.chat_eval import json_reply_right
+
+    asked = "give me json with name and age."
+    assert json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": 7}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": "7"}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom"}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": 7')
+    question = "what is 3 plus 4? answer in json."
+    assert json_reply_right(question, '{"answer": 7}', '{"result": 7}')
+    assert not json_reply_right(question, '{"answer": 7}', '{"answer": 8}')
