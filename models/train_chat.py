@@ -62,34 +62,36 @@ from models.train_passkey import LlamaModel, lr_at, setup_torch, to_arrays
 
 HERE = Path(__file__).resolve().parent
 STEM = "chat"
-# the chat.npz this model starts from: the first chat model (2,500 steps from scratch), committed
-# at b9639e3 (`git show b9639e3:models/chat.npz`, and chat.json beside it)
-BASE_SHA256 = "7cf0b07b6d3f962b08ad3c739f9d8416fadd6094909ebaa47b073cacab46b223"
-BASE_COMMIT = "b9639e3"
+# the chat.npz this model starts from (`git show <BASE_COMMIT>:models/chat.npz`, chat.json beside it):
+# phase 1, committed at 24fbf9b: 1,400 steps on the tool / JSON / recall mix from the first chat
+# model (2,500 steps from scratch, b9639e3, sha256 7cf0b07b...b223)
+BASE_SHA256 = "2ad99ab7bd34ce459c810cdee496427e8eb43cf730533cb687008d580af02df4"
+BASE_COMMIT = "24fbf9b"
 
 
 @dataclass(frozen=True)
 class ChatTrainConfig:
-    steps: int = 1400
+    steps: int = 700
     batch_tokens: int = 4096  # padded tokens per batch: conversations are added while they fit
     min_batch: int = 4
     max_batch: int = 128
-    lr: float = 1.2e-3
+    lr: float = 8e-4
     min_lr_frac: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 30
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     lm_weight: float = 0.1
     max_turns: int = 6  # ordinary conversations: 1..max_turns turns
-    long_frac: float = 0.1  # share of steps made of long conversations ...
+    long_frac: float = 0.05  # share of steps made of long conversations ...
     long_min_turns: int = 7
     long_max_turns: int = 30  # ... cut to whole turns that fit the context
-    tools_frac: float = 0.35  # ... of tool conversations (ct.tool_conversation)
-    recall_frac: float = 0.15  # ... of name-recall conversations (ct.name_recall_conversation)
+    tools_frac: float = 0.4  # ... of tool conversations (ct.tool_conversation)
+    recall_frac: float = 0.3  # ... of name-recall conversations (ct.name_recall_conversation)
     recall_min_gap: int = 2
     recall_max_gap: int = 10
+    recall_made_up_p: float = 0.0  # made-up names in the recall conversations (ordinary ones keep 15%)
     seed: int = 1234  # torch init
-    data_seed: int = 5432  # batches
+    data_seed: int = 6543  # batches
     threads: int = 1  # on a shared, loaded 2-core machine one thread ran 3-10x faster than two
     init_sha256: str = BASE_SHA256  # warm start: the sha256 of the chat.npz the weights start from ("" = from scratch)
 
@@ -145,7 +147,7 @@ def encode_conversation(
 
 def step_conversation(tcfg: ChatTrainConfig, rng: random.Random, kind: str, turns: int) -> ct.Conversation:
     if kind == "recall":
-        return ct.name_recall_conversation(rng, tcfg.recall_min_gap, tcfg.recall_max_gap)
+        return ct.name_recall_conversation(rng, tcfg.recall_min_gap, tcfg.recall_max_gap, tcfg.recall_made_up_p)
     if kind == "tools":
         return ct.tool_conversation(rng)
     return ct.make_conversation(rng, turns, turns)

@@ -197,6 +197,7 @@ def _agent_loop(chat, question: str, tools: list[dict], max_calls: int = 4) -> t
             return calls, got.text
         call = json.loads(m.group(1))
         calls.append((call["name"], call["arguments"]))
+        assert call["name"] in run, f"a call of a tool the request does not have: {calls}"
         history.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
                         "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]})
         history.append({"role": "tool", "tool_call_id": f"c{i}", "content": str(run[call["name"]](**call["arguments"]))})
