@@ -1,16 +1,23 @@
 """Conversations for the project's own tiny chat model: seeded task families with one right answer.
 
 Primitives:
-- ``Message``: a ``{"role", "content"}`` dict, as chat templates take it.
-- ``Conversation``: the messages (optional system line, then user / assistant turns) and the
-  family of each user turn.
-- ``make_conversation(rng, min_turns=1, max_turns=6)``: one conversation drawn from ``rng``.
-- ``conversation(split, seed, index, ...)`` / ``conversation_set(split, count, seed, ...)``: the
-  seed-addressed forms (``split`` keeps the training and held-out streams apart).
+- ``Message``: a chat message dict as templates take it: ``role``, ``content`` (None on an
+  assistant turn that only calls tools), ``tool_calls`` (OpenAI form), ``tool_call_id``.
+- ``Conversation``: the messages, the family of each assistant message, and the tools (if any).
+  ``reply_text(message)``: what the model writes for an assistant message (tool calls as Hermes text).
+- ``make_conversation(rng, min_turns=1, max_turns=6)``: ordinary turns drawn from ``rng``.
+- ``name_recall_conversation(rng, min_gap=3, max_gap=5)``: a name, then ``gap`` turns later the
+  question for it; ``tool_conversation(rng)``: tools and a task that needs 1-3 calls
+  (``models.chat_tools``), maybe ordinary turns around it.
+- ``conversation(split, seed, index, ..., kind="plain")`` / ``conversation_set(split, count, seed,
+  ...)``: the seed-addressed forms (``split`` keeps the training and held-out streams apart;
+  ``kind`` one of ``KINDS``: plain, recall, tools).
 - ``user_turn(rng, family, state) -> (question, answer)``: one turn of a family.
 - ``FAMILIES`` / ``FAMILY_WEIGHTS``: add, subtract, next, previous, compare, repeat, spell, name
-  (tell / ask), chat (fixed replies) and other (anything else -> "i do not understand.").
-- ``corpus_words()``: every word the generator writes, for the vocabulary (``models.chat_vocab``).
+  (tell / ask), chat (fixed replies), other (anything else -> "i do not understand.") and json
+  (a question asked for JSON, or a JSON object with named keys).
+- ``new_name(rng)``: a name from ``NAMES``, or (15%) a made-up one of 2-3 syllables.
+- ``corpus_words()``: every word the generators write, for the vocabulary (``models.chat_vocab``).
 
 Every reply is a function of the conversation, so accuracy is exact match. A few user turns
 carry odd characters (accented letters, CJK, emoji: byte-fallback tokens) or a capital first
@@ -19,11 +26,13 @@ letter; those never change the answer. Replies are lower case and short.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content (a string or None), tool_calls, tool_call_id
 
 REPEAT_WORDS = (
     "red", "blue", "green", "yellow", "black", "white", "cat", "dog", "bird", "fish",
@@ -36,7 +45,11 @@ UNICODE_WORDS = ("café", "naïve", "über", "日本", "привет", "ß", "�
 NAMES = (
     "anna", "bob", "carl", "dora", "emma", "fred", "gina", "hugo", "iris", "jack",
     "kate", "liam", "mona", "nick", "olga", "paul", "rosa", "sam", "tina", "vera",
+    "tom", "lily", "max", "zoe", "ben", "lucy", "alex", "eva", "omar", "yuki",
+    "leo", "nina", "ivan", "maria", "john", "sara", "dan", "amy", "noah", "mia",
 )  # fmt: skip
+# made-up names (several tokens each) teach the model to copy a name, not to recall a frequent one
+_SYLLABLES = ("ka", "lo", "mi", "ra", "te", "su", "no", "vi", "da", "be", "zu", "fe", "go", "ri", "ha", "jo")
 SYSTEM_LINES = (
     "you are a helpful assistant.",
     "you are a tiny chat model.",
@@ -56,8 +69,9 @@ CHAT = (
 DONT_UNDERSTAND = "i do not understand."
 DONT_KNOW = "i do not know."
 
-FAMILIES = ("add", "subtract", "next", "previous", "compare", "repeat", "spell", "name", "chat", "other")
-FAMILY_WEIGHTS = (12, 8, 10, 6, 12, 14, 10, 10, 10, 8)
+FAMILIES = ("add", "subtract", "next", "previous", "compare", "repeat", "spell", "name", "chat", "other", "json")
+FAMILY_WEIGHTS = (12, 8, 10, 6, 12, 14, 10, 14, 10, 8, 8)
+_JSON_INNER = ("add", "subtract", "next", "previous", "compare", "spell", "repeat", "name")
 
 _PHRASES = {
     "add": ("what is {a} plus {b}?", "{a} plus {b}?", "what is {a} + {b}?", "add {a} and {b}."),
@@ -82,14 +96,23 @@ _UNICODE_RANGES = ((0x00A1, 0x024F), (0x0370, 0x03FF), (0x0400, 0x04FF), (0x3041
 @dataclass
 class Conversation:
     messages: list[Message]
-    families: list[str] = field(default_factory=list)  # one per user turn
+    families: list[str] = field(default_factory=list)  # one per assistant message
+    tools: list[dict[str, Any]] | None = None  # OpenAI-style tool specs the template renders
 
     @property
     def n_turns(self) -> int:
-        return len(self.families)
+        return sum(m["role"] == "user" for m in self.messages)
 
     def replies(self) -> list[str]:
-        return [m["content"] for m in self.messages if m["role"] == "assistant"]
+        return [reply_text(m) for m in self.messages if m["role"] == "assistant"]
+
+
+def reply_text(message: Message) -> str:
+    """What the model writes for an assistant message: its content, then each tool call as Hermes text."""
+    from models.chat_tools import call_text
+
+    calls = [c["function"] for c in message.get("tool_calls") or ()]
+    return (message["content"] or "") + "".join(call_text(c["name"], json.loads(c["arguments"])) for c in calls)
 
 
 @dataclass
@@ -112,6 +135,12 @@ def _garble(rng: random.Random, text: str) -> str:
     if r < 0.7:
         return "".join(_odd_char(rng) for _ in range(rng.randint(1, 2))) + " " + text
     return text[:1].upper() + text[1:]
+
+
+def new_name(rng: random.Random, made_up_p: float = 0.15) -> str:
+    if rng.random() < made_up_p:
+        return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
+    return rng.choice(NAMES)
 
 
 def _other(rng: random.Random) -> str:
@@ -162,7 +191,7 @@ def user_turn(rng: random.Random, family: str, state: _State) -> tuple[str, str]
         if state.name is None or rng.random() < 0.4:
             if state.name is None and rng.random() < 0.25:
                 return phrase(_PHRASES["ask"]), DONT_KNOW
-            state.name = rng.choice(NAMES)
+            state.name = new_name(rng)
             return phrase(_PHRASES["tell"]).format(n=state.name), _TELL_REPLY.format(n=state.name)
         return phrase(_PHRASES["ask"]), f"{state.name}."
     if family == "chat":
@@ -170,6 +199,16 @@ def user_turn(rng: random.Random, family: str, state: _State) -> tuple[str, str]
         return rng.choice(asks), reply
     if family == "other":
         return _other(rng), DONT_UNDERSTAND
+    if family == "json":
+        inner = rng.choice(_JSON_INNER)
+        if inner == "name" and state.name is None:
+            inner = "add"
+        question, answer = user_turn(rng, inner, state)
+        while answer.startswith("nice to meet you"):
+            question, answer = user_turn(rng, inner, state)
+        from models.chat_tools import json_turn
+
+        return json_turn(rng, question, answer)
     raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
 
 
@@ -195,15 +234,78 @@ def make_conversation(
     return Conversation(messages, fams)
 
 
-def conversation(split: str, seed: int, index: int, min_turns: int = 1, max_turns: int = 6) -> Conversation:
-    """The ``index``-th conversation of a stream; the same arguments give the same text anywhere."""
-    return make_conversation(random.Random(f"chat/{split}/{seed}/{index}"), min_turns, max_turns)
+_FILLER = ("subtract", "next", "previous", "compare", "repeat", "spell", "chat", "other")
+
+
+class _Builder:
+    def __init__(self, rng: random.Random, system_p: float, garble_p: float = 0.12) -> None:
+        self.rng, self.garble_p = rng, garble_p
+        self.messages: list[Message] = []
+        self.families: list[str] = []
+        self.state = _State()
+        if rng.random() < system_p:
+            self.messages.append({"role": "system", "content": rng.choice(SYSTEM_LINES)})
+
+    def turn(self, family: str, question: str, answer: str) -> None:
+        if family not in ("repeat", "other") and self.rng.random() < self.garble_p:
+            question = _garble(self.rng, question)
+        self.messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        self.families.append(family)
+
+    def filler(self, n: int) -> None:
+        for _ in range(n):
+            fam = self.rng.choice(_FILLER)
+            self.turn(fam, *user_turn(self.rng, fam, self.state))
+
+
+def name_recall_conversation(rng: random.Random, min_gap: int = 3, max_gap: int = 5,
+                             made_up_p: float = 0.15) -> Conversation:
+    """A name, then ``min_gap``-``max_gap`` turns later (other families between) the question for it."""
+    b = _Builder(rng, system_p=0.3)
+    b.filler(rng.randint(0, 1))
+    name = b.state.name = new_name(rng, made_up_p)
+    b.turn("name", rng.choice(_PHRASES["tell"]).format(n=name), _TELL_REPLY.format(n=name))
+    b.filler(rng.randint(min_gap, max_gap) - 1)
+    b.turn("name", rng.choice(_PHRASES["ask"]), f"{name}.")
+    return Conversation(b.messages, b.families)
+
+
+def tool_conversation(rng: random.Random) -> Conversation:
+    """Tools, then a task that needs 1-3 calls (see ``models.chat_tools``), maybe ordinary turns around it."""
+    from models.chat_tools import tool_task
+
+    tools, exchange, fams = tool_task(rng)
+    b = _Builder(rng, system_p=0.3)
+    b.filler(rng.choice((0, 0, 1)))
+    b.messages += exchange
+    b.families += fams
+    b.filler(rng.choice((0, 0, 1)))
+    return Conversation(b.messages, b.families, tools)
+
+
+KINDS = ("plain", "recall", "tools")
+
+
+def conversation(split: str, seed: int, index: int, min_turns: int = 1, max_turns: int = 6,
+                 kind: str = "plain", **kw: Any) -> Conversation:
+    """The ``index``-th conversation of a stream; the same arguments give the same text anywhere.
+
+    ``kind``: ``plain`` (``make_conversation``), ``recall`` (``name_recall_conversation``, ``kw``
+    its gaps) or ``tools`` (``tool_conversation``)."""
+    rng = random.Random(f"chat/{split}/{seed}/{index}")
+    if kind == "plain":
+        return make_conversation(rng, min_turns, max_turns)
+    if kind == "recall":
+        return name_recall_conversation(rng, **kw)
+    if kind == "tools":
+        return tool_conversation(rng)
+    raise ValueError(f"unknown conversation kind {kind!r} (known: {', '.join(KINDS)})")
 
 
 def conversation_set(
-    split: str, count: int, seed: int, min_turns: int = 1, max_turns: int = 6
+    split: str, count: int, seed: int, min_turns: int = 1, max_turns: int = 6, kind: str = "plain", **kw: Any
 ) -> list[Conversation]:
-    return [conversation(split, seed, i, min_turns, max_turns) for i in range(count)]
+    return [conversation(split, seed, i, min_turns, max_turns, kind, **kw) for i in range(count)]
 
 
 def corpus_words() -> list[str]:
@@ -214,7 +316,9 @@ def corpus_words() -> list[str]:
         texts += [*asks, reply]
     for phrases in _PHRASES.values():
         texts += phrases
-    words: set[str] = set()
+    from models.chat_tools import tool_words
+
+    words: set[str] = set(tool_words())
     for text in texts:
         for w in text.replace("{", " ").replace("}", " ").split():
             w = w.strip(".,!?:+-")

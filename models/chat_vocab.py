@@ -3,10 +3,15 @@
 Primitives:
 - ``CHAT_TEMPLATE``: the Jinja2 template stored as ``tokenizer.chat_template`` (Zephyr style:
   ``<|role|>\\n`` + content + EOS + ``\\n``; ``add_generation_prompt`` opens an assistant turn).
-- ``render(messages, add_generation_prompt=False, eos_token="</s>") -> str``: the template
-  rendered as transformers and llama-cpp-python render it (sandboxed, trim/lstrip blocks).
+  ``tools`` (as transformers and llama-server pass them) become a first system turn, one line a
+  tool: ``name(param: type, ...): description`` (cut to ``DESCRIPTION_CHARS``); an assistant's
+  ``tool_calls`` are written after its content as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
+  (Hermes); a ``tool`` message is a ``<|tool|>`` turn.
+- ``render(messages, add_generation_prompt=False, eos_token="</s>", tools=None) -> str``: the
+  template rendered as transformers and llama-cpp-python render it (sandboxed, trim/lstrip blocks).
 - ``build_vocab(words) -> Vocab``: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, the 256 ``<0xNN>`` byte
-  tokens, ``<|system|>`` ``<|user|>`` ``<|assistant|>``, then SentencePiece pieces: single
+  tokens, ``<|system|>`` ``<|user|>`` ``<|assistant|>``, ``<|tool|>`` (CONTROL), ``<tool_call>``
+  ``</tool_call>`` (USER_DEFINED: detokenized as text), then SentencePiece pieces: single
   characters, and every prefix of every word, with and without the ``▁`` (space) mark.
 - ``add_tokenizer(writer, vocab)``: the "llama" tokenizer block and the template into a GGUF.
 - ``write_vocab_gguf(path, vocab)``: a tensor-less GGUF that llama.cpp loads with ``vocab_only``.
@@ -38,18 +43,41 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIALS = ("<unk>", "<s>", "</s>")
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 N_BYTES = 256
-FIRST_PIECE = len(SPECIALS) + N_BYTES + len(ROLE_TOKENS)
 SINGLE_CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + ".,!?:;'-\"()+=/"
 SCORE_SPACE, SCORE_BARE, SCORE_CHAR = -1.0, -2.0, -3.0
 
+TOOL_ROLE, CALL_OPEN, CALL_CLOSE = "<|tool|>", "<tool_call>", "</tool_call>"
+# after the role tokens: the tool role (CONTROL) and the call brackets (USER_DEFINED: llama.cpp
+# detokenizes them as text, so a caller's parser sees "<tool_call>...</tool_call>")
+EXTRA_TOKENS = (TOOL_ROLE, CALL_OPEN, CALL_CLOSE)
+FIRST_PIECE = len(SPECIALS) + N_BYTES + len(ROLE_TOKENS) + len(EXTRA_TOKENS)
+DESCRIPTION_CHARS = 48  # a tool's description is cut to this many characters in the prompt
+
+# tools: one line each, "name(param: type, ...): description" (cut short), as a system turn first.
+# An assistant turn writes its content, then each call as Hermes text; a tool result is its own turn.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>\\ntools:\\n' }}{% for tool in tools %}"
+    "{% set f = tool['function'] if tool['function'] is defined else tool %}{{ f['name'] + '(' }}"
+    "{% if f['parameters'] is defined and f['parameters'] and f['parameters']['properties'] is defined %}"
+    "{% for key, spec in f['parameters']['properties'].items() %}{% if not loop.first %}{{ ', ' }}{% endif %}"
+    "{{ key + ': ' }}{{ spec['type'] if spec['type'] is defined else 'any' }}{% endfor %}{% endif %}{{ ')' }}"
+    "{% if f['description'] is defined and f['description'] %}"
+    "{{ ': ' + (f['description'] | replace('\\n', ' '))[:DESC] }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{{ eos_token + '\\n' }}{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}{{ '<|system|>\\n' + message['content'] + eos_token + '\\n' }}"
     "{% elif message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + eos_token + '\\n' }}"
-    "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% elif message['role'] == 'tool' %}{{ '<|tool|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n' }}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message['tool_calls'] is defined and message['tool_calls'] %}{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
+    "{{ '}</tool_call>' }}{% endfor %}{% endif %}{{ eos_token + '\\n' }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
-)
+).replace("DESC", str(DESCRIPTION_CHARS))
 
 
 @dataclass(frozen=True)
@@ -75,6 +103,8 @@ def build_vocab(words: Iterable[str]) -> Vocab:
     tokens = list(SPECIALS) + [f"<0x{b:02X}>" for b in range(N_BYTES)] + list(ROLE_TOKENS)
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * N_BYTES
     types += [TokenType.CONTROL] * len(ROLE_TOKENS)
+    tokens += list(EXTRA_TOKENS)
+    types += [TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.USER_DEFINED]
     scores = [0.0] * len(tokens)
     seen = set(tokens)
 
@@ -145,10 +175,11 @@ def _template() -> Any:
     return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
 
 
-def render(messages: Sequence[dict[str, str]], add_generation_prompt: bool = False, eos_token: str = "</s>") -> str:
+def render(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False, eos_token: str = "</s>",
+           tools: Sequence[dict[str, Any]] | None = None) -> str:
     return str(_template().render(
         messages=list(messages), add_generation_prompt=add_generation_prompt, eos_token=eos_token,
-        bos_token="<s>",
+        bos_token="<s>", tools=list(tools) if tools else None,
     ))
 
 

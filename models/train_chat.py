@@ -8,24 +8,32 @@ Primitives:
   rendered conversation (BOS first, whole turns dropped from the end until it fits) and which
   tokens are reply tokens (each assistant message's content and the EOS after it).
 - ``make_batch(tcfg, step, tok) -> (inputs, targets, reply_mask, valid)``: the step's batch, a pure
-  function of the seed and the step: conversations of one turn count (drawn per step), padded to
-  the longest (``valid`` masks pads). A ``long_frac`` share of the steps draw long conversations,
-  so every position up to the context length is trained.
+  function of the seed and the step: conversations of one kind and turn count (drawn per step),
+  padded to the longest (``valid`` masks pads). Kinds: ordinary (1-``max_turns`` turns), long
+  (``long_frac``: every position up to the context length is trained), tool conversations
+  (``tools_frac``) and name recall (``recall_frac``, the question 2-10 turns after the name).
+- ``warm_start(model, vocab, init_dir, sha256)``: start from an earlier chat checkpoint; the
+  embedding and output rows follow the token texts (new tokens start fresh).
 - ``chat_loss(logits, targets, reply, valid, lm_weight)``: mean NLL of the reply tokens plus
   ``lm_weight`` times the mean NLL of the other real tokens.
 - ``reply_accuracy(model, tok, conversations) -> (exact, by_family)``: share of replies whose every
   token (EOS included) is the argmax under teacher forcing, which is what greedy decoding gives.
 - CLI: ``python models/train_chat.py`` trains, saves ``models/chat.{npz,json}``, exports
   ``models/chat.gguf``, measures accuracy in torch and llama.cpp (``models.chat_eval``) and writes
-  ``models/CHAT_MANIFEST.json`` and ``models/chat_train_log.json``. ``--smoke`` runs a tiny
-  version into a scratch folder; ``--check-log N`` re-trains N steps and compares the log.
+  ``models/CHAT_MANIFEST.json`` and ``models/chat_train_log.json``. ``--init-dir`` names the
+  warm start's folder (``ChatTrainConfig.init_sha256``: the first chat model, ``git show
+  b9639e3:models/chat.npz``); ``--snapshot-dir`` writes a GGUF every 250 steps; ``--smoke`` runs a
+  tiny version (``--out-dir`` a scratch folder); ``--check-log N`` re-trains N steps and compares
+  the log.
 
 The Llama module, its GGUF tensor names, the learning-rate schedule and the torch set-up are
-``models.train_passkey``'s. Deterministic as that one is: fixed seeds, 2 threads, deterministic
-algorithms, batches derived from (seed, step) only (``--check-log 101`` matched the committed log).
+``models.train_passkey``'s. Deterministic as that one is: fixed seeds, a fixed thread count, deterministic
+algorithms, batches derived from (seed, step) only.
 
-Committed run (2,500 steps, 2 threads of a shared, heavily loaded 2-core machine: 4,481 s wall):
-held-out replies exact 98.8%, all ending with EOS, torch = llama.cpp. See CHAT_MANIFEST.json.
+Committed run: phase 3 of a chain of warm starts (the first chat model, 2,500 steps from
+scratch; phase 1, 1,400 steps on the tool / JSON / recall mix; phase 2, 700 steps; this one, 800
+steps with more tool conversations from phase 2), 1 thread of a shared 2-core machine. See CHAT_MANIFEST.json
+and models/README.md.
 """
 
 from __future__ import annotations
@@ -51,32 +59,43 @@ import torch.nn.functional as F
 
 from models import chat_tasks as ct
 from models.chat_vocab import CHAT_TEMPLATE, EOS_ID, ChatTokenizer, Vocab, build_vocab, render
-from models.checkpoint import ModelConfig, save_checkpoint, sha256_file
+from models.checkpoint import ModelConfig, load_checkpoint, save_checkpoint, sha256_file
 from models.train_passkey import LlamaModel, lr_at, setup_torch, to_arrays
 
 HERE = Path(__file__).resolve().parent
 STEM = "chat"
+# the chat.npz this model starts from (`git show <BASE_COMMIT>:models/chat.npz`, chat.json beside it):
+# phase 2, committed at 443dda7 (700 steps from phase 1, 24fbf9b: 1,400 steps on the tool / JSON /
+# recall mix from the first chat model, b9639e3: 2,500 steps from scratch)
+BASE_SHA256 = "1527dfce013e4e1052ae58d5735ec443fee9496f561ae574ffc7cfea7bee25d6"
+BASE_COMMIT = "443dda7"
 
 
 @dataclass(frozen=True)
 class ChatTrainConfig:
-    steps: int = 2500
+    steps: int = 800
     batch_tokens: int = 4096  # padded tokens per batch: conversations are added while they fit
     min_batch: int = 4
     max_batch: int = 128
-    lr: float = 2e-3
+    lr: float = 8e-4
     min_lr_frac: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 30
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     lm_weight: float = 0.1
     max_turns: int = 6  # ordinary conversations: 1..max_turns turns
-    long_frac: float = 0.15  # share of steps made of long conversations ...
+    long_frac: float = 0.05  # share of steps made of long conversations ...
     long_min_turns: int = 7
     long_max_turns: int = 30  # ... cut to whole turns that fit the context
+    tools_frac: float = 0.55  # ... of tool conversations (ct.tool_conversation)
+    recall_frac: float = 0.2  # ... of name-recall conversations (ct.name_recall_conversation)
+    recall_min_gap: int = 2
+    recall_max_gap: int = 10
+    recall_made_up_p: float = 0.0  # made-up names in the recall conversations (ordinary ones keep 15%)
     seed: int = 1234  # torch init
-    data_seed: int = 4321  # batches
-    threads: int = 2
+    data_seed: int = 7654  # batches
+    threads: int = 1  # on a shared, loaded 2-core machine one thread ran 3-10x faster than two
+    init_sha256: str = BASE_SHA256  # warm start: the sha256 of the chat.npz the weights start from ("" = from scratch)
 
 
 def chat_model_config(vocab_size: int) -> ModelConfig:
@@ -113,12 +132,14 @@ def encode_conversation(
     """Tokens of the rendered conversation and the reply mask (``mask[p]``: token p is a reply token)."""
     messages = list(conv.messages)
     while True:
-        ids = tok.tokenize(render(messages), add_bos=True, special=True)
+        ids = tok.tokenize(render(messages, tools=conv.tools), add_bos=True, special=True)
         if len(ids) <= max_len:
             break
-        if len(messages) <= 2:
-            raise ValueError(f"one turn is {len(ids)} tokens, over the {max_len}-token limit")
-        messages = messages[:-2]
+        messages.pop()
+        while messages and messages[-1]["role"] != "assistant":
+            messages.pop()
+        if not messages:
+            raise ValueError(f"the first reply is past the {max_len}-token limit")
     assistant, newline = tok.tokenize("<|assistant|>", False, True)[0], tok.tokenize("\n", False, True)[0]
     mask = np.zeros(len(ids), dtype=bool)
     for a, b in reply_spans(ids, assistant, newline):
@@ -126,18 +147,29 @@ def encode_conversation(
     return ids, mask
 
 
+def step_conversation(tcfg: ChatTrainConfig, rng: random.Random, kind: str, turns: int) -> ct.Conversation:
+    if kind == "recall":
+        return ct.name_recall_conversation(rng, tcfg.recall_min_gap, tcfg.recall_max_gap, tcfg.recall_made_up_p)
+    if kind == "tools":
+        return ct.tool_conversation(rng)
+    return ct.make_conversation(rng, turns, turns)
+
+
 def make_batch(
     tcfg: ChatTrainConfig, step: int, tok: ChatTokenizer, max_len: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     rng = random.Random(f"chat-train/{tcfg.data_seed}/{step}")
-    # one turn count per step keeps the lengths in a batch close (little padding)
-    turns = (rng.randint(tcfg.long_min_turns, tcfg.long_max_turns) if rng.random() < tcfg.long_frac
+    # one kind (and turn count) per step keeps the lengths in a batch close (little padding)
+    r = rng.random()
+    kind = "long" if r < tcfg.long_frac else "tools" if r < tcfg.long_frac + tcfg.tools_frac else (
+        "recall" if r < tcfg.long_frac + tcfg.tools_frac + tcfg.recall_frac else "plain")
+    turns = (rng.randint(tcfg.long_min_turns, tcfg.long_max_turns) if kind == "long"
              else rng.randint(1, tcfg.max_turns))
     seqs: list[list[int]] = []
     masks: list[np.ndarray] = []
     longest = 0
     while len(seqs) < tcfg.max_batch:
-        conv = ct.make_conversation(rng, turns, turns)
+        conv = step_conversation(tcfg, rng, kind, turns)
         ids, mask = encode_conversation(tok, conv, max_len)
         if len(seqs) >= tcfg.min_batch and (len(seqs) + 1) * max(longest, len(ids)) > tcfg.batch_tokens:
             break
@@ -170,12 +202,37 @@ def chat_loss(
 # training and evaluation
 
 
+def warm_start(model: LlamaModel, vocab: Vocab, init_dir: Path, sha256: str) -> int:
+    """Copy a chat checkpoint's weights into ``model``; embedding and output rows go by token text
+    (tokens the old vocabulary lacks keep their fresh init). Returns how many tokens were carried."""
+    npz = init_dir / f"{STEM}.npz"
+    if sha256_file(npz) != sha256:
+        raise ValueError(f"{npz} has sha256 {sha256_file(npz)}, the config asks for {sha256}")
+    arrays, config = load_checkpoint(init_dir, STEM)
+    index = {t: i for i, t in enumerate(vocab.tokens)}
+    pairs = [(i, index[t]) for i, t in enumerate(config["vocab"]["tokens"]) if t in index]
+    old, new = torch.tensor([i for i, _ in pairs]), torch.tensor([j for _, j in pairs])
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, arr in arrays.items():
+            src = torch.from_numpy(arr)
+            if name in ("token_embd.weight", "output.weight"):
+                state[name][new] = src[old]
+            else:
+                state[name].copy_(src)
+    return len(pairs)
+
+
 def train(
     cfg: ModelConfig, tcfg: ChatTrainConfig, tok: ChatTokenizer, log_every: int = 50,
-    stop_after: int | None = None,
+    stop_after: int | None = None, init_dir: Path | None = None, snapshot: Any = None,
 ) -> tuple[LlamaModel, list[dict[str, Any]]]:
     setup_torch(tcfg)  # type: ignore[arg-type]  # reads threads and seed only
     model = LlamaModel(cfg)
+    if tcfg.init_sha256:
+        if init_dir is None:
+            raise ValueError("the config warm-starts from a checkpoint: give its folder (--init-dir)")
+        print(json.dumps({"warm_start_tokens": warm_start(model, chat_vocab(), init_dir, tcfg.init_sha256)}))
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -212,6 +269,8 @@ def train(
                 }
             log.append(rec)
             print(json.dumps(rec), flush=True)
+        if snapshot is not None and step % 250 == 249:
+            snapshot(model, step)
     model.eval()
     return model, log
 
@@ -236,11 +295,24 @@ def reply_accuracy(
     return sum(every) / len(every), {f: round(sum(v) / len(v), 4) for f, v in sorted(ok.items())}
 
 
-EVAL_SETS = {
+EVAL_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "heldout_200": ("conversation_set('heldout', 200, seed=7)", dict(split="heldout", count=200, seed=7)),
     "long_20": ("conversation_set('heldout-long', 20, seed=7, min_turns=12, max_turns=18)",
                 dict(split="heldout-long", count=20, seed=7, min_turns=12, max_turns=18)),
+    "recall_200": ("conversation_set('heldout-recall', 200, seed=7, kind='recall', made_up_p=0)",
+                   dict(split="heldout-recall", count=200, seed=7, kind="recall", made_up_p=0.0)),
+    "recall_far_100": ("conversation_set('heldout-recall-far', 100, seed=7, kind='recall', min_gap=5, "
+                       "max_gap=10, made_up_p=0)",
+                       dict(split="heldout-recall-far", count=100, seed=7, kind="recall", min_gap=5, max_gap=10,
+                            made_up_p=0.0)),
+    "recall_made_up_100": ("conversation_set('heldout-recall-made-up', 100, seed=7, kind='recall', made_up_p=1)",
+                           dict(split="heldout-recall-made-up", count=100, seed=7, kind="recall", made_up_p=1.0)),
+    "tools_100": ("conversation_set('heldout-tools', 100, seed=7, kind='tools')",
+                  dict(split="heldout-tools", count=100, seed=7, kind="tools")),
 }
+
+
+OWN_HISTORY = ("heldout_200", "tools_100")  # the sets also run with the model's own replies as history
 
 
 def eval_sets(smoke: bool = False) -> dict[str, list[ct.Conversation]]:
@@ -261,7 +333,7 @@ def llama_scores(gguf_path: Path, sets: dict[str, list[ct.Conversation]]) -> dic
         return None
     out: dict[str, Any] = {}
     for name, convs in sets.items():
-        for mode, own in (("reference_history", False), ("own_history", True)):
+        for mode, own in (("reference_history", False), ("own_history", True))[: 2 if name in OWN_HISTORY else 1]:
             s = chat_accuracy(gguf_path, convs, own_history=own)
             out[f"{name}/{mode}"] = {"replies": s.replies, "exact": round(s.exact, 4), "eos": round(s.eos, 4),
                                      "by_family": {k: round(v, 4) for k, v in s.by_family.items()}}
@@ -270,9 +342,24 @@ def llama_scores(gguf_path: Path, sets: dict[str, list[ct.Conversation]]) -> dic
     return out
 
 
-def check_log(cfg: ModelConfig, tcfg: ChatTrainConfig, tok: ChatTokenizer, log_path: Path, n_steps: int) -> int:
+def json_scores(gguf_path: Path, count: int) -> dict[str, Any] | None:
+    try:
+        from models.chat_eval import JSON_SCHEMAS, json_accuracy, json_questions
+    except ImportError as e:
+        print(f"llama.cpp JSON accuracy skipped: {e}", flush=True)
+        return None
+    out: dict[str, Any] = {"questions": f"json_questions({count})"}
+    for name, schema in JSON_SCHEMAS.items():
+        s = json_accuracy(gguf_path, json_questions(count), schema)
+        out[name] = {"replies": s.replies, "parsed": round(s.parsed, 4), "eos": round(s.eos, 4),
+                     "failures": s.failures[:4]}
+    return out
+
+
+def check_log(cfg: ModelConfig, tcfg: ChatTrainConfig, tok: ChatTokenizer, log_path: Path, n_steps: int,
+              init_dir: Path | None) -> int:
     ref = {r["step"]: r for r in json.loads(log_path.read_text())}
-    _, log = train(cfg, tcfg, tok, stop_after=n_steps)
+    _, log = train(cfg, tcfg, tok, stop_after=n_steps, init_dir=init_dir)
     keys = ("len", "batch", "loss", "reply_nll", "other_nll", "reply_token_acc")
     diffs = [(r["step"], k, r[k], ref[r["step"]][k]) for r in log if r["step"] in ref for k in keys
              if r[k] != ref[r["step"]][k]]
@@ -288,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny run (30 steps) for a quick check")
     ap.add_argument("--check-log", type=int, default=None, metavar="N",
                     help="train N steps and compare the log with <out-dir>/chat_train_log.json; writes nothing")
+    ap.add_argument("--init-dir", default=None,
+                    help="folder of the chat.npz + chat.json to warm-start from (ChatTrainConfig.init_sha256)")
+    ap.add_argument("--snapshot-dir", default=None, help="write <dir>/step<N>.gguf every 250 steps (to evaluate early)")
     args = ap.parse_args(argv)
 
     tcfg = ChatTrainConfig(steps=30, warmup_steps=5, batch_tokens=1024) if args.smoke else ChatTrainConfig()
@@ -297,23 +387,33 @@ def main(argv: list[str] | None = None) -> int:
     cfg = chat_model_config(len(vocab))
     tok = ChatTokenizer.for_vocab(vocab)
     out = Path(args.out_dir)
+    init_dir = Path(args.init_dir) if args.init_dir else None
     if args.check_log is not None:
-        return check_log(cfg, tcfg, tok, out / f"{STEM}_train_log.json", args.check_log)
+        return check_log(cfg, tcfg, tok, out / f"{STEM}_train_log.json", args.check_log, init_dir)
+
+    def config_of(tcfg: ChatTrainConfig) -> dict[str, Any]:
+        return {
+            "model": cfg.to_dict(),
+            "vocab": {"tokens": list(vocab.tokens), "scores": list(vocab.scores), "types": list(vocab.types)},
+            "bos_id": 1, "eos_id": EOS_ID, "unk_id": 0,
+            "chat_template": CHAT_TEMPLATE,
+            "train": asdict(tcfg),
+        }
+
+    def snapshot(model: LlamaModel, step: int) -> None:
+        from models.chat_export import export_chat_gguf
+
+        Path(args.snapshot_dir).mkdir(parents=True, exist_ok=True)
+        export_chat_gguf(to_arrays(model), config_of(tcfg), Path(args.snapshot_dir) / f"step{step + 1}.gguf")
 
     t0 = time.perf_counter()
-    model, log = train(cfg, tcfg, tok)
+    model, log = train(cfg, tcfg, tok, init_dir=init_dir, snapshot=snapshot if args.snapshot_dir else None)
     train_s = time.perf_counter() - t0
     sets = eval_sets(args.smoke)
     torch_acc = {name: reply_accuracy(model, tok, convs) for name, convs in sets.items()}
     print(json.dumps({"torch_accuracy": torch_acc, "train_seconds": round(train_s, 1)}), flush=True)
 
-    config = {
-        "model": cfg.to_dict(),
-        "vocab": {"tokens": list(vocab.tokens), "scores": list(vocab.scores), "types": list(vocab.types)},
-        "bos_id": 1, "eos_id": EOS_ID, "unk_id": 0,
-        "chat_template": CHAT_TEMPLATE,
-        "train": asdict(tcfg),
-    }
+    config = config_of(tcfg)
     arrays = to_arrays(model)
     npz, js = save_checkpoint(out, STEM, arrays, config)
     from models.chat_export import export_chat_gguf
@@ -321,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf_path = export_chat_gguf(arrays, config, out / f"{STEM}.gguf")
     llama = llama_scores(gguf_path, sets)
     print(json.dumps({"llama_cpp": llama}), flush=True)
+    json_mode = json_scores(gguf_path, 10 if args.smoke else 50)
+    print(json.dumps({"json_mode": json_mode}), flush=True)
     manifest = {
         "model": "kvres-chat: tiny Llama-architecture chat model trained by models/train_chat.py",
         "artifacts": {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in (npz, js, gguf_path)},
@@ -335,8 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy": {
             "torch_teacher_forced": {k: {"exact": round(v[0], 4), "by_family": v[1]} for k, v in torch_acc.items()},
             "llama_cpp_greedy": llama,
+            "llama_cpp_json_mode": json_mode,
         },
-        "commands": {"train": "python models/train_chat.py", "export": "python models/chat_export.py"},
+        "warm_start": {"npz_sha256": tcfg.init_sha256, "from": f"git show {BASE_COMMIT}:models/chat.npz (and chat.json)"}
+        if tcfg.init_sha256 else None,
+        "commands": {"train": "python models/train_chat.py --init-dir DIR  (DIR holds the warm start's chat.npz + chat.json)",
+                     "export": "python models/chat_export.py"},
     }
     (out / "CHAT_MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     (out / f"{STEM}_train_log.json").write_text(json.dumps(log) + "\n")

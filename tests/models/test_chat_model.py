@@ -1,5 +1,6 @@
 """The committed chat model (models/chat.gguf), the project's default: byte-exact re-export, its
-metadata, and greedy chat in llama.cpp (replies right, ending with EOS, turns prefilled once).
+metadata, and greedy chat in llama.cpp (replies right, ending with EOS, turns prefilled once; a
+name recalled turns later; tool calls chained through their results; JSON-mode replies that parse).
 
 No torch: the checkpoint is .npz + .json and the exporter needs only numpy and gguf. A missing
 artifact fails (never skips), naming the path and the command that makes it.
@@ -23,7 +24,9 @@ from models.checkpoint import load_checkpoint, save_checkpoint, sha256_file
 MODELS = Path(__file__).resolve().parents[2] / "models"
 GGUF = MODELS / "chat.gguf"
 # chat.gguf (CHAT_MANIFEST.json), greedy, f32 KV, the first 20 held-out conversations:
-MIN_EXACT_20 = 0.95  # measured 62 of 63 replies (0.984); EOS on all
+MIN_EXACT_20 = 0.95  # measured 63 of 63 replies; EOS on all
+MIN_RECALL_50 = 0.99  # name replies (tell and ask) of the first 50 recall conversations; measured 100/100
+MIN_TOOLS_30 = 0.7  # replies of the first 30 held-out tool conversations; measured 73 of 95 (0.768)
 
 
 def _manifest() -> dict:
@@ -77,6 +80,8 @@ def test_gguf_metadata_has_the_template_and_special_tokens() -> None:
     assert set(types[3:259]) == {gguf.TokenType.BYTE}
     assert tokens[259:262] == list(cv.ROLE_TOKENS)
     assert set(types[259:262]) == {gguf.TokenType.CONTROL}
+    assert tokens[262:265] == list(cv.EXTRA_TOKENS)
+    assert types[262:265] == [gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED, gguf.TokenType.USER_DEFINED]
     assert tokens == list(cv.build_vocab(ct.corpus_words()).tokens)
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in r.tensors)
     assert _gguf().stat().st_size < 8 << 20
@@ -136,3 +141,116 @@ def test_five_turn_chat_prefills_only_each_new_turn() -> None:
                 held = len(prompt) + len(got.ids)
             whole = chat.model.tokenize(cv.render(history), add_bos=True, parse_special=True)
             assert whole[: len(chat.log)] == chat.log and whole[len(chat.log)] == cv.EOS_ID
+
+
+def test_name_recall_three_to_five_turns_back() -> None:
+    from models.chat_eval import chat_accuracy
+
+    convs = ct.conversation_set("heldout-recall", 50, seed=7, kind="recall", made_up_p=0.0)
+    score = chat_accuracy(_gguf(), convs)
+    assert score.eos == 1.0, score.misses
+    assert score.by_family["name"] >= MIN_RECALL_50, score.misses
+
+
+def _own_chat(chat, lines: list[str], tools: list[dict] | None = None) -> list[str]:
+    history: list[dict] = []
+    replies = []
+    for line in lines:
+        history.append({"role": "user", "content": line})
+        got = chat.reply(history, tools=tools)
+        assert got.ended, (line, got.text)
+        history.append({"role": "assistant", "content": got.text})
+        replies.append(got.text)
+    return replies
+
+
+@pytest.mark.parametrize("name", ["anna", "tom", "maria"])
+def test_the_readme_chat_remembers_the_name(name: str) -> None:
+    from models.chat_eval import LlamaChat
+
+    with LlamaChat(_gguf()) as chat:
+        replies = _own_chat(chat, ["hello", f"my name is {name}.", "what is 2 plus 3?", "what is my name?"])
+    assert replies == ["hello! how can i help you?", f"nice to meet you, {name}.", "5.", f"{name}."]
+
+
+AGENT_TOOLS = [  # as the OpenAI Agents SDK sends two function_tools
+    {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+        "properties": {"a": {"title": "A", "type": "integer"}, "b": {"title": "B", "type": "integer"}},
+        "required": ["a", "b"], "title": f"{name}_args", "type": "object", "additionalProperties": False}}}
+    for name, desc in (("add", "Add two numbers."), ("multiply", "Multiply two numbers."))
+]
+
+
+def _agent_loop(chat, question: str, tools: list[dict], max_calls: int = 4) -> tuple[list[tuple[str, dict]], str]:
+    """The model calls tools until it answers; each call parsed from its Hermes text and run here."""
+    import json
+    import re
+
+    run = {"add": lambda a, b: a + b, "multiply": lambda a, b: a * b}
+    history: list[dict] = [{"role": "user", "content": question}]
+    calls = []
+    for i in range(max_calls + 1):
+        got = chat.reply(history, tools=tools)
+        assert got.ended, got.text
+        m = re.fullmatch(r"<tool_call>(.*)</tool_call>", got.text)
+        if m is None:
+            return calls, got.text
+        call = json.loads(m.group(1))
+        calls.append((call["name"], call["arguments"]))
+        assert call["name"] in run, f"a call of a tool the request does not have: {calls}"
+        history.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
+                        "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]})
+        history.append({"role": "tool", "tool_call_id": f"c{i}", "content": str(run[call["name"]](**call["arguments"]))})
+    raise AssertionError(f"no answer after {max_calls} calls: {calls}")
+
+
+def test_a_tool_call_and_its_result_answer_the_question() -> None:
+    from models.chat_eval import LlamaChat
+
+    with LlamaChat(_gguf()) as chat:
+        assert _agent_loop(chat, "what is 3 plus 4?", AGENT_TOOLS) == ([("add", {"a": 3, "b": 4})], "7.")
+        assert _agent_loop(chat, "what is 6 times 7?", AGENT_TOOLS) == ([("multiply", {"a": 6, "b": 7})], "42.")
+        assert _own_chat(chat, ["hello"], AGENT_TOOLS) == ["hello! how can i help you?"]  # no call needed
+
+
+@pytest.mark.xfail(strict=True, reason="known gap of the committed model (models/README.md: calls 55% right): "
+                   "the second call of a chain copies the wrong operand")
+def test_tool_calls_chain_and_use_the_results() -> None:
+    from models.chat_eval import LlamaChat
+
+    with LlamaChat(_gguf()) as chat:
+        calls, answer = _agent_loop(chat, "what is 3 plus 4 plus 5?", AGENT_TOOLS)
+        assert calls == [("add", {"a": 3, "b": 4}), ("add", {"a": 7, "b": 5})] and answer == "12."
+        calls, answer = _agent_loop(chat, "add 2 and 3, then multiply by 4.", AGENT_TOOLS)
+        assert calls == [("add", {"a": 2, "b": 3}), ("multiply", {"a": 5, "b": 4})] and answer == "20."
+
+
+def test_heldout_tool_conversations() -> None:
+    from models.chat_eval import chat_accuracy
+
+    score = chat_accuracy(_gguf(), ct.conversation_set("heldout-tools", 30, seed=7, kind="tools"))
+    assert score.eos == 1.0, score.misses
+    assert score.exact >= MIN_TOOLS_30, score.misses
+
+
+@pytest.mark.parametrize("schema", ["json_object", "ok_n", "name_age"])
+def test_json_mode_replies_parse_and_end(schema: str) -> None:
+    """``response_format``: the schema's grammar constrains decoding; the model closes the JSON and ends."""
+    from models.chat_eval import JSON_SCHEMAS, json_accuracy, json_questions
+
+    questions = json_questions(20) + ["what is 3 plus 4? answer in json.", "hello"]
+    score = json_accuracy(_gguf(), questions, JSON_SCHEMAS[schema])
+    assert score.parsed == 1.0 and score.eos == 1.0, score.failures
+
+
+def test_json_replies_count_by_keys_and_types_where_the_question_leaves_values_open() -> None:
+    from models.chat_eval import json_reply_right
+
+    asked = "give me json with name and age."
+    assert json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": 7}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": "7"}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom"}')
+    assert not json_reply_right(asked, '{"name": "mona", "age": 31}', '{"name": "tom", "age": 7')
+    question = "what is 3 plus 4? answer in json."
+    assert json_reply_right(question, '{"answer": 7}', '{"result": 7}')
+    assert not json_reply_right(question, '{"answer": 7}', '{"answer": 8}')

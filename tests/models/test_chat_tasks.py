@@ -10,6 +10,7 @@ import random
 import pytest
 
 from models import chat_tasks as ct
+from models import chat_tools as ct_tools
 from models import chat_vocab as cv
 
 
@@ -125,3 +126,119 @@ def test_any_text_tokenizes_and_round_trips(tok: cv.ChatTokenizer) -> None:
         ids = tok.tokenize(text, add_bos=False, special=False)
         assert cv.UNK_ID not in ids
         assert tok.detokenize(ids) == text
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "add", "description": "add two numbers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+    # the JSON schema the OpenAI Agents SDK sends (pydantic: titles, additionalProperties), a long description
+    {"type": "function", "function": {"name": "lookup", "description": "Look up the value stored under a key\nin "
+                                      "the table of values that the user keeps.", "parameters": {
+        "properties": {"key": {"title": "Key", "type": "string"}}, "required": ["key"], "type": "object",
+        "additionalProperties": False}}},
+]
+
+
+def test_template_renders_tools_calls_and_results() -> None:
+    msgs = [
+        {"role": "user", "content": "what is 3 plus 4?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "7"},
+        {"role": "assistant", "content": "7."},
+    ]
+    assert cv.render(msgs, tools=TOOLS) == (
+        "<|system|>\ntools:\nadd(a: integer, b: integer): add two numbers.\n"
+        "lookup(key: string): Look up the value stored under a key in the tabl\n</s>\n"
+        "<|user|>\nwhat is 3 plus 4?</s>\n"
+        '<|assistant|>\n<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call></s>\n'
+        "<|tool|>\n7</s>\n<|assistant|>\n7.</s>\n"
+    )
+    assert ct.reply_text(msgs[1]) == '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    # arguments as a mapping (transformers' form), a tool without the "function" wrapper, no tools
+    msgs[1]["tool_calls"][0]["function"]["arguments"] = {"a": 3, "b": 4}
+    bare = [{"name": "now", "description": "", "parameters": {"type": "object", "properties": {}}}]
+    assert cv.render(msgs[:2], tools=bare) == (
+        "<|system|>\ntools:\nnow()\n</s>\n<|user|>\nwhat is 3 plus 4?</s>\n"
+        '<|assistant|>\n<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call></s>\n'
+    )
+    assert cv.render(msgs[:1], tools=[]) == cv.render(msgs[:1])
+    import jinja2
+
+    plain = jinja2.Environment().from_string(cv.CHAT_TEMPLATE)
+    assert plain.render(messages=msgs, tools=TOOLS, add_generation_prompt=True, eos_token="</s>") == cv.render(
+        msgs, True, tools=TOOLS)
+
+
+def test_tool_conversations_call_the_request_tools_and_use_the_results() -> None:
+    import json
+
+    names_seen = set()
+    for conv in ct.conversation_set("heldout-tools", 200, seed=3, kind="tools"):
+        assert conv.tools and len(conv.families) == len(conv.replies())
+        specs = {t["function"]["name"]: t["function"] for t in conv.tools}
+        result = None
+        for msg in conv.messages:
+            if msg["role"] == "tool":
+                result = msg["content"]
+            if msg["role"] != "assistant" or not msg.get("tool_calls"):
+                continue
+            call = msg["tool_calls"][0]["function"]
+            args = json.loads(call["arguments"])
+            assert list(args) == list(specs[call["name"]]["parameters"]["properties"]), (call, specs)
+            names_seen.add(call["name"])
+        finals = [r for r, f in zip(conv.replies(), conv.families, strict=True) if f == "tool_answer"]
+        assert finals == [f"{result}."]
+        # arithmetic: every call's result is its arguments added or multiplied
+        for m, t in zip(conv.messages, conv.messages[1:], strict=False):
+            if m["role"] == "assistant" and m.get("tool_calls") and t["role"] == "tool":
+                f = m["tool_calls"][0]["function"]
+                values = list(json.loads(f["arguments"]).values())
+                if f["name"] in ct_tools.ADD_NAMES:
+                    assert t["content"] == str(sum(values))
+                elif f["name"] in ct_tools.MUL_NAMES:
+                    assert t["content"] == str(values[0] * values[1])
+    assert len(names_seen) > 15  # the names vary
+
+
+def test_json_replies_parse_and_answer_the_question() -> None:
+    import json
+
+    seen = 0
+    for conv in ct.conversation_set("heldout", 300, seed=5):
+        for q, fam, reply in zip([m for m in conv.messages if m["role"] == "user"], conv.families, conv.replies(),
+                                 strict=True):
+            if fam != "json":
+                continue
+            value = json.loads(reply)
+            assert isinstance(value, dict) and value, reply
+            if "plus" in q["content"] and "json" in q["content"] and "answer" in value:
+                seen += 1
+    assert seen > 0
+
+
+def test_name_recall_conversations_ask_gap_turns_later() -> None:
+    for gap_lo, gap_hi in ((3, 5), (5, 10)):
+        for conv in ct.conversation_set("heldout-recall", 100, seed=2, kind="recall", min_gap=gap_lo,
+                                        max_gap=gap_hi, made_up_p=0.0):
+            users = [m["content"] for m in conv.messages if m["role"] == "user"]
+            tell = next(i for i, f in enumerate(conv.families) if f == "name")
+            assert gap_lo <= len(users) - 1 - tell <= gap_hi
+            name = conv.replies()[tell].removeprefix("nice to meet you, ").rstrip(".")
+            assert name in ct.NAMES and conv.replies()[-1] == f"{name}."
+
+
+def test_tool_tokens_are_single_tokens_that_detokenize_as_text(tok: cv.ChatTokenizer) -> None:
+    call = '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>'
+    for special in (True, False):
+        ids = tok.tokenize(call, add_bos=False, special=special)
+        assert tok.piece(ids[0]) == cv.CALL_OPEN and tok.piece(ids[-1]) == cv.CALL_CLOSE
+        assert tok.detokenize(ids) == call
+    assert tok.tokenize(cv.TOOL_ROLE, False, True) == [262]
+    for conv in ct.conversation_set("heldout-tools", 20, seed=3, kind="tools"):
+        full = tok.tokenize(cv.render(conv.messages, tools=conv.tools), add_bos=True, special=True)
+        for k in range(1, len(conv.messages) + 1):  # every message boundary is a token boundary
+            head = cv.render(conv.messages[:k], add_generation_prompt=conv.messages[k - 1]["role"] != "assistant",
+                             tools=conv.tools)
+            ids = tok.tokenize(head, add_bos=True, special=True)
+            assert full[: len(ids)] == ids or ids[-2:] == tok.tokenize("<|assistant|>\n", False, True)
