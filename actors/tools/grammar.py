@@ -4,12 +4,13 @@ Primitives:
 - ``call_schema(family, function) -> dict``: the JSON schema of one call to ``function`` as the
   family writes it (``{"name": <const>, "arguments": <its parameters>}``; Llama 3's key is
   ``parameters``).
-- ``call_grammar(family, functions, parallel) -> str``: GBNF whose every sentence is one call (or,
+- ``call_grammar(family, functions, parallel, framing=QWEN_FRAMING) -> str``: GBNF whose every sentence is one call (or,
   ``parallel``, one to ``MAX_PARALLEL_CALLS``) to one of ``functions`` in the family's syntax, arguments following
   their schemas (turned into GBNF by llama-cpp-python's converter, as ``response_format`` schemas
   are, with JSON's spacing fixed to what the family's template writes), so a forced call always
   parses and validates and reads as the template renders it; the engine ends the turn once it is
-  complete. ``tool_choice`` ``required`` passes every function, a named one only that one.
+  complete. ``tool_choice`` ``required`` passes every function, a named one only that one. A Hermes
+  call is framed as the model's own template frames it (``framing.hermes_framing``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from kvres.actors.sampling import SamplingParams
 
+from .framing import QWEN_FRAMING, HermesFraming
 from .specs import FunctionSpec
 
 CALL_RULE = "kvres-tool-call"
@@ -50,7 +52,8 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a GBNF literal escapes as a JSON string does
 
 
-def call_grammar(family: str, functions: Sequence[FunctionSpec], parallel: bool = False) -> str:
+def call_grammar(family: str, functions: Sequence[FunctionSpec], parallel: bool = False,
+                 framing: HermesFraming = QWEN_FRAMING) -> str:
     from kvres.actors.engines.llama.sampler_chain import to_gbnf
 
     if not functions:
@@ -62,8 +65,9 @@ def call_grammar(family: str, functions: Sequence[FunctionSpec], parallel: bool 
     rules = _canonical(_ROOT.sub(f"{CALL_RULE} ::=", rules))
     call = CALL_RULE
     if family == "hermes":
-        block = f'{_lit("<tool_call>" + chr(10))} {call} {_lit(chr(10) + "</tool_call>")}'
-        root = f'{block} ( {_lit(chr(10))} {block} ){{0,{MORE}}}' if parallel else block
+        block = f"{_lit(framing.open)} {call} {_lit(framing.close)}"
+        between = f"{_lit(framing.between)} " if framing.between else ""
+        root = f"{block} ( {between}{block} ){{0,{MORE}}}" if parallel else block
     elif family == "mistral":
         root = f'{_lit("[TOOL_CALLS] [")} {call} ( ", " {call} ){{0,{MORE}}} "]"' if parallel else \
             f'{_lit("[TOOL_CALLS] [")} {call} "]"'

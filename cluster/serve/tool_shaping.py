@@ -3,7 +3,8 @@ shaped (chat completions and Responses alike; ``kvres.actors.tools`` does the wo
 
 Primitives:
 - ``family_of_model(model) -> str``: the tool family of a served model's chat template (read from
-  its file here, once); ``generic`` where the file cannot be read on this node.
+  its file here, once, with the framing a Hermes template writes around a call); ``generic`` where
+  the file cannot be read on this node.
 - ``ToolPlan.of_request(model, tools, tool_choice, parallel_tool_calls, flat=False)``: the tools
   and choice validated (a 400 naming the field: ``tools[1].function.parameters``, ...);
   ``active`` (tools offered and the choice is not none), ``listed`` (the tools as templates take
@@ -24,6 +25,7 @@ from typing import Any
 
 from kvres.actors.tools.errors import ToolError
 from kvres.actors.tools.families import family_of
+from kvres.actors.tools.framing import QWEN_FRAMING, HermesFraming, hermes_framing
 from kvres.actors.tools.parsing import CallStream, ParsedReply, parse_reply
 from kvres.actors.tools.specs import FunctionSpec, ToolChoice, choice_of, functions_of
 
@@ -33,18 +35,20 @@ from .sampling_fields import GenerationPlan
 
 
 @functools.lru_cache(maxsize=64)
-def _family_of_file(path: str) -> str:
+def _tools_of_file(path: str) -> tuple[str, HermesFraming]:
     from kvres.actors.chat_source import read_chat_template
 
     try:
         source = read_chat_template(path)
     except Exception:  # not on this node, or not a GGUF: the generic form parses any model's JSON
-        return "generic"
-    return family_of(source.template if source is not None else None)
+        return "generic", QWEN_FRAMING
+    family = family_of(source.template if source is not None else None)
+    framing = hermes_framing(source) if family == "hermes" and source is not None else QWEN_FRAMING
+    return family, framing
 
 
 def family_of_model(model: ServedModel) -> str:
-    return _family_of_file(str(model.path))
+    return _tools_of_file(str(model.path))[0]
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class ToolPlan:
     choice: ToolChoice
     family: str
     parallel: bool
+    framing: HermesFraming = QWEN_FRAMING  # how the model's template frames a Hermes call
 
     @classmethod
     def of_request(cls, model: ServedModel, tools: Any, tool_choice: Any, parallel_tool_calls: bool | None,
@@ -62,8 +67,8 @@ class ToolPlan:
             choice = choice_of(tool_choice, functions, flat=flat)
         except ToolError as exc:
             raise bad_request(str(exc), param=exc.field) from None
-        family = family_of_model(model) if functions else "generic"
-        return cls(functions, choice, family, parallel_tool_calls is not False)
+        family, framing = _tools_of_file(str(model.path)) if functions else ("generic", QWEN_FRAMING)
+        return cls(functions, choice, family, parallel_tool_calls is not False, framing)
 
     @property
     def active(self) -> bool:
@@ -88,7 +93,8 @@ class ToolPlan:
         from kvres.actors.tools.grammar import call_grammar
 
         offered = [f for f in self.functions if self.choice.name in (None, f.name)]
-        grammar = call_grammar(self.family, offered, parallel=self.parallel and self.choice.mode == "required")
+        grammar = call_grammar(self.family, offered, parallel=self.parallel and self.choice.mode == "required",
+                               framing=self.framing)
         sampling = plan.request.sampling.model_copy(update={"grammar": grammar})
         request = plan.request.model_copy(update={"sampling": sampling})
         return dataclasses.replace(plan, kwargs={**plan.kwargs, "grammar": grammar}, request=request)

@@ -143,3 +143,25 @@ def test_generic_messages_describe_the_tools_and_write_the_turns() -> None:
     assert json.loads(out[2]["content"]) == {"tool_calls": [CALL]}
     assert out[3] == {"role": "user", "content": '{"tool_call_id": "c1", "result": "3"}'}
     assert parse_reply("generic", out[2]["content"], FUNCTIONS).calls[0].name == "add"
+
+
+def test_a_hermes_call_is_framed_as_the_models_own_template_frames_it(tmp_path) -> None:
+    """Qwen 2.5 writes a newline inside the tags, the project's chat model none: a forced call is
+    written the template's way, so the next turn's render of it is what the model produced."""
+    from kvres.actors.chat_source import read_chat_template
+    from kvres.actors.default_model import CHAT_MODEL
+    from kvres.actors.tools.framing import QWEN_FRAMING, HermesFraming, hermes_framing
+    from kvres.actors.tools.grammar import call_grammar
+    from kvres.actors.tools.specs import functions_of
+    from kvres.testing.family_models import write_family_gguf
+
+    qwen = read_chat_template(write_family_gguf("qwen25", tmp_path / "qwen25.gguf"))
+    assert qwen is not None and hermes_framing(qwen) == QWEN_FRAMING
+    chat = read_chat_template(CHAT_MODEL)
+    assert chat is not None
+    tight = hermes_framing(chat)
+    assert tight == HermesFraming("<tool_call>", "</tool_call>", "")
+    functions = functions_of([{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}])
+    grammar = call_grammar("hermes", functions, parallel=True, framing=tight)
+    assert grammar.startswith('root ::= "<tool_call>" kvres-tool-call "</tool_call>" ( "<tool_call>"'), grammar[:120]
