@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from ..chat_source import ChatTemplateSource
 
@@ -42,7 +43,7 @@ def _probe_call(i: int) -> dict[str, object]:
 def hermes_framing(source: ChatTemplateSource) -> HermesFraming:
     from .rendering import render_conversation
 
-    messages = [{"role": "user", "content": "probe", "tools": [_PROBE_TOOL]},
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "probe", "tools": [_PROBE_TOOL]},
                 {"role": "assistant", "content": None, "tool_calls": [_probe_call(1), _probe_call(2)]}]
     try:
         text = render_conversation(source, messages, add_generation_prompt=False)
