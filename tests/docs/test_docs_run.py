@@ -88,6 +88,8 @@ EXCLUDED = (
     Exclusion("docs/gpu.md", 'CMAKE_ARGS="-DGGML_CUDA=on"', "rebuilds llama-cpp-python from PyPI against CUDA"),
     Exclusion("docs/operators.md", "apt-get install prometheus", "installs a package from the internet"),
     Exclusion("docs/operators.md", "prometheus --config.file", "a server that runs until it is stopped"),
+    Exclusion("docs/serving.md", "kvres serve --model ~/models/", "a GGUF the reader downloads (docs/models.md runs "
+              "kvres serve --model on a family fixture)"),
     Exclusion("docs/serving.md", "kvres serve --config", "a second server beside the one the document runs"),
     Exclusion("docs/serving.md", "kvres start && kvres serve", "a third server, on a standing cluster"),
 )
