@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from kvres.actors.backend_setup.engine_registry import make_executor
+from kvres.actors.chat_source import read_chat_template
 from kvres.actors.config import BackendConfig
 from kvres.actors.default_model import default_model_path
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.sampling import SamplingParams
+from kvres.actors.tools.families import family_of
+from kvres.actors.tools.framing import QWEN_FRAMING, hermes_framing
 from kvres.actors.tools.grammar import call_grammar
 from kvres.actors.tools.parsing import parse_reply
 from kvres.actors.tools.specs import functions_of
@@ -63,8 +66,11 @@ def test_an_edited_history_reports_the_message_and_the_token(host: BackendHost) 
 
 
 def test_an_unedited_chain_of_ten_tool_turns_reports_none(host: BackendHost) -> None:
+    source = read_chat_template(default_model_path())
+    assert source is not None
+    family = family_of(source.template)  # the default model's own call form (hermes since its retraining)
     functions = functions_of(TOOLS)
-    grammar = call_grammar("generic", functions)
+    grammar = call_grammar(family, functions, framing=hermes_framing(source) if family == "hermes" else QWEN_FRAMING)
     host.open_session("tools")
     messages: list[dict[str, object]] = [{"role": "user", "content": "Add some numbers for me.", "tools": TOOLS}]
     cached_all = True
@@ -74,7 +80,7 @@ def test_an_unedited_chain_of_ten_tool_turns_reports_none(host: BackendHost) -> 
         reply = host.chat("tools", messages, request)
         assert reply.prefix_break is None, (turn, reply.prefix_break)
         cached_all &= reply.length - len(reply) - reply.prompt_tokens >= before
-        call = parse_reply("generic", reply.text or "", functions).calls[0]
+        call = parse_reply(family, reply.text or "", functions).calls[0]
         messages += [{"role": "assistant", "content": None, "tool_calls": [call.as_chat()]},
                      {"role": "tool", "tool_call_id": call.id, "content": str(sum(call.argument_values().values()))}]
     assert cached_all
