@@ -85,7 +85,7 @@ def test_past_the_wait_a_turn_is_a_429_with_retry_after(room_server: Server) -> 
     turn cannot get room, waits ``max_room_wait_s`` (1 s) and is refused, a 429 whose
     ``Retry-After`` says when to try again; once the first conversation is closed it is answered."""
     client = room_server.client()
-    _turn(client, "pinning", "holder-1", 120, 1, max_tokens=4)
+    _turn(client, "pinning", "holder-1", 150, 1, max_tokens=4)  # about 200 tokens of the 256
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as refused:
         _turn(client, "pinning", "waiter-1", 60, 2)
