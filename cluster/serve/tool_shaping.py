@@ -2,9 +2,9 @@
 shaped (chat completions and Responses alike; ``kvres.actors.tools`` does the work).
 
 Primitives:
-- ``family_of_model(model) -> str``: the tool family of a served model's chat template (read from
-  its file here, once, with the framing a Hermes template writes around a call); ``generic`` where
-  the file cannot be read on this node.
+- ``tool_form_of_model(model) -> (family, framing)``: the tool family of a served model's chat
+  template and the framing a Hermes template writes around a call (read from its file here, once);
+  ``generic`` where the file cannot be read on this node.
 - ``ToolPlan.of_request(model, tools, tool_choice, parallel_tool_calls, flat=False)``: the tools
   and choice validated (a 400 naming the field: ``tools[1].function.parameters``, ...);
   ``active`` (tools offered and the choice is not none), ``listed`` (the tools as templates take
@@ -47,8 +47,8 @@ def _tools_of_file(path: str) -> tuple[str, HermesFraming]:
     return family, framing
 
 
-def family_of_model(model: ServedModel) -> str:
-    return _tools_of_file(str(model.path))[0]
+def tool_form_of_model(model: ServedModel) -> tuple[str, HermesFraming]:
+    return _tools_of_file(str(model.path))
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ToolPlan:
             choice = choice_of(tool_choice, functions, flat=flat)
         except ToolError as exc:
             raise bad_request(str(exc), param=exc.field) from None
-        family, framing = _tools_of_file(str(model.path)) if functions else ("generic", QWEN_FRAMING)
+        family, framing = tool_form_of_model(model) if functions else ("generic", QWEN_FRAMING)
         return cls(functions, choice, family, parallel_tool_calls is not False, framing)
 
     @property
