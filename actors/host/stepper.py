@@ -246,14 +246,16 @@ class KVStepper:
         """When every call waits for room that only waiting calls hold (each session's call
         holds what it has and needs more), the last of them in the queue's order with a live
         session (never the first, never a pinned one) is parked mid-call, so the ones before it
-        go on; it comes back when room frees. True when one was parked."""
+        go on; it comes back when room frees. One that holds nothing frees nothing, and is left be
+        (nothing ran perhaps only because a call that holds room waits for its stream's reader).
+        True when one was parked."""
         ctx = self.ctx
         if ctx.store is None:
             return False
         pinned = pinned_sessions(ctx)
         for job in reversed(stalled[1:]):
             s = ctx.sessions.get(job.session_id)
-            if s is not None and s.live and job.session_id not in pinned:
+            if s is not None and s.live and s.resident > 0 and job.session_id not in pinned:
                 self.pressure.preempt(job.session_id)
                 return True
         return False

@@ -7,6 +7,7 @@ with a retry-after hint, committing nothing. (Through ``kvres serve``: tests/ser
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,25 @@ def test_first_come_first_served_a_later_call_that_fits_waits_behind_an_earlier_
     assert suspends(h, "a") == 1 and suspends(h, "b") == 1 and suspends(h, "c") == 0
     assert [len(h.tokens(sid)) for sid in "abc"] == [100, 120, 60]
     assert h.stats()["room_queue"]["waited"] >= 2  # b and c waited, and got room
+
+
+def test_while_the_call_holding_room_waits_for_its_reader_no_empty_session_is_parked(tmp_path: Path) -> None:
+    """The same three calls, a's reader late: a runs ahead of its reader and waits for it, b and c
+    wait for room, so a step runs nothing. Parking c (which holds nothing) would free nothing and
+    put it behind b twice; it is left be, and the order is a, b, c as when every reader keeps up."""
+    h = host(tmp_path, budget=160)
+    for sid in "abc":
+        h.open_session(sid, SessionPolicy())
+    with h._ctx.lock:
+        a = h.stream("a", exactly(40), prompt=prompt(1, 60))
+        b = h.stream("b", exactly(8), prompt=prompt(2, 112))
+        c = h.stream("c", exactly(8), prompt=prompt(3, 52))
+    assert wait_until(lambda: h.stats()["room_queue"]["waiting"] == 2)
+    time.sleep(0.5)  # steps that run nothing: a waits for its reader, b and c for room
+    assert suspends(h, "c") == 0
+    for got in read_all([a, b, c]):
+        assert len(got) in (40, 8)
+    assert [suspends(h, sid) for sid in "abc"] == [1, 1, 0]
 
 
 def test_a_higher_priority_call_gets_room_first(tmp_path: Path) -> None:
