@@ -42,6 +42,7 @@ from ray.exceptions import ActorUnschedulableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvres.actors.backend_setup.engine_registry import kv_layout_of
+from kvres.actors.backend_setup.engine_threads import engine_process_env
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
 from kvres.actors.default_model import default_model_path
 from kvres.actors.host.journal import SessionRecord
@@ -204,7 +205,7 @@ class SessionManager:
         options: dict[str, Any] = {
             "name": backend_actor_name(cfg.name), "namespace": self.namespace, "get_if_exists": True,
             "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus, "max_restarts": -1,
-            **actor_task_events(),
+            "runtime_env": {"env_vars": engine_process_env()}, **actor_task_events(),
         }
         if cfg.node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(cfg.node_id, soft=False)
