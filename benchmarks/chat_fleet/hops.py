@@ -2,7 +2,7 @@
 
 Primitives:
 - ``HOPS``: the hops a bound turn crosses, each with the process labels (``proc_cpu.label``) it
-  runs in: the HTTP proxy, the Serve replica, the serve state actor (leases, metrics), the planner
+  runs in: the HTTP proxy, the Serve replica (or the direct front, which is both), the serve state actor (leases, metrics), the planner
   (the session directory), the backend (the Ray shell, the host and the engine), the cold store,
   and Ray's own processes (raylet, GCS, Serve controller, agents).
 - ``serve_histogram(text, metric, route) -> (sum_s, count)``: one route's histogram of the
@@ -24,6 +24,7 @@ ROUTE = "/v1/chat/completions"
 HOPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP proxy", ("ray::ProxyActor",)),
     ("Serve replica", ("ray::ServeReplica",)),
+    ("direct front (--front direct)", ("ray::FrontServer",)),
     ("serve state actor", ("ray::ServeStateActor",)),
     ("planner", ("ray::PlannerServer",)),
     ("backend (shell, host, engine)", ("ray::BackendServer",)),

@@ -4,7 +4,9 @@ Primitives:
 - ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
-  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--min-replicas``, ``--max-replicas``,
+  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``serve``: Ray Serve's proxy and
+  replicas; ``direct``: the same application in kvres's own actors, ``direct_front``; default
+  ``KVRES_SERVE_FRONT``, else ``serve``), ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--session-idle`` /
   ``--session-ttl`` (seconds without a call before an HTTP-opened session is parked / closed; 0:
   never; ``lifetime``), ``--detach``.
@@ -13,8 +15,8 @@ Primitives:
   ``KVRES_API_KEY_FILE``; none: it listens on 127.0.0.1 only, with a warning), then Ray: the cluster
   at ``--address`` (or ``RAY_ADDRESS``), else an embedded one that ends with the command (its
   task-event store bounded: ``ray_task_events``); kvres's
-  actors found or started there (``connect``), Serve's HTTP proxy on ``--host:--port``, the
-  application deployed (``kvres`` at ``/``), and two lines printed: ``kvres serve: listening on
+  actors found or started there (``connect``), Serve's HTTP proxy on ``--host:--port`` and the
+  application deployed (``kvres`` at ``/``), or the direct fronts listening there, and two lines printed: ``kvres serve: listening on
   http://HOST:PORT/v1 ...`` and the sessions' lifetime. Then it waits for Ctrl-C or SIGTERM and removes the application (and
   with an embedded cluster, kvres's actors and the cluster). ``--detach`` (a standing cluster only)
   returns at once and leaves the application running; ``--stop`` removes it (``stop_serve``).
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from ..session import SessionManager
 
 APP_NAME = "kvres"
+FRONTS = ("serve", "direct")
 
 
 class ServeStartError(KvresError, RuntimeError):
@@ -70,6 +73,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None,
                         help="a file with one API key per line, each optionally followed by tenant=LABEL "
                              "(default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
+    parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "serve",
+                        help="serve: Ray Serve's proxy and replicas (autoscaled); direct: the same application in "
+                             "kvres's own actors, no proxy hop (--min-replicas of them share the port); default: "
+                             "KVRES_SERVE_FRONT, else serve")
     parser.add_argument("--min-replicas", type=int, default=1, help="Serve replicas at least (default 1)")
     parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2)")
     parser.add_argument("--max-ongoing-requests", type=int, default=64,
@@ -112,8 +119,11 @@ def _front_of(namespace: str) -> bool:
     import ray
     from ray import serve
 
+    from .direct_front import direct_fronts
     from .state_actor import state_actor_name
 
+    if direct_fronts(namespace):
+        return True
     if APP_NAME not in serve.status().applications:
         return False
     try:
@@ -129,13 +139,15 @@ def remove_application(namespace: str, drop_state: bool = False) -> bool:
     responses. False where there was none."""
     from ray import serve
 
+    from .direct_front import remove_direct_fronts
     from .state_actor import ServeState
 
     if not _front_of(namespace):
         return False
-    serve.delete(APP_NAME)
-    if not serve.status().applications:
-        serve.shutdown()  # type: ignore[no-untyped-call]
+    if not remove_direct_fronts(namespace):
+        serve.delete(APP_NAME)
+        if not serve.status().applications:
+            serve.shutdown()  # type: ignore[no-untyped-call]
     if drop_state:
         ServeState(namespace).destroy()
     return True
@@ -197,6 +209,10 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = load_key_entries(args.api_key_file)
     host = bind_host(args.host, bool(keys))
     lifetime = SessionLifetime(idle_s=args.session_idle, ttl_s=args.session_ttl)
+    if args.front == "direct":
+        from .direct_front import check_port_free
+
+        check_port_free(host, args.port)  # before Ray starts: a taken port fails at once
     options = ServeOptions(namespace=args.namespace, digests=key_digests(keys), min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, max_ongoing_requests=args.max_ongoing_requests,
                            lifetime=lifetime)
@@ -222,8 +238,14 @@ def run_serve(args: argparse.Namespace) -> int:
                 f"namespace for this model (kvres stop, then kvres start --model {args.model})") from exc
         options = ServeOptions(**{**options.__dict__, "config": manager.config})
         try:
-            serve.start(http_options={"host": host, "port": args.port})
-            serve.run(build(options), name=APP_NAME, route_prefix="/", blocking=False)
+            if args.front == "direct":
+                from .direct_front import start_direct_fronts
+
+                # held until the command ends: a non-detached actor lives while a handle to it does
+                fronts = start_direct_fronts(options, host, args.port, detached=args.detach)  # noqa: F841
+            else:
+                serve.start(http_options={"host": host, "port": args.port})
+                serve.run(build(options), name=APP_NAME, route_prefix="/", blocking=False)
         except Exception as exc:
             raise ServeStartError(f"the HTTP front could not start on {host}:{args.port}: "
                                   f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
@@ -247,8 +269,12 @@ def _teardown(manager: SessionManager | None, embedded: bool) -> None:
     """The application removed; with an embedded cluster also Serve, the state actor and kvres's actors."""
     from ray import serve
 
+    from .direct_front import remove_direct_fronts
     from .state_actor import ServeState
 
+    with contextlib.suppress(Exception):
+        if manager is not None:
+            remove_direct_fronts(manager.namespace)
     with contextlib.suppress(Exception):
         serve.delete(APP_NAME)
     if not embedded:
