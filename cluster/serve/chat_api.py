@@ -100,7 +100,7 @@ class _Turn:
         session, stack = self.acquire()
         with stack:
             outcome = run_turn(session, self.prompt, self.plan, self.model.anchor, self.model.local_decoder())
-            if self.tools is not None and self.tools.parse(outcome.text).calls:
+            if self.session_id is not None and self.tools is not None and self.tools.parse(outcome.text).calls:
                 self.pause_for_tools(session)
             return outcome
 
