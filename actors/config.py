@@ -12,7 +12,9 @@ Primitives:
   ``ScorerName``). Retention, the owner's say in what is kept
   (``with_retention``): ``priority`` (suspended and evicted for others' room later than lower
   ones), ``pin`` (never, within the backend's ``max_pinned_tokens``), ``idle_suspend_s`` (parked
-  after that long without a call) and ``ttl_s`` (closed after that long without a call); ``tenant``,
+  after that long without a call), ``ttl_s`` (closed after that long without a call) and
+  ``tool_pause_s`` (how long a session whose turn ended in tool calls is parked after the idle ones
+  while its results are on their way, ``kvres.policy.backend_planner.keep_key``; 0: not at all); ``tenant``,
   the label whose quota on a backend (``BackendConfig.tenant_quotas``) the session counts against.
 - ``TenantQuota``: what one tenant's sessions may hold on a backend together: ``resident_tokens``
   and ``cold_bytes`` (None: no limit); ``kvres.actors.host.quotas`` keeps them.
@@ -70,6 +72,7 @@ class SessionPolicy(BaseModel):
     pin: bool = False  # never suspended or evicted for others' room (within the backend's max_pinned_tokens)
     idle_suspend_s: float | None = Field(None, gt=0)  # parked after this long without a call
     ttl_s: float | None = Field(None, gt=0)  # closed (its blocks deleted) after this long without a call
+    tool_pause_s: float = Field(30.0, ge=0, le=86400)  # paused for tools: parked after idle sessions this long
     tenant: str | None = Field(None, pattern=TENANT_PATTERN)  # whose quota it counts against (None: no one's)
 
     @model_validator(mode="after")
@@ -99,10 +102,10 @@ class SessionPolicy(BaseModel):
 
     def with_retention(self, priority: int | None = None, pin: bool | None = None,
                        idle_suspend_s: float | None = None, ttl_s: float | None = None,
-                       tenant: str | None = None) -> SessionPolicy:
+                       tenant: str | None = None, tool_pause_s: float | None = None) -> SessionPolicy:
         """This policy with the retention fields given (the others as they are), validated."""
         fields = {"priority": priority, "pin": pin, "idle_suspend_s": idle_suspend_s, "ttl_s": ttl_s,
-                  "tenant": tenant}
+                  "tenant": tenant, "tool_pause_s": tool_pause_s}
         return SessionPolicy.model_validate({**self.model_dump(), **{k: v for k, v in fields.items() if v is not None}})
 
     @classmethod

@@ -25,7 +25,9 @@ Primitives:
   (blocks a session found gone: recomputed from its log), idle_suspends (parked after its
   ``idle_suspend_s``), ttl_closes (closed after its ``ttl_s``), quota_drops (cold blocks dropped
   to keep its tenant within ``cold_bytes``), preemptions (parked mid-call: its call waited for room
-  that only waiting calls held; also counted in suspends), ...), kvres_plan_latency_ms (histogram,
+  that only waiting calls held; also counted in suspends), tool_pause_suspends (suspended for room
+  while paused for tools: no idle session could go instead; also counted in suspends),
+  tool_prefetches (a session parked while paused for tools brought back ahead of its results), ...), kvres_plan_latency_ms (histogram,
   {backend}), kvres_tokens_total{backend,kind} (kind "prompt": tokens appended, "generated": tokens
   decoded), kvres_store_blocks_lost{node,event} (a cold store's blocks not kept since it started:
   event "drops", "spill_errors", "corrupt"; a gauge, present from the start);
@@ -76,7 +78,7 @@ COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped
             "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
             "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes",
-            "quota_drops", "preemptions")
+            "quota_drops", "preemptions", "tool_pause_suspends", "tool_prefetches")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 # histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

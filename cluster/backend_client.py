@@ -217,6 +217,9 @@ class BackendClient:
         """A repeat that finds the session gone means the first attempt closed it."""
         self._session_call(session_id, lambda h: h.close.remote(session_id), retry_ok=(UnknownSessionError,))
 
+    def pause_for_tools(self, session_id: str) -> None:
+        self._session_call(session_id, lambda h: h.pause_for_tools.remote(session_id))
+
     def session_stats(self, session_id: str) -> dict[str, Any]:
         return dict(self._session_call(session_id, lambda h: h.session_stats.remote(session_id)))
 

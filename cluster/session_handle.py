@@ -244,6 +244,12 @@ class Session:
     def suspend(self) -> None:
         self._call(lambda: self._backend.suspend(self.session_id))
 
+    def pause_for_tools(self) -> None:
+        """Its last turn ended in tool calls whose results are on their way: the backend parks it
+        after its idle sessions until its next call (within its policy's ``tool_pause_s``) and, if it
+        had to be parked, brings it back ahead of that call once a slot and room are free."""
+        self._call(lambda: self._backend.pause_for_tools(self.session_id), changes=False)
+
     def resume(self) -> int:
         """Bring the session back; returns how many tokens had to be recomputed."""
         return self._call(lambda: self._backend.resume(self.session_id))

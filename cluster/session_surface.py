@@ -63,6 +63,8 @@ class SessionSurface(Protocol):
     # -- where it lives -----------------------------------------------------------------------------
     def suspend(self) -> None: ...
 
+    def pause_for_tools(self) -> None: ...
+
     def resume(self) -> int: ...
 
     def migrate(self, backend: str) -> None: ...
@@ -88,6 +90,7 @@ SESSION_FORWARDS: dict[str, tuple[str, ...]] = {
     "fork": ("fork",),  # through SessionManager.fork, which registers the new session
     "export": ("export",),
     "suspend": ("suspend",),
+    "pause_for_tools": ("pause_for_tools",),
     "resume": ("resume",),
     "migrate": ("detach", "resume"),  # through SessionManager.migrate: off the source, onto the target
     "stats": ("session_stats",),

@@ -3,7 +3,13 @@
 Primitives:
 - ``SessionView``: what the planner needs to know of one session (resident ranges, last use,
   whether the current call is serving it, its own budget and streaming policy, optional scores,
-  its owner's priority and pin).
+  its owner's priority and pin, whether it is paused for tools); ``keep_order``, who goes first.
+- ``keep_key(priority, last_used, tool_paused=False)``: that order for any caller that picks a
+  session to park (the lowest priority, then sessions not paused for tools, then the least
+  recently used).
+- ``tool_pause_holds(paused_at, now, tool_pause_s) -> bool``: whether a session whose turn ended
+  in tool calls at ``paused_at`` still counts as paused at ``now`` (its results are on their way);
+  past ``tool_pause_s`` (0: never paused) it is an ordinary idle session.
 - ``BackendPlanInput(sessions, budget_tokens, capabilities)``.
 - ``Action(kind, session_id, ranges, rebase)``: ``"evict"`` ranges of a session, or ``"suspend"``
   the whole session (export all of its KV, free it on the backend).
@@ -11,7 +17,8 @@ Primitives:
 
 Order of relief: (1) every session is brought under its own budget by ``plan_hot_set`` (with room
 for the tokens about to arrive); (2) if the backend as a whole is still over budget, idle sessions
-are suspended, the lowest ``priority`` first, then the least recently used; (3) then active
+are suspended, the lowest ``priority`` first, then (within a priority) those not paused for tools,
+then the least recently used; (3) then active
 sessions that allow eviction are shrunk, in the same order; a ``pinned`` session is neither
 suspended nor shrunk for others; (4) what still does not fit is reported as ``over_budget``.
 
@@ -35,6 +42,19 @@ from .planner import PlanInput, StreamPolicy, plan_hot_set, plan_streaming, trus
 from .ranges import Range
 
 
+def keep_key(priority: int, last_used: int, tool_paused: bool = False) -> tuple[int, bool, int]:
+    """Sorted ascending, who is parked or shrunk first when others need room: the lowest
+    priority, then, within a priority, a session not paused for tools before one that is (its
+    results come back soon, and its next turn should prefill only them), then the least recently used."""
+    return priority, tool_paused, last_used
+
+
+def tool_pause_holds(paused_at: float | None, now: float, tool_pause_s: float) -> bool:
+    """Whether a session paused for tools at ``paused_at`` (None: it is not) still is at ``now``:
+    for ``tool_pause_s`` seconds at most (0: the pause is not kept at all)."""
+    return paused_at is not None and tool_pause_s > 0 and now - paused_at < tool_pause_s
+
+
 @dataclass(frozen=True)
 class SessionView:
     session_id: str
@@ -49,11 +69,12 @@ class SessionView:
     scores: tuple[float, ...] | None = None  # one per block of ``blocks()``
     priority: int = 0  # its owner's: lower ones are suspended and shrunk for others first
     pinned: bool = False  # never suspended or shrunk for others' room
+    tool_paused: bool = False  # its turn ended in tool calls whose results are on their way
 
     @property
-    def keep_order(self) -> tuple[int, int]:
-        """Who goes first when others need room: the lowest priority, then the least recently used."""
-        return self.priority, self.last_used
+    def keep_order(self) -> tuple[int, bool, int]:
+        """Who goes first when others need room (``keep_key``)."""
+        return keep_key(self.priority, self.last_used, self.tool_paused)
 
     @property
     def resident_tokens(self) -> int:
@@ -180,7 +201,7 @@ def plan_backend(inp: BackendPlanInput) -> BackendPlan:
     def total() -> int:
         return sum(resident[i] + incoming[i] for i in resident)
 
-    # (2) suspend idle sessions, the lowest priority first, then the least recently used
+    # (2) suspend idle sessions in keep order (priority, not paused for tools first, least recently used)
     for view in sorted(inp.sessions, key=lambda v: v.keep_order):
         if total() <= inp.budget_tokens:
             break

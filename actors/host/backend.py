@@ -11,7 +11,8 @@ Primitives:
   ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``, ``suspend``,
   ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
-  ``append_messages``, ``tokens``, ``cancel``, ``truncate``, ``fork``, ``export``, ``restore``;
+  ``append_messages``, ``pause_for_tools``, ``tokens``, ``cancel``, ``truncate``, ``fork``,
+  ``export``, ``restore``;
   the model's ``tokenize``, ``detokenize``; ``shutdown()``: the host stops (its retention timer
   and step loop, pending calls failing with ``LoopStoppedError``) and its engine is freed.
   ``generate`` / ``stream`` take a ``prompt``: tokens appended in the same call (one job, one
@@ -34,7 +35,8 @@ engine evicts by itself (what needs an addressed engine is refused there); then 
 (suspend), ``pressure`` (room-making), ``resumption`` (resume), ``editing``, ``chat``,
 ``portable``, ``spill_recall`` and ``stepper`` (the step for engines whose KV kvres addresses) or
 ``engine_managed.ManagedStepper``, ``retention`` (priorities and pins in who goes first; idle
-sessions parked and expired ones closed, then ``on_expired(session_id)``), and last the step loop
+sessions parked and expired ones closed, then ``on_expired(session_id)``), ``tool_pauses``
+(sessions waiting for tool results; the loop's idle work brings parked ones back), and last the step loop
 (``scheduler``). Also ``sessions`` (a session and its explicit state), ``admission`` (policy checks
 at open), ``stats``.
 
@@ -87,6 +89,7 @@ from .spill_recall import Recall
 from .stats import backend_stats, session_stats
 from .stepper import KVStepper
 from .store_ports import StorePort
+from .tool_pauses import ToolPauses
 
 if TYPE_CHECKING:
     from .backend_surface import BackendSurface
@@ -190,19 +193,25 @@ class BackendHost:
         self._tier_decision = tier_decision
         self._durability = Durability(ctx)
         self._engine: KVStepper | ManagedStepper
-        on_idle: Callable[[], bool] | None = None
+        prepare_recalls: Callable[[], bool] | None = None
         if isinstance(executor, Executor):  # kvres evicts, spills and recalls its KV
             eviction = Eviction(ctx, executor, plan)
             self._build_parts(AddressedKV(ctx, executor, recall_costs), eviction, plan, file_secret, model_id)
             recall = Recall(ctx, executor, eviction)
             self._engine = KVStepper(ctx, executor, self._durability, self._pressure, eviction, recall,
                                      self._resumption)
-            on_idle = recall.prepare_recalls
+            prepare_recalls = recall.prepare_recalls
         else:  # the engine manages its KV: what needs kvres to address it is refused
             managed = ManagedKV(ctx, executor)
             self._build_parts(managed, managed, plan, file_secret, model_id)
             self._engine = ManagedStepper(ctx, executor, self._durability, self._resumption)
         self._retention = RetentionTimer(ctx, functools.partial(self._parking.suspend, forced=False), on_expired)
+        pauses = self._tool_pauses = ToolPauses(ctx, self._resumption,
+                                                lambda n, tenant: not self._pressure.needs_plan({}, n, tenant))
+
+        def idle_work() -> bool:  # sessions paused for tools first: their results are coming
+            return pauses.prefetch() or (prepare_recalls is not None and prepare_recalls())
+
         pause_probes = self._pause_probes = getattr(recall_costs, "pause", None)  # a probe child waits out the calls
 
         def on_busy(busy: bool) -> None:
@@ -214,7 +223,7 @@ class BackendHost:
                 pause_probes(busy)
 
         # built last: its step runs the parts above
-        self._loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy, on_idle=on_idle,
+        self._loop = StepLoop(ctx.lock, self._step, config.name, on_busy=on_busy, on_idle=idle_work,
                               on_start=executor.claim_decode_threads, jobs=ctx.jobs)
         # the engine's multi-threaded decodes belong to the step loop's thread (see
         # kvres.actors.engines.llama.decode_threads): other threads decode on one thread until it has started
@@ -340,6 +349,11 @@ class BackendHost:
         if callable(close):
             close()
 
+    def pause_for_tools(self, session_id: str) -> None:
+        """The session's last turn ended in tool calls: kept over idle sessions until its next call
+        (within its ``tool_pause_s``), and brought back ahead of it if it had to be parked."""
+        self._tool_pauses.pause(session_id)
+
     def suspend(self, session_id: str) -> SuspendRecord:
         """Export all of the session's KV to the cold store and free it on the engine (a session
         already suspended stays as it is); a caller's: not counted in ``suspends`` (forced ones only)."""
@@ -461,7 +475,7 @@ class BackendHost:
             s = ctx.get(job.session_id, live=False)
             if ctx.jobs.pending(job.session_id):
                 raise SessionBusyError(f"session {job.session_id!r} already has a call running")
-            s.last_used, s.touched_at = ctx.tick(), time.monotonic()
+            s.last_used, s.touched_at, s.tool_paused_at = ctx.tick(), time.monotonic(), None
             done = s.committed
             if job.request_id is not None and done is not None and done.request_id == job.request_id:
                 job.replay(done.result)  # a retry of a call that committed: its answer, not a rerun

@@ -134,6 +134,8 @@ class HostContext:
             self.metrics.set_resident(self.name, session_id, 0)
             self.publish()
             self.jobs.poke()
+            if s.live:  # a slot freed: a session parked while paused for tools may come back
+                self.jobs.request_idle()
 
     # -- bookkeeping ------------------------------------------------------------------------
     def count(self, session_id: str, name: str, value: int = 1) -> None:

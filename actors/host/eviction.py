@@ -16,6 +16,7 @@ Primitives:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -48,6 +49,7 @@ def session_view(ctx: HostContext, session_id: str, incoming: int, active: bool,
         block_size=r.block_size,
         priority=s.policy.priority,
         pinned=pinned,
+        tool_paused=s.paused_for_tools(time.monotonic()),
     )
     if not s.retrieved:
         return view

@@ -4,14 +4,18 @@ Primitives:
 - ``Parking(ctx, durability, kv)``: ``suspend(session_id, forced=True)`` (every resident range
   exported as one block, ``kv.export_resident``, all of them in one ``put_many``; the engine's copy
   freed; a forced one, for others' room, counted once in ``suspends``, in the counters its record
-  carries; a forced one of a session whose own call waits for room parks it ``PREEMPTED``: its
-  record is not committed, that call resumes it and commits or rolls it back), ``detach(session_id)``
-  (suspended and forgotten here: it moves to another backend).
+  carries, and in ``tool_pause_suspends`` too while the session is paused for tools (one that is
+  not forced ends its pause: it is not brought back ahead of its next call); a forced one
+  of a session whose own call waits for room parks it ``PREEMPTED``: its record is not committed,
+  that call resumes it and commits or rolls it back), ``detach(session_id)`` (suspended and
+  forgotten here: it moves to another backend).
   It sits below ``Pressure``, which suspends idle sessions through it; bringing a session back is
   ``resumption.Resumption``.
 """
 
 from __future__ import annotations
+
+import time
 
 from kvres.policy import KvresError
 
@@ -42,6 +46,8 @@ class Parking:
             mid_call = bool(ctx.jobs.pending(session_id))  # only pressure parks it then: its call waits for room
             if not forced and (mid_call or s.state is SessionState.PREEMPTED):
                 raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
+            if not forced:
+                s.tool_paused_at = None  # parked as its owner or its idle clock asked: not brought back ahead
             if not s.live:
                 return s.record
             if ctx.store is None:
@@ -49,6 +55,8 @@ class Parking:
             resident = ctx.executor.resident_ranges(session_id)  # none where the engine manages KV
             if forced:
                 ctx.count(session_id, "suspends")  # before the record: a resume carries its counters on
+                if s.paused_for_tools(time.monotonic()):
+                    ctx.count(session_id, "tool_pause_suspends")
             if mid_call:
                 ctx.count(session_id, "preemptions")
             blocks = self.kv.export_resident(session_id, resident)
@@ -65,6 +73,8 @@ class Parking:
                 s.park(self.durability.commit(session_id, later=True))
             ctx.publish()
             ctx.jobs.poke()
+            if not forced:  # a slot freed: a session parked while paused for tools may come back
+                ctx.jobs.request_idle()
             return s.record
 
     def detach(self, session_id: str) -> SuspendRecord:

@@ -8,8 +8,8 @@ Primitives:
   newcomer_tokens=0, ahead=None, busy=None, newcomer_tenant=None)`` (plan when a tenant, a session
   or the backend would go over its quota or budget and carry the plan out: idle sessions
   suspended through ``parking``, ranges evicted through ``eviction``; a tenant over its quota among
-  its own sessions first, ``quotas``; the owners' priorities and pins, ``retention``, decide who
-  goes first), ``needs_plan`` and ``fits`` (cheap checks before planning); ``preempt(session_id)``
+  its own sessions first, ``quotas``; the owners' priorities and pins, ``retention``, and tool
+  pauses, ``keep_key``, decide who goes first), ``needs_plan`` and ``fits`` (cheap checks before planning); ``preempt(session_id)``
   (park a session whose own call waits for room, so that the calls ahead of it get its room).
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kvres.policy import Range
-from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView
+from kvres.policy.backend_planner import BackendPlan, BackendPlanInput, SessionView, keep_key
 
 from .context import HostContext
 from .eviction import session_view
@@ -176,8 +176,9 @@ class Pressure:
         return True
 
     def _slot_victim(self, live: list[str], newcomer: str, busy: set[str], incoming: Mapping[str, int]) -> str:
-        """The idle session to suspend for a newcomer's slot: the one needed last (the lowest
-        priority, then the least recently used; never a pinned one). A session whose
+        """The idle session to suspend for a newcomer's slot: the one needed last (``keep_key``:
+        the lowest priority, then one not paused for tools, then the least recently used; never a
+        pinned one). A session whose
         append just ended waits for its reply (the same turn's generate is on its way): it goes
         only when no other idle session can, and not while a running call will soon free a slot
         (then the newcomer waits, rather than resuming that session again right after)."""
@@ -194,4 +195,6 @@ class Pressure:
                 f"backend {ctx.name!r} has all n_seq_max={ctx.config.n_seq_max} sequence slots "
                 f"held by {holders}: none for session {newcomer!r} now (a call of it waits for one)"
             )
-        return min(settled or idle, key=lambda sid: (ctx.sessions[sid].policy.priority, ctx.sessions[sid].last_used))
+        sessions = ctx.sessions
+        return min(settled or idle, key=lambda sid: keep_key(sessions[sid].policy.priority, sessions[sid].last_used,
+                                                             sessions[sid].paused_for_tools(now)))

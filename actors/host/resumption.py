@@ -51,6 +51,7 @@ class Resumption:
             raise KvresError(f"backend {ctx.name!r} has no cold store: cannot resume {session_id!r}")
         previous = ctx.sessions.pop(session_id, None)
         s = ctx.new_session(record.policy, record, committed=previous.committed if previous else None)
+        s.tool_paused_at = previous.tool_paused_at if previous else None  # (brought back ahead of its tool results)
         try:
             self.pressure.make_room(incoming or {}, newcomer=session_id,
                                     newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy,

@@ -9,7 +9,7 @@ Primitives:
 - ``RetentionTimer(ctx, suspend, on_closed=None)``: a daemon thread that sleeps until a session
   asks for ``idle_suspend_s`` or ``ttl_s`` (``HostContext.new_session`` sets ``ctx.retention_wake``),
   then parks a live session after ``idle_suspend_s`` without a call (``suspend``; counted in
-  ``idle_suspends``) and closes a session after ``ttl_s`` without one (``HostContext.close``: its
+  ``idle_suspends``; not while it is paused for tools, ``HostSession.paused_for_tools``) and closes a session after ``ttl_s`` without one (``HostContext.close``: its
   blocks deleted; ``on_closed(session_id)`` then, for the directory). A session with a call running
   is never touched; a call resets its clock (``HostSession.touched_at``). ``stop()`` ends the thread.
 """
@@ -83,7 +83,8 @@ class RetentionTimer:
                 ttl, park = s.policy.ttl_s, s.policy.idle_suspend_s
                 if ttl is not None and idle >= ttl:
                     due_close.append(sid)
-                elif park is not None and s.live and idle >= park and ctx.store is not None:
+                elif park is not None and s.live and idle >= park and ctx.store is not None \
+                        and not s.paused_for_tools(now):  # (looked at again within POLL_S once the pause ends)
                     due_park.append(sid)  # (without a cold store there is nowhere to park it)
                 for limit in (ttl, park if s.live else None):
                     if limit is not None and idle < limit:

@@ -7,7 +7,8 @@ Primitives:
   call resumes it and then commits, or fails and rolls it back).
 - ``HostSession``: the session's policy and residency object (built once at open), its ranking
   (with any running scoring state), counters, cold blocks (``cold_bytes``), last logits, resident
-  and peak tokens, its last commit, where its last chat render left its log (``prefix_break``);
+  and peak tokens, its last commit, where its last chat render left its log (``prefix_break``),
+  when its last turn ended in tool calls (``tool_paused_at``, ``paused_for_tools(now)``);
   ``park(record)`` / ``record`` (the parked record).
 - ``RecallReady``: a spilling session's cold blocks as read ahead for its next recall.
 - ``SuspendRecord``: what a suspend hands over (the session's journal record).
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from kvres.coldstore import KVBlock
 from kvres.policy import Range
+from kvres.policy.backend_planner import tool_pause_holds
 from kvres.policy.residency import Ranking, Residency
 
 from ..config import SessionPolicy
@@ -80,6 +82,7 @@ class HostSession:
     mid_turn_until: float = 0.0  # monotonic time until which its reply is expected (its append just ended)
     touched_at: float = field(default_factory=time.monotonic)  # its last call came or ended (retention's clock)
     prefix_break: dict[str, Any] | None = None  # where its last chat render left its log (the next reply says)
+    tool_paused_at: float | None = None  # monotonic time its turn ended in tool calls (None: its next call came)
     ephemeral: bool = False  # opened for one call and closed by it: never in the journal
 
     def remember_layout(self, log_length: int, resident: Sequence[Range]) -> None:
@@ -87,6 +90,11 @@ class HostSession:
         self.layouts[log_length] = tuple(resident)
         while len(self.layouts) > LAYOUTS_KEPT:
             del self.layouts[next(iter(self.layouts))]
+
+    def paused_for_tools(self, now: float) -> bool:
+        """Its turn ended in tool calls and the results are still on their way, within its
+        policy's ``tool_pause_s``."""
+        return tool_pause_holds(self.tool_paused_at, now, self.policy.tool_pause_s)
 
     @property
     def live(self) -> bool:

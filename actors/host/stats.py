@@ -4,7 +4,8 @@ Primitives:
 - ``session_stats(ctx, session_id) -> dict``: state, policy (as asked), the effective policy
   and, where the backend degraded it, why (``degraded``, else None), token count, resident ranges
   and tokens, peak, cold blocks per tier (refs of blocks a store dropped for its own budget are
-  forgotten here), its tenant (what the tenant's sessions hold here, and its quota), counters.
+  forgotten here), whether it is paused for tools, its tenant (what the tenant's sessions hold
+  here, and its quota), counters.
 - ``backend_stats(ctx, profile) -> dict``: context size, KV layout (None: a host given a config
   whose layout was not resolved, ``kvres.actors.backend_setup.kv_config``), budget, resident and free tokens (and bytes where the
   engine's KV profile gives them), peak, sessions and their states, tenants (``quotas.tenant_usage``),
@@ -13,6 +14,7 @@ Primitives:
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -57,6 +59,7 @@ def session_stats(ctx: HostContext, session_id: str) -> dict[str, Any]:
         "peak_resident_tokens": s.peak,
         "recompute_exact": s.exact,
         "pinned": session_id in pinned_sessions(ctx),  # its pin holds now (within max_pinned_tokens)
+        "paused_for_tools": s.paused_for_tools(time.monotonic()),  # its tool results are on their way
         # its tenant's label, what the tenant's sessions hold here together, and its quota
         "tenant": None if s.policy.tenant is None else {"name": s.policy.tenant,
                                                          **tenant_usage(ctx)[s.policy.tenant]},

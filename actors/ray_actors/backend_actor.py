@@ -391,6 +391,10 @@ class BackendServer:
             self.host.close(session_id)
 
     @_method("control")
+    def pause_for_tools(self, session_id: str) -> None:
+        self.host.pause_for_tools(session_id)
+
+    @_method("control")
     def session_stats(self, session_id: str) -> dict[str, Any]:
         return self.host.session_stats(session_id)
 

@@ -9,7 +9,9 @@ Primitives:
   session lives as ``X-Session-Idle`` / ``X-Session-TTL`` on its first request ask, else as the
   server's defaults say (``lifetime``).
   ``tools`` are rendered by the model's own template and the reply's calls parsed in its family's
-  form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``. A bound
+  form (``tool_shaping``): ``message.tool_calls`` with ``finish_reason: "tool_calls"``; a bound
+  session whose reply ended in calls is paused for tools before the answer goes out
+  (``Session.pause_for_tools``: parked after idle sessions until the results come). A bound
   turn's answer has a ``kvres`` field: ``session_id`` and ``prefix_break`` (where the rendered
   conversation first left what the session held: message index, token position, the text held and
   rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
@@ -23,6 +25,7 @@ Primitives:
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +34,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvres.policy import KvresError
 
 from .catalog import ServedModel
 from .http_errors import api_error
@@ -82,6 +87,7 @@ class _Turn:
         self.started = time.monotonic()
         self.headers = {"X-Session-Id": session_id} if session_id else {}
         self.lifetime = lifetime_of(service.lifetime, request.headers)  # a bad header: a 400 before any call
+        self.tools: ToolPlan | None = None  # a chat turn's: its reply's calls pause the session
 
     def acquire(self, streamed: bool = False) -> Any:
         tenant = tenant_of(self.request)
@@ -93,7 +99,17 @@ class _Turn:
     def whole(self) -> TurnOutcome:
         session, stack = self.acquire()
         with stack:
-            return run_turn(session, self.prompt, self.plan, self.model.anchor, self.model.local_decoder())
+            outcome = run_turn(session, self.prompt, self.plan, self.model.anchor, self.model.local_decoder())
+            if self.session_id is not None and self.tools is not None and self.tools.parse(outcome.text).calls:
+                self.pause_for_tools(session)
+            return outcome
+
+    def pause_for_tools(self, session: Any) -> None:
+        """The reply ended in tool calls: a bound session waits for their results (told before the
+        answer goes out, so the next turn comes after)."""
+        if self.session_id is not None:
+            with contextlib.suppress(KvresError):  # a hint: the answer stands without it
+                session.pause_for_tools()
 
     def streaming(self) -> StreamingTurn:
         session, stack = self.acquire(streamed=True)
@@ -134,6 +150,7 @@ async def chat_completions(request: Request) -> Response:
                                     json_schema_of(req.response_format), req.logprobs))
     turn = _Turn(service, request, model, backend, plan, Prompt(messages=tools.carry(req.messages_for_template())),
                  request.headers.get(SESSION_HEADER), chat=True)
+    turn.tools = tools
     if req.stream:
         started = await service.run(turn.streaming)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -173,6 +190,8 @@ def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, too
 
     def closing(outcome: TurnOutcome) -> list[dict[str, Any]]:
         rest, parsed = tools.finish(outcome.text)
+        if parsed.calls:
+            paused.append(streaming.session)
         out = [{"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None}] if rest else []
         out += _tool_call_deltas(parsed.calls)
         finish = "tool_calls" if parsed.calls else outcome.finish_reason
@@ -180,18 +199,21 @@ def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, too
             out.append({"index": 0, "delta": {}, "logprobs": _chat_logprobs(outcome), "finish_reason": None})
         return [*out, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]
 
+    paused: list[Any] = []  # the session, once the reply ended in calls
     return _events(turn, streaming, include_usage, "chat.completion.chunk",
                    opening=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}],
-                   piece=piece, closing=closing)
+                   piece=piece, closing=closing, paused=paused)
 
 
 async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, obj: str,
                   opening: list[dict[str, Any]], piece: Callable[[str], dict[str, Any] | None],
-                  closing: Callable[[TurnOutcome], list[dict[str, Any]]]) -> AsyncIterator[str]:
+                  closing: Callable[[TurnOutcome], list[dict[str, Any]]],
+                  paused: list[Any] | None = None) -> AsyncIterator[str]:
     """The server-sent events of a streamed turn: ``opening`` choices, one per text delta, the
     ``closing`` ones, the usage chunk when asked, ``[DONE]``; an error mid-way ends it as an event.
-    A delta ``piece`` makes nothing of (text held back) sends nothing."""
+    A delta ``piece`` makes nothing of (text held back) sends nothing. A session ``closing`` put in
+    ``paused`` (its reply ended in tool calls) is told so before the closing events go out."""
     try:
         # the opening events go out with the first text, in one send: one trip less to the first token
         head = "".join(sse(turn.envelope(obj, [choice])) for choice in opening)
@@ -204,6 +226,8 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
             yield head
         outcome = await turn.service.run(streaming.outcome)
         closing_choices = closing(outcome)
+        for session in paused or ():
+            await turn.service.run(turn.pause_for_tools, session)
         for i, choice in enumerate(closing_choices):
             chunk = turn.envelope(obj, [choice])
             if i == len(closing_choices) - 1 and turn.kvres(outcome) is not None:

@@ -27,7 +27,8 @@ Primitives:
   in its family's form (``tool_shaping``) into ``function_call`` output items (``call_id``,
   ``name``, ``arguments``); ``function_call`` / ``function_call_output`` input items are the
   conversation's tool turns, so a ``previous_response_id`` chain through tool calls keeps every
-  item in the session and each step appends only its new items.
+  item in the session and each step appends only its new items; a stored response that ended in
+  calls pauses its session for tools (``Session.pause_for_tools``) before it is answered.
 - A stored response belongs to the tenant of the API key that made it: another tenant's key is
   answered as if it did not exist (404), whether it reads, deletes or continues from it.
 """
@@ -46,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kvres.actors.tools.parsing import ParsedReply
-from kvres.policy import UnknownSessionError
+from kvres.policy import KvresError, UnknownSessionError
 
 from ..session_handle import Session
 from .catalog import ServedModel
@@ -248,6 +249,9 @@ class _Call:
             created_at=self.created_at, tenant=self.tenant)
         orphans = self.service.state.put_response(record)
         self.kept = True
+        if self.read(outcome).calls:  # its results come in the next response: the session waits for them
+            with contextlib.suppress(KvresError):  # a hint: the answer stands without it
+                self.session.pause_for_tools()
         for orphan in orphans:
             with contextlib.suppress(Exception):
                 self.service.close_quietly(self.service.manager.session(orphan))

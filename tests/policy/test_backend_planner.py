@@ -163,3 +163,39 @@ def test_a_pinned_session_is_neither_suspended_nor_shrunk_for_others() -> None:
     assert "idle-pinned" not in plan.suspended
     assert {a.session_id for a in plan.actions} == {"me"}  # only the unpinned one gives room
     assert plan.resident_after["pinned"] == 100 and plan.resident_after["idle-pinned"] == 100
+
+
+def test_a_session_paused_for_tools_is_suspended_after_the_idle_ones() -> None:
+    """Paused for tools (its results on their way), the least recently used session goes after
+    every idle one of its priority; only when they are not enough is it suspended."""
+    sessions = [view("paused-oldest", 100, 1, tool_paused=True), view("idle", 100, 2), view("idle-recent", 100, 3),
+                view("me", 100, 4, active=True, incoming_tokens=20)]
+    plan = plan_backend(BackendPlanInput(sessions, 230, CAPS))
+    assert plan.suspended == ["idle", "idle-recent"]
+    plan = plan_backend(BackendPlanInput(sessions, 120, CAPS))
+    assert plan.suspended == ["idle", "idle-recent", "paused-oldest"]
+
+
+def test_priority_still_decides_before_a_tool_pause() -> None:
+    sessions = [view("paused-low", 100, 2, tool_paused=True, priority=-1), view("idle-high", 100, 1, priority=5),
+                view("me", 100, 3, active=True, incoming_tokens=20)]
+    plan = plan_backend(BackendPlanInput(sessions, 230, CAPS))
+    assert plan.suspended == ["paused-low"]
+
+
+def test_keep_key_orders_paused_sessions_last_within_a_priority() -> None:
+    keys = {"idle-old": backend_planner.keep_key(0, 1), "idle-new": backend_planner.keep_key(0, 9),
+            "paused-old": backend_planner.keep_key(0, 0, tool_paused=True),
+            "low-paused": backend_planner.keep_key(-1, 5, tool_paused=True)}
+    assert sorted(keys, key=keys.__getitem__) == ["low-paused", "idle-old", "idle-new", "paused-old"]
+
+
+@pytest.mark.parametrize(("paused_at", "now", "limit", "holds"), [
+    (None, 5.0, 30.0, False),  # never paused (or its next call came)
+    (10.0, 10.0, 30.0, True),
+    (10.0, 39.9, 30.0, True),
+    (10.0, 40.0, 30.0, False),  # past tool_pause_s: an ordinary idle session
+    (10.0, 10.5, 0.0, False),  # tool_pause_s=0: pauses are not kept
+])
+def test_a_tool_pause_holds_for_tool_pause_s(paused_at: float | None, now: float, limit: float, holds: bool) -> None:
+    assert backend_planner.tool_pause_holds(paused_at, now, limit) is holds
