@@ -14,6 +14,9 @@ Primitives:
   conversation first left what the session held: message index, token position, the text held and
   rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
   streamed, on the last chunk with a choice.
+  ``n`` > 1 (not streamed): the prompt appended once and the choices sampled on forks of its
+  session (``choices.run_choices``; a bound session keeps choice 0). ``logprobs`` /
+  ``top_logprobs`` in OpenAI's shape (``logprob_shapes``).
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
   ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage; text

@@ -128,7 +128,7 @@ class _Generating(SamplingFields):
     @classmethod
     def _choices(cls, v: int) -> int:
         if v != 1:
-            raise ValueError(f"n must be 1 (one choice per request; fork a session for more), got {v}")
+            raise ValueError(f"n must be 1 on /v1/completions (chat completions take up to {MAX_CHOICES}), got {v}")
         return v
 
 
