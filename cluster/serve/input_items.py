@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from starlette.datastructures import QueryParams
-
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from starlette.datastructures import QueryParams
 
 from .http_errors import api_error, bad_request
 
