@@ -71,11 +71,13 @@ def test_logit_bias_moves_the_choice(tmp_path: Path) -> None:
     assert sampled == [forced] * 6
 
 
-@pytest.mark.parametrize("field,value", [("top_logprobs", 21), ("top_logprobs", -1),
-                                         ("logit_bias", {5: 100.5}), ("logit_bias", {5: float("nan")}),
-                                         ("logit_bias", {-2: 1.0})])
-def test_bad_values_are_named(field: str, value: object) -> None:
-    with pytest.raises(pydantic.ValidationError, match=field):
+@pytest.mark.parametrize("field,value,says", [
+    ("top_logprobs", 21, r"top_logprobs must be in \[0, 20\]"), ("top_logprobs", -1, r"top_logprobs must be in"),
+    ("logit_bias", {5: 100.5}, r"logit_bias\[5\] must be in \[-100, 100\]"),
+    ("logit_bias", {5: float("nan")}, r"logit_bias\[5\] must be in"),
+    ("logit_bias", {-2: 1.0}, r"logit_bias: token id -2 must be >= 0")])
+def test_bad_values_are_named(field: str, value: object, says: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=says):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
 
 
