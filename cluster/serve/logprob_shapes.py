@@ -36,8 +36,13 @@ def completion_logprobs(outcome: TurnOutcome) -> dict[str, Any] | None:
     for text in outcome.token_texts:
         offsets.append(at)
         at += len(text)
-    top = None
+    top: list[dict[str, float]] | None = None
     if outcome.top_logprobs is not None:
-        top = [{t: lp for t, lp in reversed(step)} for step in outcome.top_logprobs]  # the likeliest wins a tie
+        top = []
+        for step in outcome.top_logprobs:
+            by_text: dict[str, float] = {}
+            for text, lp in step:  # most likely first: two tokens of one text keep the likelier
+                by_text.setdefault(text, lp)
+            top.append(by_text)
     return {"tokens": outcome.token_texts, "token_logprobs": outcome.logprobs, "top_logprobs": top,
             "text_offset": offsets}
