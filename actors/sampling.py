@@ -24,7 +24,8 @@ Primitives:
   exactly as it always has. Order of the filters (llama.cpp's): penalties, top-k, top-p, min-p,
   temperature.
 - ``log_softmax_at(logits, token) -> float``; ``top_log_softmax(logits, k) -> [(token, logprob)]``
-  (the ``k`` most likely tokens, most likely first); ``biased(logits, bias) -> logits``.
+  (the ``k`` most likely tokens, most likely first); ``biased(logits, bias) -> logits``;
+  ``check_bias(bias, n_vocab)`` (a token id outside the vocabulary: ``TokenIdError``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, field_validator, model_validator
 
 from kvres.policy.errors import CapabilityError, KvresError
+from kvres.policy.tokens import TokenIdError
 
 
 class GrammarError(KvresError, ValueError):
@@ -202,15 +204,21 @@ def top_log_softmax(logits: npt.NDArray[np.floating[Any]], k: int) -> list[tuple
 
 def biased(logits: npt.NDArray[np.floating[Any]], bias: dict[int, float] | None) -> npt.NDArray[np.floating[Any]]:
     """``logits`` with ``bias`` added (a copy; ``logits`` itself where there is none). A token id
-    outside the logits is a ``ValueError`` naming it."""
+    outside the logits is a ``TokenIdError`` naming it."""
     if not bias:
         return logits
     out = np.array(logits)
+    check_bias(bias, out.shape[-1])
     for token, b in bias.items():
-        if not 0 <= token < out.shape[-1]:
-            raise ValueError(f"logit_bias: token id {token} is outside the vocabulary [0, {out.shape[-1]})")
         out[token] += b
     return out
+
+
+def check_bias(bias: dict[int, float] | None, n_vocab: int) -> None:
+    """Every token id of ``bias`` is in ``[0, n_vocab)`` (else a ``TokenIdError`` naming it)."""
+    for token in bias or {}:
+        if not 0 <= token < n_vocab:
+            raise TokenIdError(f"logit_bias: token id {token} is outside the vocabulary [0, {n_vocab})")
 
 
 class TokenSampler:

@@ -13,7 +13,8 @@ import pytest
 from kvres.actors.config import BackendConfig
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
-from kvres.actors.sampling import SamplingParams
+from kvres.actors.sampling import SamplingParams, TokenSampler
+from kvres.policy.tokens import TokenIdError
 from tests.conftest import local_host, shared_model_path
 
 PROMPT = [1, *(3 + (7 * i) % 200 for i in range(30))]
@@ -83,5 +84,11 @@ def test_bad_values_are_named(field: str, value: object, says: str) -> None:
 
 def test_a_bias_outside_the_vocabulary_names_the_token(tmp_path: Path) -> None:
     host = _host(tmp_path)
-    with pytest.raises(ValueError, match="logit_bias: token id 99999"):
-        _generate(host, "far", logit_bias={99999: 1.0})
+    host.open_session("far")
+    host.append("far", PROMPT)
+    request = GenerationRequest(max_tokens=2, sampling=SamplingParams(logit_bias={99999: 1.0}))
+    with pytest.raises(TokenIdError, match=r"logit_bias: token id 99999 is outside the vocabulary \[0, 512\)"):
+        host.generate("far", request)
+    assert host.tokens("far") == PROMPT  # refused before anything ran
+    with pytest.raises(TokenIdError, match="99999"):
+        TokenSampler(params=SamplingParams(logit_bias={99999: 1.0})).sample(np.zeros(512))
