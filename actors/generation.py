@@ -71,7 +71,8 @@ class Generation(list[int]):
     def __init__(self, tokens: Sequence[int] = (), finish_reason: FinishReason = "length",
                  stop: str | int | None = None, text: str | None = None,
                  logprobs: list[float] | None = None, prompt_tokens: int | None = None,
-                 length: int | None = None, prefix_break: dict[str, Any] | None = None) -> None:
+                 length: int | None = None, prefix_break: dict[str, Any] | None = None,
+                 top_logprobs: list[list[tuple[int, float]]] | None = None) -> None:
         super().__init__(int(t) for t in tokens)
         self.finish_reason: FinishReason = finish_reason
         self.stop = stop
@@ -80,10 +81,11 @@ class Generation(list[int]):
         self.prompt_tokens = prompt_tokens  # a chat turn: the tokens its messages appended
         self.length = length  # the session's log length when the call committed (None: not known)
         self.prefix_break = prefix_break  # a chat turn: where its conversation first left the session's log
+        self.top_logprobs = top_logprobs  # per token: the step's most likely (token, logprob), when asked
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Generation, (list(self), self.finish_reason, self.stop, self.text, self.logprobs, self.prompt_tokens,
-                             self.length, self.prefix_break))
+                             self.length, self.prefix_break, self.top_logprobs))
 
     def __repr__(self) -> str:
         return f"Generation({list(self)!r}, finish_reason={self.finish_reason!r}, stop={self.stop!r})"

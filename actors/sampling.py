@@ -7,19 +7,25 @@ Primitives:
   (> 0, 1 = off), ``frequency_penalty`` / ``presence_penalty`` (finite, 0 = off),
   ``penalty_last_n`` (>= 0: how many of the last tokens the penalties count), ``grammar`` (GBNF text,
   root rule ``root``) or ``json_schema`` (a dict; not both), ``logprobs`` (whether the caller wants
-  the chosen tokens' log-probabilities). ``needs_grammar``, ``penalized``, ``filtered``.
+  the chosen tokens' log-probabilities), ``top_logprobs`` (0 to ``TOP_LOGPROBS_LIMIT``: how many of
+  the most likely tokens of each step to give with their log-probabilities; implies ``logprobs``),
+  ``logit_bias`` (token id -> a bias in [-100, 100] added to that token's logit before sampling).
+  ``needs_grammar``, ``penalized``, ``filtered``.
 - ``Sampler``: the protocol every engine's sampler follows: ``prime(recent_tokens)`` (the log's
   last tokens, for the penalties; replaces what it held), ``sample(logits) -> int``,
   ``accept(token)`` (a token committed to the log: grammar state and penalties move on),
   ``logprob(logits, token) -> float`` (log-softmax of the raw logits), ``close()`` (free what the
-  engine holds; also done when the sampler is collected).
+  engine holds; also done when the sampler is collected). Both samplers add ``logit_bias`` to the
+  logits before their filters (``biased``); log-probabilities are of the engine's logits, unbiased.
 - ``TokenSampler(temperature=0.0, seed=None, params=None)``: the numpy ``Sampler`` of every
   parameter except a grammar (``CapabilityError``). Greedy (argmax) at temperature 0, otherwise one
   uniform draw from a numpy generator seeded with ``seed`` against the CDF of softmax(logits /
   temperature), so the same seed gives the same tokens; with only (temperature, seed) set it draws
   exactly as it always has. Order of the filters (llama.cpp's): penalties, top-k, top-p, min-p,
   temperature.
-- ``log_softmax_at(logits, token) -> float``.
+- ``log_softmax_at(logits, token) -> float``; ``top_log_softmax(logits, k) -> [(token, logprob)]``
+  (the ``k`` most likely tokens, most likely first); ``biased(logits, bias) -> logits``;
+  ``check_bias(bias, n_vocab)`` (a token id outside the vocabulary: ``TokenIdError``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, field_validator, model_validator
 
 from kvres.policy.errors import CapabilityError, KvresError
+from kvres.policy.tokens import TokenIdError
 
 
 class GrammarError(KvresError, ValueError):
@@ -41,6 +48,8 @@ class GrammarError(KvresError, ValueError):
 
 
 SEED_LIMIT = 2**32 - 1  # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF as "random"
+TOP_LOGPROBS_LIMIT = 20  # OpenAI's limit on top_logprobs
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's: a bias is in [-100, 100]
 
 
 class SamplingParams(BaseModel):
@@ -58,6 +67,8 @@ class SamplingParams(BaseModel):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     logprobs: StrictBool = False
+    top_logprobs: StrictInt = 0
+    logit_bias: dict[StrictInt, float] | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -108,6 +119,24 @@ class SamplingParams(BaseModel):
             raise ValueError(f"{info.field_name} must be finite (0 = off), got {v}")
         return v
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v: int) -> int:
+        if not 0 <= v <= TOP_LOGPROBS_LIMIT:
+            raise ValueError(f"top_logprobs must be in [0, {TOP_LOGPROBS_LIMIT}], got {v}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        for token, bias in (v or {}).items():
+            if token < 0:
+                raise ValueError(f"logit_bias: token id {token} must be >= 0")
+            if not math.isfinite(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{token}] must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], "
+                                 f"got {bias}")
+        return v or None
+
     @field_validator("grammar")
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
@@ -120,6 +149,10 @@ class SamplingParams(BaseModel):
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("grammar and json_schema are both set; give one of them")
         return self
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
 
     @property
     def needs_grammar(self) -> bool:
@@ -155,6 +188,39 @@ def log_softmax_at(logits: npt.NDArray[np.floating[Any]], token: int) -> float:
     return float(z[token] - top - np.log(np.exp(z - top).sum()))
 
 
+def top_log_softmax(logits: npt.NDArray[np.floating[Any]], k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely tokens of ``logits`` and their log-probabilities, most likely first
+    (equal ones by token id)."""
+    z = np.asarray(logits, dtype=np.float64)
+    k = max(0, min(int(k), z.shape[-1]))
+    if k == 0:
+        return []
+    top = float(z.max())
+    norm = top + float(np.log(np.exp(z - top).sum()))
+    ids = np.argpartition(-z, k - 1)[:k]
+    ids = ids[np.lexsort((ids, -z[ids]))]
+    return [(int(i), float(z[i] - norm)) for i in ids]
+
+
+def biased(logits: npt.NDArray[np.floating[Any]], bias: dict[int, float] | None) -> npt.NDArray[np.floating[Any]]:
+    """``logits`` with ``bias`` added (a copy; ``logits`` itself where there is none). A token id
+    outside the logits is a ``TokenIdError`` naming it."""
+    if not bias:
+        return logits
+    out = np.array(logits)
+    check_bias(bias, out.shape[-1])
+    for token, b in bias.items():
+        out[token] += b
+    return out
+
+
+def check_bias(bias: dict[int, float] | None, n_vocab: int) -> None:
+    """Every token id of ``bias`` is in ``[0, n_vocab)`` (else a ``TokenIdError`` naming it)."""
+    for token in bias or {}:
+        if not 0 <= token < n_vocab:
+            raise TokenIdError(f"logit_bias: token id {token} is outside the vocabulary [0, {n_vocab})")
+
+
 class TokenSampler:
     def __init__(self, temperature: float = 0.0, seed: int | None = None, params: SamplingParams | None = None) -> None:
         if params is None:
@@ -183,6 +249,7 @@ class TokenSampler:
 
     def sample(self, logits: npt.NDArray[np.floating[Any]]) -> int:
         p = self.params
+        logits = biased(logits, p.logit_bias)
         if p.penalized or p.filtered:
             logits = self._filtered(np.array(logits, dtype=np.float64))
         if self.temperature == 0.0:

@@ -140,8 +140,9 @@ class Session:
         ``max_tokens``; committed together (like an append). ``prompt``: token ids appended first,
         in the same call and commit (``prompt_tokens`` counts them). ``sampling``: the other fields
         of ``SamplingParams`` (top_k, top_p, min_p, repeat_penalty, frequency_penalty,
-        presence_penalty, penalty_last_n, grammar, json_schema, logprobs). Returns a
-        ``Generation``: the token ids, with ``finish_reason``, ``text`` and ``logprobs``."""
+        presence_penalty, penalty_last_n, grammar, json_schema, logprobs, top_logprobs,
+        logit_bias). Returns a ``Generation``: the token ids, with ``finish_reason``, ``text``,
+        ``logprobs`` and ``top_logprobs``."""
         request = _request(max_tokens, temperature, seed, stop, stop_token_ids, ignore_eos, sampling)
         request_id, given = uuid.uuid4().hex, _prompt(prompt)
         return self._call(lambda: self._backend.generate(self.session_id, request, request_id, given))

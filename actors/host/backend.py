@@ -579,7 +579,8 @@ class BackendHost:
         return self._submit(Job(session_id, "generate", feed=feed, appended=appended, remaining=request.max_tokens,
                                 sampler=sampler,
                                 streaming=streaming, request_id=request_id, request=request, stop=stop,
-                                logprobs=[] if request.sampling.logprobs else None, ahead=ahead))
+                                logprobs=[] if request.sampling.wants_logprobs else None,
+                                top_logprobs=[] if request.sampling.top_logprobs else None, ahead=ahead))
 
 
 if TYPE_CHECKING:

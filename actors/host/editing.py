@@ -98,6 +98,8 @@ class Editing:
             del job.produced[kept:]
             if job.logprobs is not None:
                 del job.logprobs[kept:]
+            if job.top_logprobs is not None:
+                del job.top_logprobs[kept:]
             job.finish_reason, job.stopped_by, job.remaining = "cancelled", None, 0
             answer = generation_of(ctx, job)
             try:

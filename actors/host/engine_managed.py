@@ -113,10 +113,10 @@ class ManagedStepper:
                 assert request is not None
                 params = request.sampling
                 if request.stop or request.stop_token_ids or params.filtered or params.penalized \
-                        or params.needs_grammar or params.logprobs:
+                        or params.needs_grammar or params.wants_logprobs or params.logit_bias:
                     raise CapabilityError(
                         f"backend {ctx.name!r} ({ctx.config.engine}) generates by temperature and seed only: "
-                        "no stop strings or ids, top-k / top-p / min-p, penalties, grammar or logprobs")
+                        "no stop strings or ids, top-k / top-p / min-p, penalties, grammar, logprobs or logit_bias")
                 room = job.remaining if limit is None else max(0, min(job.remaining, limit - held))
                 tokens = self.executor.generate(job.session_id, room, params.temperature, params.seed)
                 ctx.jobs.profile.engine(time.perf_counter() - started, len(tokens))

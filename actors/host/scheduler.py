@@ -147,6 +147,7 @@ class Job:
     request: GenerationRequest | None = None  # generate: what the caller asked for
     stop: StopRule | None = None  # generate: when it ends before max_tokens
     logprobs: list[float] | None = None  # generate: of each chosen token, when asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # generate: each step's most likely, when asked
     finish_reason: FinishReason = "length"
     stopped_by: str | int | None = None  # the stop id or string that ended it
     start_length: int = -1  # the session's log length when its first token came (-1: not yet)

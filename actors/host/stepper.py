@@ -42,7 +42,7 @@ from kvres.policy.step_costs import StepCosts
 
 from ..engines.executor import Executor
 from ..generation import Generation, reply_text
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, top_log_softmax
 from .context import HostContext
 from .context_limit import check_prompt, session_limit
 from .durability import Durability
@@ -94,7 +94,8 @@ def generation_of(ctx: HostContext, job: Job) -> Generation:
     except CapabilityError:
         text = None  # a model without a detokenizer (token ids only)
     return Generation(job.produced, job.finish_reason, job.stopped_by, text,
-                      None if job.logprobs is None else list(job.logprobs))
+                      None if job.logprobs is None else list(job.logprobs),
+                      top_logprobs=None if job.top_logprobs is None else list(job.top_logprobs))
 
 
 class KVStepper:
@@ -349,6 +350,9 @@ class KVStepper:
         token = job.sampler.sample(s.last_logits)
         if job.logprobs is not None:
             job.logprobs.append(job.sampler.logprob(s.last_logits, token))
+        if job.top_logprobs is not None:
+            assert job.request is not None
+            job.top_logprobs.append(top_log_softmax(s.last_logits, job.request.sampling.top_logprobs))
         return token
 
     def _emit(self, job: Job, token: int) -> None:

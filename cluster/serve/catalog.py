@@ -8,7 +8,7 @@ Primitives:
   a split layout's stream where smaller; ``/v1/models``' ``context_length``), ``anchor`` (a control
   token of the model, read once from its file), ``trained_context`` (GGUF ``<arch>.context_length``,
   read once; None where unreadable here), ``local_decoder()`` (its vocabulary decoded in this
-  process, where it can be), ``card()`` (the ``/v1/models`` entry).
+  process, where it can be), ``n_vocab`` (that vocabulary's size, or None), ``card()`` (the ``/v1/models`` entry).
 - ``ModelCatalog(backends, keeps_every_token=True)``: ``models``, ``resolve(name) -> (model,
   backend or None)``: a model id (placement picks the backend) or a backend's name (that backend);
   anything else is a 404 naming the ids offered. ``default`` is the first backend's model.
@@ -79,6 +79,17 @@ class ServedModel:
 
         vocab = local_vocab(str(self.path))
         return None if vocab is None else vocab.detokenize
+
+    @property
+    def n_vocab(self) -> int | None:
+        """The model's vocabulary size where its file is read here by llama.cpp (``local_decoder``
+        would decode with it); else None."""
+        if self.engines != {"llama"}:
+            return None
+        from .vocab import local_vocab
+
+        vocab = local_vocab(str(self.path))
+        return None if vocab is None else vocab.n_vocab
 
     def card(self) -> dict[str, Any]:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "kvres",

@@ -16,6 +16,9 @@ Primitives:
   conversation first left what the session held: message index, token position, the text held and
   rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
   streamed, on the last chunk with a choice.
+  ``n`` > 1 (not streamed): the prompt appended once and the choices sampled on forks of its
+  session (``choices.run_choices``; a bound session keeps choice 0). ``logprobs`` /
+  ``top_logprobs`` in OpenAI's shape (``logprob_shapes``).
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
   ``data: [DONE]`` last; ``stream_options.include_usage`` adds a last chunk with the usage; text
@@ -29,6 +32,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter
@@ -38,9 +42,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from kvres.policy import KvresError
 
 from .catalog import ServedModel
-from .http_errors import api_error
+from .choices import run_choices
+from .http_errors import api_error, bad_request
 from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
 from .lifetime import lifetime_of
+from .logprob_shapes import completion_logprobs, token_logprobs
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 from .sampling_fields import GenerationPlan, json_schema_of, max_tokens_of
 from .service import Service
@@ -58,21 +64,8 @@ def usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
 
 
 def _chat_logprobs(outcome: TurnOutcome) -> dict[str, Any] | None:
-    if outcome.logprobs is None or outcome.token_texts is None:
-        return None
-    return {"content": [{"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-                        for text, lp in zip(outcome.token_texts, outcome.logprobs, strict=False)]}
-
-
-def _completion_logprobs(outcome: TurnOutcome) -> dict[str, Any] | None:
-    if outcome.logprobs is None or outcome.token_texts is None:
-        return None
-    offsets, at = [], 0
-    for text in outcome.token_texts:
-        offsets.append(at)
-        at += len(text)
-    return {"tokens": outcome.token_texts, "token_logprobs": outcome.logprobs, "top_logprobs": None,
-            "text_offset": offsets}
+    content = token_logprobs(outcome)
+    return None if content is None else {"content": content}
 
 
 class _Turn:
@@ -111,6 +104,13 @@ class _Turn:
             with contextlib.suppress(KvresError):  # a hint: the answer stands without it
                 session.pause_for_tools()
 
+    def choices(self, n: int) -> list[TurnOutcome]:
+        """``n`` replies to one prompt, prefilled once (``choices.run_choices``)."""
+        session, stack = self.acquire()
+        with stack:
+            return run_choices(self.service, session, self.prompt, self.plan, n, self.model.anchor,
+                               self.model.local_decoder())
+
     def streaming(self) -> StreamingTurn:
         session, stack = self.acquire(streamed=True)
         return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
@@ -147,29 +147,37 @@ async def chat_completions(request: Request) -> Response:
     tools = ToolPlan.of_request(model, req.tools, req.tool_choice, req.parallel_tool_calls)
     req.check_tool_turns()
     plan = tools.constrain(req.plan(max_tokens_of(wanted, DEFAULT_MAX_TOKENS, model.n_ctx, param),
-                                    json_schema_of(req.response_format), req.logprobs))
+                                    json_schema_of(req.response_format), req.logprobs, req.top_logprobs or 0))
+    req.check_bias(model.n_vocab)
     turn = _Turn(service, request, model, backend, plan, Prompt(messages=tools.carry(req.messages_for_template())),
                  request.headers.get(SESSION_HEADER), chat=True)
     turn.tools = tools
     if req.stream:
+        if req.n > 1:
+            raise bad_request(f"n={req.n} is not supported with stream: true (stream one choice, or ask for "
+                              f"{req.n} choices without streaming)", param="n")
         started = await service.run(turn.streaming)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_chat_events(turn, started, include_usage, tools.stream()),
                                  media_type="text/event-stream", headers=turn.headers)
-    outcome = await service.run(turn.whole)
-    turn.note(outcome)
+    outcomes = [await service.run(turn.whole)] if req.n == 1 else await service.run(turn.choices, req.n)
+    outcome, completion = outcomes[0], sum(o.completion_tokens for o in outcomes)
+    turn.note(replace(outcome, tokens=[t for o in outcomes for t in o.tokens]))  # usage counts every choice
+    body = turn.envelope("chat.completion", [_choice(i, o, tools) for i, o in enumerate(outcomes)])
+    body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, completion)
+    if turn.kvres(outcome) is not None:
+        body["kvres"] = turn.kvres(outcome)
+    return JSONResponse(body, headers=turn.headers)
+
+
+def _choice(index: int, outcome: TurnOutcome, tools: ToolPlan) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
     finish = outcome.finish_reason
     parsed = tools.parse(outcome.text)
     if parsed.calls:
         message["content"], finish = parsed.content, "tool_calls"
         message["tool_calls"] = [call.as_chat() for call in parsed.calls]
-    choice = {"index": 0, "message": message, "logprobs": _chat_logprobs(outcome), "finish_reason": finish}
-    body = turn.envelope("chat.completion", [choice])
-    body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
-    if turn.kvres(outcome) is not None:
-        body["kvres"] = turn.kvres(outcome)
-    return JSONResponse(body, headers=turn.headers)
+    return {"index": index, "message": message, "logprobs": _chat_logprobs(outcome), "finish_reason": finish}
 
 
 def _tool_call_deltas(calls: list[Any]) -> list[dict[str, Any]]:
@@ -251,7 +259,9 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
 @answers_errors
 async def completions(request: Request) -> Response:
     service, req, model, backend = await read_request(request, CompletionRequest)
-    plan = req.plan(max_tokens_of(req.max_tokens, 16, model.n_ctx, "max_tokens"), None, req.logprobs is not None)
+    plan = req.plan(max_tokens_of(req.max_tokens, 16, model.n_ctx, "max_tokens"), None, req.logprobs is not None,
+                    req.logprobs or 0)
+    req.check_bias(model.n_vocab)
     prompt = req.prompt_value()
     turn = _Turn(service, request, model, backend, plan, Prompt(raw=prompt), None, chat=False)
     echo = ""
@@ -263,7 +273,7 @@ async def completions(request: Request) -> Response:
         return StreamingResponse(_completion_events(turn, started, include_usage, echo), media_type="text/event-stream")
     outcome = await service.run(turn.whole)
     turn.note(outcome)
-    choice = {"index": 0, "text": echo + outcome.text, "logprobs": _completion_logprobs(outcome),
+    choice = {"index": 0, "text": echo + outcome.text, "logprobs": completion_logprobs(outcome),
               "finish_reason": outcome.finish_reason}
     body = turn.envelope("text_completion", [choice])
     body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
@@ -281,4 +291,4 @@ def _completion_events(turn: _Turn, streaming: StreamingTurn, include_usage: boo
 
     return _events(turn, streaming, include_usage, "text_completion", opening=[choice(echo)] if echo else [],
                    piece=choice,
-                   closing=lambda outcome: [choice("", outcome.finish_reason, _completion_logprobs(outcome))])
+                   closing=lambda outcome: [choice("", outcome.finish_reason, completion_logprobs(outcome))])

@@ -8,12 +8,14 @@ Primitives:
   ``tool_call_id`` (a tool result's: the id of a call made before it); ``as_message()`` is the
   message the model's chat template renders. Images and audio are refused (400 naming the field).
 - ``ChatCompletionRequest``: ``model``, ``messages``, ``max_tokens`` / ``max_completion_tokens``,
-  ``n`` (1), ``stream``, ``stream_options.include_usage``, ``logprobs`` / ``top_logprobs`` (0),
+  ``n`` (1 to ``MAX_CHOICES``), ``stream``, ``stream_options.include_usage``, ``logprobs`` /
+  ``top_logprobs`` (0 to 20; needs ``logprobs``), ``logit_bias``,
   ``response_format``, ``tools`` / ``tool_choice`` (checked by ``tool_shaping.ToolPlan``; the
   legacy ``functions`` refused) and the shared sampling fields (``SamplingFields``);
   ``check_tool_turns()``: every tool result answers a call made before it (400 naming the field).
 - ``CompletionRequest``: ``model``, ``prompt`` (a string, token ids, or a list of one of them),
-  ``max_tokens`` (default 16), ``echo``, ``logprobs`` (0 or None), ``stream``, ``n`` (1),
+  ``max_tokens`` (default 16), ``echo``, ``logprobs`` (None, or 0 to 5: how many of each step's most
+  likely tokens to give), ``stream``, ``n`` (1),
   ``best_of`` (1), ``suffix`` (None) and the sampling fields.
 """
 
@@ -34,7 +36,9 @@ from pydantic import (
 )
 
 from .http_errors import bad_request
-from .sampling_fields import ResponseFormat, SamplingFields, only_chosen_logprobs
+from .sampling_fields import ResponseFormat, SamplingFields
+
+MAX_CHOICES = 8  # the most choices (n) one chat completion asks for
 
 
 class TextPart(BaseModel):
@@ -122,9 +126,9 @@ class _Generating(SamplingFields):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
+    def _choices(cls, v: int) -> int:
         if v != 1:
-            raise ValueError(f"n must be 1 (one choice per request; fork a session for more), got {v}")
+            raise ValueError(f"n must be 1 on /v1/completions (chat completions take up to {MAX_CHOICES}), got {v}")
         return v
 
 
@@ -160,7 +164,18 @@ class ChatCompletionRequest(_Generating):
                 raise bad_request(f"messages[{i}].tool_call_id {message.tool_call_id!r} answers no tool call made "
                                   f"before it (the calls made: {sorted(made)})", param=f"messages.{i}.tool_call_id")
 
-    _no_alternatives = field_validator("top_logprobs")(only_chosen_logprobs)
+    @field_validator("n")
+    @classmethod
+    def _choices(cls, v: int) -> int:
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs ({self.top_logprobs}) needs logprobs: true")
+        return self
 
     def messages_for_template(self) -> list[dict[str, Any]]:
         return [m.as_message() for m in self.messages]
@@ -198,14 +213,6 @@ class CompletionRequest(_Generating):
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
             value = value[0]
         return value if isinstance(value, str) else [int(t) for t in value]
-
-    @field_validator("logprobs")
-    @classmethod
-    def _chosen_only(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(f"logprobs must be 0 or null: kvres returns the chosen tokens' log-probabilities only "
-                             f"(logprobs=0), got {v}")
-        return v
 
     @field_validator("best_of")
     @classmethod

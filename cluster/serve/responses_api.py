@@ -2,7 +2,9 @@
 
 Primitives:
 - ``router``: ``POST /v1/responses``, ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``,
-  ``GET /v1/responses/{id}/input_items``.
+  ``GET /v1/responses/{id}/input_items`` (the specification's paged list: ``input_items``).
+- ``include: ["message.output_text.logprobs"]`` gives the reply's log-probabilities, with
+  ``top_logprobs`` (0 to 20) of each step's most likely tokens.
 - A response id names a point of a kvres session (its id and its log length then; ``records``).
   ``previous_response_id`` continues from it: from the session's latest point, only the new input
   is appended; from an older one the session is forked there (``Session.fork``, then ``truncate``
@@ -53,7 +55,9 @@ from ..session_handle import Session
 from .catalog import ServedModel
 from .http_errors import ApiError, api_error, bad_request, not_found
 from .http_glue import answers_errors, note, read_request, service_of, sse, tenant_of
+from .input_items import ItemListQuery, item_list
 from .lifetime import SessionLifetime, lifetime_of
+from .logprob_shapes import token_logprobs
 from .owners import may_use
 from .records import ResponseRecord
 from .responses_schemas import ResponseRequest, chat_messages
@@ -197,7 +201,8 @@ class _Call:
             "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
             "service_tier": "default", "store": req.store, "temperature": self.plan.temperature,
             "text": {"format": fmt}, "tool_choice": req.tool_choice or self.tools.choice.mode,
-            "tools": [{"type": "function", **t["function"]} for t in self.tools.listed], "top_logprobs": 0,
+            "tools": [{"type": "function", **t["function"]} for t in self.tools.listed],
+            "top_logprobs": req.top_logprobs or 0,
             "top_p": req.top_p if req.top_p is not None else 1.0, "truncation": "disabled",
             "usage": None, "user": req.user, "metadata": req.metadata or {},
         }
@@ -222,10 +227,7 @@ class _Call:
 
     def final(self, outcome: TurnOutcome) -> dict[str, Any]:
         status = "incomplete" if outcome.finish_reason == "length" else "completed"
-        logprobs = None
-        if outcome.logprobs is not None and outcome.token_texts is not None:
-            logprobs = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(outcome.token_texts, outcome.logprobs, strict=False)]
+        logprobs = token_logprobs(outcome)
         parsed = self.read(outcome)
         if not parsed.calls:
             return self.body(status, [self.message(outcome.text, status, logprobs)], outcome)
@@ -263,7 +265,9 @@ async def create_response(request: Request) -> Response:
     service, req, model, backend = await read_request(request, ResponseRequest)
     tools = ToolPlan.of_request(model, req.tools, req.tool_choice, req.parallel_tool_calls, flat=True)
     plan = tools.constrain(req.plan(max_tokens_of(req.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS, model.n_ctx,
-                                                  "max_output_tokens"), req.json_schema(), req.wants_logprobs()))
+                                                  "max_output_tokens"), req.json_schema(), req.wants_logprobs(),
+                                    (req.top_logprobs or 0) if req.wants_logprobs() else 0))
+    req.check_bias(model.n_vocab)
     call = _Call(service, req, model, backend, plan, tools, tenant_of(request),
                  lifetime_of(service.lifetime, request.headers))
     if req.stream:
@@ -367,10 +371,9 @@ async def get_response(request: Request, response_id: str) -> Response:
 @router.get("/v1/responses/{response_id}/input_items")
 @answers_errors
 async def input_items(request: Request, response_id: str) -> Response:
+    query = ItemListQuery.of(request.query_params)
     record = await _stored(request, response_id)
-    items = [{"id": item.get("id") or f"msg_{response_id}_{i}", **item} for i, item in enumerate(record.input_items)]
-    return JSONResponse({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-                         "last_id": items[-1]["id"] if items else None, "has_more": False})
+    return JSONResponse(item_list(record.input_items, response_id, query))
 
 
 def _readable(service: Service, record: ResponseRecord | None, tenant: str | None) -> ResponseRecord | None:

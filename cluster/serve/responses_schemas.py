@@ -33,7 +33,6 @@ from .sampling_fields import (
     ResponseFormat,
     SamplingFields,
     json_schema_of,
-    only_chosen_logprobs,
 )
 
 
@@ -167,8 +166,6 @@ class ResponseRequest(SamplingFields):
         if v:
             raise ValueError("background responses are not supported by kvres; set background to false")
         return v
-
-    _no_alternatives = field_validator("top_logprobs")(only_chosen_logprobs)
 
     def input_items(self) -> list[InputItem]:
         if isinstance(self.input, str):

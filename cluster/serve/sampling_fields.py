@@ -3,22 +3,24 @@
 Primitives:
 - ``SamplingFields``: a pydantic base: OpenAI's ``temperature`` (0..2, default 1), ``top_p``,
   ``seed`` (any integer; reduced into llama.cpp's 32-bit range), ``frequency_penalty`` /
-  ``presence_penalty`` (-2..2), ``stop`` (a string or up to 16), ``logit_bias`` (refused unless
-  empty), and llama-server's extensions ``top_k``, ``min_p``, ``repeat_penalty``,
+  ``presence_penalty`` (-2..2), ``stop`` (a string or up to 16), ``logit_bias`` (token id strings to
+  a bias in [-100, 100], added to the engine's logits before sampling; a key that is no token id
+  or a value out of range is a 400 naming the key), and llama-server's extensions ``top_k``, ``min_p``, ``repeat_penalty``,
   ``penalty_last_n``, ``grammar`` (GBNF), ``ignore_eos``, ``stop_token_ids``. Unknown fields are
   refused (400 naming them); ``user``, ``service_tier``, ``parallel_tool_calls``, ``prompt_cache_key``
   and ``safety_identifier`` are accepted and not acted on.
-- ``only_chosen_logprobs``: the ``top_logprobs`` check every request model with that field uses.
 - ``GenerationPlan``: ``max_tokens``, ``kwargs`` (the keywords of ``Session.generate`` /
   ``stream``), ``stop`` and ``request`` (the ``GenerationRequest``, validated before any session is
   touched: a bad value is a 400 before anything runs).
-- ``SamplingFields.plan(max_tokens, json_schema=None, logprobs=False) -> GenerationPlan``.
+- ``SamplingFields.plan(max_tokens, json_schema=None, logprobs=False, top_logprobs=0) -> GenerationPlan``;
+  ``check_bias(n_vocab)``: every ``logit_bias`` token id is in the model's vocabulary (400 naming it).
 - ``json_schema_of(response_format) -> dict | None``: ``{"type": "json_object"}`` (any JSON object)
   or ``{"type": "json_schema", "json_schema": {"schema": ...}}`` as a JSON schema for the grammar.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,16 +36,9 @@ from pydantic import (
 )
 
 from kvres.actors.generation import GenerationRequest
-from kvres.actors.sampling import SEED_LIMIT, SamplingParams
+from kvres.actors.sampling import LOGIT_BIAS_LIMIT, SEED_LIMIT, SamplingParams
 
 from .http_errors import api_error, bad_request
-
-
-def only_chosen_logprobs(v: int | None) -> int | None:
-    """``top_logprobs`` must be 0 or absent: kvres gives the chosen tokens' log-probabilities only."""
-    if v:
-        raise ValueError(f"top_logprobs must be 0: kvres returns the chosen tokens' log-probabilities only, got {v}")
-    return v
 
 
 class SamplingFields(BaseModel):
@@ -72,12 +67,25 @@ class SamplingFields(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported by kvres; leave it out")
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 9:
+                raise ValueError(f"logit_bias key {key!r} must be a token id (a non-negative integer, as a string)")
+            if not math.isfinite(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{key!r}] must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], "
+                                 f"got {bias}")
         return v
 
-    def plan(self, max_tokens: int, json_schema: dict[str, Any] | None = None, logprobs: bool = False) -> GenerationPlan:
+    def check_bias(self, n_vocab: int | None) -> None:
+        """Every ``logit_bias`` token id is in the model's vocabulary (None: not known here; the
+        backend's sampler checks it)."""
+        for key in self.logit_bias or {}:
+            if n_vocab is not None and int(key) >= n_vocab:
+                raise bad_request(f"logit_bias key {key!r} is not a token id of the model: its vocabulary is "
+                                  f"[0, {n_vocab})", param="logit_bias")
+
+    def plan(self, max_tokens: int, json_schema: dict[str, Any] | None = None, logprobs: bool = False,
+             top_logprobs: int = 0) -> GenerationPlan:
         sampling: dict[str, Any] = {"temperature": 1.0 if self.temperature is None else self.temperature}
         if self.seed is not None:
             sampling["seed"] = self.seed % SEED_LIMIT
@@ -92,6 +100,10 @@ class SamplingFields(BaseModel):
             sampling["json_schema"] = json_schema
         if logprobs:
             sampling["logprobs"] = True
+        if top_logprobs:
+            sampling["top_logprobs"] = top_logprobs
+        if self.logit_bias:
+            sampling["logit_bias"] = {int(key): bias for key, bias in self.logit_bias.items()}
         stop: tuple[str, ...] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         try:
             params = SamplingParams(**sampling)

@@ -4,7 +4,8 @@ Primitives:
 - ``Prompt``: ``messages`` (rendered with the model's chat template: ``Session.append_messages``
   appends only what the session does not hold) or ``raw`` (text or token ids, appended as they are).
 - ``TurnOutcome``: the reply's ``tokens``, ``text``, ``finish_reason`` (OpenAI's: "stop" or
-  "length"), ``logprobs`` and ``token_texts`` (when asked), ``prompt_tokens`` (the context the reply
+  "length"), ``logprobs`` and ``token_texts`` (when asked), ``top_logprobs`` (per token, the step's
+  most likely tokens as ``(text, logprob)``, when asked), ``prompt_tokens`` (the context the reply
   was generated from), ``cached_tokens`` (the part of it the session already held: not prefilled
   again), ``length`` (the session's log length after the turn), ``prefix_break`` (where the
   rendered conversation first left what the session held, ``Generation.prefix_break``; None where
@@ -12,7 +13,9 @@ Primitives:
 - ``InContext(session, anchor, decode=None)``: the reply's text as it reads in the session (decoded
   after a token that keeps llama.cpp from dropping the first token's leading space; by ``decode``,
   the model's vocabulary in this process, else by the backend).
-- ``run_turn(session, prompt, plan, anchor) -> TurnOutcome``: blocking, the whole reply at once.
+- ``run_turn(session, prompt, plan, anchor) -> TurnOutcome``: blocking, the whole reply at once:
+  ``append_prompt(session, prompt) -> int`` (the tokens it appended), then ``reply_outcome(session,
+  plan, appended, anchor, decode, seed)`` (the reply generated with ``seed``).
 - ``one_call(prompt, anchor) -> bool``: whether a streamed turn is one call to the backend (then a
   stateless one runs on an ephemeral session, ``Service.stateless(one_call=True)``).
 - ``StreamingTurn(service, session, stack, prompt, plan, started, anchor)`` (``start_streaming``
@@ -73,6 +76,7 @@ class TurnOutcome:
     logprobs: list[float] | None = None
     token_texts: list[str] | None = field(default=None, repr=False)
     prefix_break: dict[str, Any] | None = None
+    top_logprobs: list[list[tuple[str, float]]] | None = field(default=None, repr=False)
 
     @property
     def completion_tokens(self) -> int:
@@ -90,7 +94,7 @@ def openai_finish(kvres_finish: str) -> str:
     return "length" if kvres_finish == "length" else "stop"
 
 
-def _append(session: Session, prompt: Prompt) -> int:
+def append_prompt(session: Session, prompt: Prompt) -> int:
     """How many tokens the prompt appended (what the session did not hold yet)."""
     if prompt.messages is not None:
         return session.append_messages(prompt.messages)
@@ -142,6 +146,19 @@ def _token_texts(text_of: InContext, tokens: Sequence[int]) -> list[str]:
     return [text_of([t]) for t in tokens]
 
 
+def _top_texts(text_of: InContext, steps: Sequence[Sequence[tuple[int, float]]] | None) -> \
+        list[list[tuple[str, float]]] | None:
+    """Each step's most likely tokens with their texts (each token id decoded once)."""
+    if steps is None:
+        return None
+    texts: dict[int, str] = {}
+    for step in steps:
+        for token, _ in step:
+            if token not in texts:
+                texts[token] = text_of([token])
+    return [[(texts[token], lp) for token, lp in step] for step in steps]
+
+
 def _length_after(session: Session, reply: Generation) -> int:
     """The session's log length after the reply: as the backend committed it, else read (a reply
     replayed for a retried call does not carry it)."""
@@ -152,19 +169,27 @@ def run_turn(session: Session, prompt: Prompt, plan: GenerationPlan, anchor: int
              decode: Decode | None = None) -> TurnOutcome:
     """``anchor``: a control token of the model (``ServedModel.anchor``), or None; ``decode``: the
     model's detokenizer in this process (``ServedModel.local_decoder()``), or None (the backend's)."""
-    appended = _append(session, prompt)
+    return reply_outcome(session, plan, append_prompt(session, prompt), anchor, decode, plan.seed)
+
+
+def reply_outcome(session: Session, plan: GenerationPlan, appended: int, anchor: int | None,
+                  decode: Decode | None, seed: int | None) -> TurnOutcome:
+    """The reply generated on a session that holds the prompt (``appended``: how many of its tokens
+    the turn appended), sampled with ``seed``."""
     text_of = _in_context(session, anchor, decode)
-    reply = session.generate(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
+    reply = session.generate(plan.max_tokens, plan.temperature, seed, **plan.kwargs)
     length = _length_after(session, reply)
     return _outcome(text_of, reply, text_of.reply(reply), length - len(reply), appended, plan)
 
 
 def _outcome(text_of: InContext, reply: Generation, text: str, prompt_tokens: int, appended: int,
              plan: GenerationPlan) -> TurnOutcome:
-    wants = plan.request.sampling.logprobs
+    wants = plan.request.sampling.wants_logprobs
+    top = getattr(reply, "top_logprobs", None) if plan.request.sampling.top_logprobs else None
     return TurnOutcome(list(reply), text, openai_finish(reply.finish_reason), prompt_tokens, prompt_tokens - appended,
                        prompt_tokens + len(reply), reply.logprobs if wants else None,
-                       _token_texts(text_of, reply) if wants else None, getattr(reply, "prefix_break", None))
+                       _token_texts(text_of, reply) if wants else None, getattr(reply, "prefix_break", None),
+                       _top_texts(text_of, top))
 
 
 @dataclass(eq=False)
@@ -205,7 +230,7 @@ class StreamingTurn:
         token."""
         plan, session, prompt = self.plan, self.session, self.prompt
         if self.anchor is None or isinstance(prompt.raw, str):  # not one_call: text is tokenized by the append
-            self.appended = _append(session, prompt)
+            self.appended = append_prompt(session, prompt)
             self._in_context = _in_context(session, None, self.decode)
             self._stream = session.stream(plan.max_tokens, plan.temperature, plan.seed, **plan.kwargs)
         else:

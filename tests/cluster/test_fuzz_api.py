@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,10 @@ CALLS = {
     "generate.min_p": lambda s, m, x: s.generate(2, min_p=x),
     "generate.json_schema": lambda s, m, x: s.generate(2, json_schema=x),
     "generate.logprobs": lambda s, m, x: s.generate(2, logprobs=x),
+    "generate.top_logprobs": lambda s, m, x: s.generate(2, top_logprobs=x),
+    "generate.logit_bias": lambda s, m, x: s.generate(2, logit_bias=x),
+    "generate.logit_bias.token": lambda s, m, x: s.generate(2, logit_bias={x if isinstance(x, Hashable) else repr(x):
+                                                                           5.0}),
     "generate.ignore_eos": lambda s, m, x: s.generate(2, ignore_eos=x),
     "stream": lambda s, m, x: list(s.stream(x)),
     "chat": lambda s, m, x: s.chat(x),

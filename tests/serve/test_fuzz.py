@@ -46,13 +46,19 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", chat, {**ok, "top_p": 0}, {}, "top_p"),
         ("POST", chat, {**ok, "frequency_penalty": 9}, {}, "frequency_penalty"),
         ("POST", chat, {**ok, "presence_penalty": "x"}, {}, "presence_penalty"),
-        ("POST", chat, {**ok, "n": 3}, {}, "n"),
+        ("POST", chat, {**ok, "n": 9}, {}, "n"),
+        ("POST", chat, {**ok, "n": 0}, {}, "n"),
+        ("POST", chat, {**ok, "n": 2, "stream": True}, {}, "n"),
         ("POST", chat, {**ok, "stop": [""]}, {}, "stop"),
         ("POST", chat, {**ok, "stop": ["a"] * 40}, {}, "stop"),
         ("POST", chat, {**ok, "stop": 7}, {}, "stop"),
         ("POST", chat, {**ok, "seed": "abc"}, {}, "seed"),
         ("POST", chat, {**ok, "stream": "yes"}, {}, "stream"),
-        ("POST", chat, {**ok, "logit_bias": {"5": 10}}, {}, "logit_bias"),
+        ("POST", chat, {**ok, "logit_bias": {"5": 101}}, {}, "logit_bias"),
+        ("POST", chat, {**ok, "logit_bias": {"five": 1}}, {}, "five"),
+        ("POST", chat, {**ok, "logit_bias": {"-3": 1}}, {}, "-3"),
+        ("POST", chat, {**ok, "logit_bias": {"99999999": 1}}, {}, "99999999"),
+        ("POST", chat, {**ok, "logit_bias": {"5": "up"}}, {}, "logit_bias"),
         ("POST", chat, {**ok, "tools": "f"}, {}, "tools"),
         ("POST", chat, {**ok, "tools": [{"type": "function", "function": {"name": "f g"}}]}, {}, "tools[0].function.name"),
         ("POST", chat, {**ok, "tools": [{"type": "retrieval"}]}, {}, "tools[0].type"),
@@ -74,6 +80,8 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", chat, {**ok, "messages": [*MSG, {"role": "assistant", "tool_calls": [
             {"id": "", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, {}, "id"),
         ("POST", chat, {**ok, "top_logprobs": 5}, {}, "top_logprobs"),
+        ("POST", chat, {**ok, "logprobs": True, "top_logprobs": 21}, {}, "top_logprobs"),
+        ("POST", chat, {**ok, "logprobs": True, "top_logprobs": "5"}, {}, "top_logprobs"),
         ("POST", chat, {**ok, "response_format": {"type": "xml"}}, {}, "response_format"),
         ("POST", chat, {**ok, "response_format": {"type": "json_schema"}}, {}, "json_schema"),
         ("POST", chat, {**ok, "grammar": "root ::= [a-z"}, {}, "grammar"),
@@ -89,7 +97,8 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", "/v1/completions", {"model": model, "prompt": ["a", "b"]}, {}, "prompt"),
         ("POST", "/v1/completions", {"model": model, "prompt": [1, -5]}, {}, "prompt"),
         ("POST", "/v1/completions", {"model": model, "prompt": [10**9]}, {}, "token"),
-        ("POST", "/v1/completions", {"model": model, "prompt": "x", "logprobs": 3}, {}, "logprobs"),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "logprobs": 6}, {}, "logprobs"),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "logit_bias": {"1": -101}}, {}, "logit_bias"),
         ("POST", "/v1/completions", {"model": model, "prompt": "x", "suffix": "y"}, {}, "suffix"),
         ("POST", "/v1/completions", {"model": model, "prompt": "x", "best_of": 4}, {}, "best_of"),
         ("POST", "/v1/responses", {"model": model}, {}, "input"),
@@ -111,6 +120,11 @@ def _cases(model: str) -> list[tuple[str, str, object, dict, str]]:
         ("POST", "/v1/responses", {"model": model, "input": "x", "background": True}, {}, "background"),
         ("POST", "/v1/responses", {"model": model, "input": "x", "text": {"format": {"type": "yaml"}}}, {}, "text"),
         ("POST", "/v1/responses", {"model": model, "input": "x", "truncation": "auto"}, {}, "truncation"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "top_logprobs": 21}, {}, "top_logprobs"),
+        ("POST", "/v1/responses", {"model": model, "input": "x", "logit_bias": {"a": 1}}, {}, "logit_bias"),
+        ("GET", "/v1/responses/resp_missing/input_items", None, {}, "resp_missing"),
+        ("GET", "/v1/responses/resp_missing/input_items?limit=0", None, {}, "limit"),
+        ("GET", "/v1/responses/resp_missing/input_items?order=sideways", None, {}, "order"),
         ("GET", "/v1/responses/resp_missing", None, {}, "resp_missing"),
         ("DELETE", "/v1/responses/resp_missing", None, {}, "resp_missing"),
         ("GET", "/v1/sessions/no-such-session", None, {}, "no-such-session"),
@@ -152,7 +166,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | s
                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
 FIELDS = st.sampled_from(["model", "messages", "max_tokens", "temperature", "top_p", "stop", "seed", "stream",
                           "n", "response_format", "logprobs", "frequency_penalty", "input", "prompt", "top_k",
-                          "tools", "tool_choice", "parallel_tool_calls"])
+                          "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "logit_bias"])
 
 
 @pytest.mark.slow
@@ -164,6 +178,42 @@ def test_random_bodies_never_get_a_500(server) -> None:
            body=st.dictionaries(FIELDS, JSON, max_size=6))
     def check(path: str, body: dict) -> None:
         body.setdefault("max_tokens", 2)
+        r = http.post(path, content=json.dumps(body, allow_nan=True).encode(),
+                      headers={"Content-Type": "application/json"})
+        assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            assert r.json()["error"]["message"]
+
+    check()
+
+
+NEW_FIELDS = st.fixed_dictionaries({}, optional={
+    "n": st.integers(-2, 10) | JSON,
+    "logprobs": st.booleans() | JSON,
+    "top_logprobs": st.integers(-2, 25) | JSON,
+    "logit_bias": st.dictionaries(st.integers(-5, 70000).map(str) | st.text(max_size=6),
+                                  st.integers(-150, 150) | st.floats(allow_nan=True) | JSON, max_size=3) | JSON,
+    "stream": st.booleans(),
+    "temperature": st.sampled_from([0, 1.0]),
+})
+
+
+@pytest.mark.slow
+def test_the_agent_fields_never_get_a_500(server) -> None:
+    """``n``, ``logprobs`` / ``top_logprobs`` and ``logit_bias`` drawn around and past their limits,
+    on requests that are otherwise valid: a 4xx naming the problem, or an answer."""
+    http = server.http()
+
+    @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]), fields=NEW_FIELDS)
+    def check(path: str, fields: dict) -> None:
+        body = {"model": server.model, "max_tokens": 2, **fields}
+        if path == "/v1/chat/completions":
+            body["messages"] = MSG
+        elif path == "/v1/completions":
+            body["prompt"] = "Once"
+        else:
+            body = {"model": server.model, "input": "hi", "max_output_tokens": 2, **fields}
         r = http.post(path, content=json.dumps(body, allow_nan=True).encode(),
                       headers={"Content-Type": "application/json"})
         assert r.status_code < 500, (path, body, r.status_code, r.text[:300])

@@ -151,7 +151,8 @@ def test_responses_retrieve_delete_store_false_and_stream_events(server) -> None
                                     max_output_tokens=5, temperature=0)
     assert client.responses.retrieve(first.id).output_text == first.output_text
     items = server.http().get(f"/v1/responses/{first.id}/input_items").json()
-    assert items["data"][0]["role"] == "user" and items["data"][0]["content"] == "Hello there"
+    assert items["data"][0]["role"] == "user"
+    assert items["data"][0]["content"] == [{"type": "input_text", "text": "Hello there"}]
     events = list(client.responses.create(model=server.model, input="More please", previous_response_id=first.id,
                                           max_output_tokens=5, temperature=0, stream=True))
     kinds = [e.type for e in events]
@@ -188,8 +189,8 @@ def test_errors_are_typed_and_name_the_value(server) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=server.model, messages=[])
     assert bad.value.body["param"] == "messages"
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model=server.model, messages=USER, n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be in \[1, 8\]"):
+        client.chat.completions.create(model=server.model, messages=USER, n=9)
     with pytest.raises(openai.NotFoundError, match="previous_response_id|no stored response"):
         client.responses.create(model=server.model, input="hi", previous_response_id="resp_missing")
     wrong = openai.OpenAI(base_url=server.v1, api_key="not-the-key", max_retries=0)

@@ -7,7 +7,8 @@ Primitives:
   characters narrowed to what JSON allows), penalties
   (repeat / frequency / presence over the last ``penalty_last_n`` tokens), then top-k, top-p,
   min-p, temperature and a seeded draw (``dist``), or ``greedy`` at temperature 0. ``sample``
-  copies the logits into a candidate array and applies the chain (greedy under a grammar alone
+  adds the params' ``logit_bias`` first (a token id outside the vocabulary is refused when the
+  sampler is made: ``TokenIdError``), then copies the logits into a candidate array and applies the chain (greedy under a grammar alone
   takes the argmax when the grammar allows it, as the chain would, asking the grammar of that
   token only); ``prime`` feeds the log's last
   tokens to the penalties only (a prompt is not grammar text); ``accept`` feeds both, and refuses
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvres.actors.sampling import GrammarError, SamplingParams, log_softmax_at
+from kvres.actors.sampling import GrammarError, SamplingParams, biased, check_bias, log_softmax_at
 
 from .engine import TOKEN_DATA, LlamaModel, sampler_accept, sampler_free, sampler_reset, sampler_sample
 
@@ -79,6 +80,7 @@ class LlamaSampler:
     def __init__(self, model: LlamaModel, params: SamplingParams) -> None:
         self.params = params
         self.n_vocab = model.n_vocab
+        check_bias(params.logit_bias, self.n_vocab)  # refused before the call runs
         parts: list[tuple[Any, ...]] = []
         gbnf = to_gbnf(params)
         if gbnf is not None:
@@ -127,6 +129,7 @@ class LlamaSampler:
         self._check_open()
         if logits.shape != (self.n_vocab,):
             raise ValueError(f"expected {self.n_vocab} logits, got shape {logits.shape}")
+        logits = biased(logits, self.params.logit_bias)
         if self._argmax_first or self._argmax_only:
             best = int(np.argmax(logits))  # the first of equal maxima, as llama.cpp's greedy takes
             if np.isfinite(logits[best]) and (self._argmax_only or self._allows(best)):
