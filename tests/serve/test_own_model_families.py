@@ -1,6 +1,7 @@
 """``kvres serve --model`` on a model of each family kvres documents (docs/models.md): the fixtures of
 ``kvres.testing.family_models`` (random weights; the public chat template, special tokens and
-trained context of Qwen 2.5, Llama 3.1, Mistral v0.3, Gemma 2 and Phi-3), one real server each.
+trained context of Qwen 2.5, Llama 3.1, Mistral v0.3, Gemma 2 and Phi-3), one real server each,
+started together.
 
 ``/v1/models`` states the context ``model_setup`` derives from the GGUF's ``llama.context_length``
 and the ``--kv-memory`` given (so nothing depends on this machine's free memory): the trained
@@ -17,6 +18,8 @@ import secrets
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +43,25 @@ MESSAGES = [{"role": "user", "content": "Name a colour."}]  # no system turn: Ge
 def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("families")
     return {family: write_family_gguf(family, folder / f"{family}.gguf") for family in FAMILY_SPECS}
+
+
+@pytest.fixture(scope="module")
+def family_servers(family_models: dict[str, Path]) -> Iterator[dict[str, Server]]:
+    """One ``kvres serve --model`` per family, started together (a start mostly waits on Ray's)."""
+    servers: dict[str, Server] = {}
+
+    def start(family: str) -> None:
+        servers[family] = _start(family_models[family])
+        wait_healthy(servers[family], timeout_s=START_TIMEOUT_S)
+
+    try:
+        with ThreadPoolExecutor(len(family_models)) as pool:
+            for started in [pool.submit(start, family) for family in family_models]:
+                started.result()
+        yield servers
+    finally:
+        for server in servers.values():
+            stop_server(server)
 
 
 def _prompt_tokens(source: ChatTemplateSource, model: Path) -> int:
@@ -70,7 +92,8 @@ def _start(model: Path) -> Server:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_SPECS))
-def test_kvres_serve_model_of_each_family(family_models: dict[str, Path], family: str) -> None:
+def test_kvres_serve_model_of_each_family(family_models: dict[str, Path], family_servers: dict[str, Server],
+                                          family: str) -> None:
     model = family_models[family]
     trained = FAMILY_SPECS[family].context_length
     setup = chat_setup(model, kv_memory_bytes=KV_MEMORY_BYTES)
@@ -90,25 +113,21 @@ def test_kvres_serve_model_of_each_family(family_models: dict[str, Path], family
         with contextlib.suppress(ChatTemplateError):  # a template that refuses the messages is not the one used
             assert _prompt_tokens(replace(source, template=spec.template), model) != expected_prompt, other
 
-    server = _start(model)
-    try:
-        wait_healthy(server)
-        log = server.log()
-        assert f"kvres serve: chosen for {model.name}:" in log and f"{context:,} tokens per session" in log, log
-        assert f"trained on {trained:,} positions, llama.context_length" in log, log
-        with server.http() as http:
-            cards = http.get("/v1/models").json()["data"]
-            assert [(c["id"], c["context_length"], c["trained_context"]) for c in cards] == [
-                (family, context, trained)]
-            turn = http.post("/v1/chat/completions", json={
-                "model": family, "messages": MESSAGES, "max_tokens": 4, "temperature": 0},
-                headers={"X-Session-Id": f"family-{family}"})
-            assert turn.status_code == 200, turn.text
-            body = turn.json()
-            usage = body["usage"]
-            assert usage["prompt_tokens"] == expected_prompt, (usage, expected_prompt)
-            assert 1 <= usage["completion_tokens"] <= 4, usage
-            assert body["choices"][0]["finish_reason"] in ("stop", "length"), body
-            assert body["kvres"]["prefix_break"] is None, body
-    finally:
-        stop_server(server)
+    server = family_servers[family]
+    log = server.log()
+    assert f"kvres serve: chosen for {model.name}:" in log and f"{context:,} tokens per session" in log, log
+    assert f"trained on {trained:,} positions, llama.context_length" in log, log
+    with server.http() as http:
+        cards = http.get("/v1/models").json()["data"]
+        assert [(c["id"], c["context_length"], c["trained_context"]) for c in cards] == [
+            (family, context, trained)]
+        turn = http.post("/v1/chat/completions", json={
+            "model": family, "messages": MESSAGES, "max_tokens": 4, "temperature": 0},
+            headers={"X-Session-Id": f"family-{family}"})
+        assert turn.status_code == 200, turn.text
+        body = turn.json()
+        usage = body["usage"]
+        assert usage["prompt_tokens"] == expected_prompt, (usage, expected_prompt)
+        assert 1 <= usage["completion_tokens"] <= 4, usage
+        assert body["choices"][0]["finish_reason"] in ("stop", "length"), body
+        assert body["kvres"]["prefix_break"] is None, body
