@@ -13,7 +13,8 @@ not hold (``--no-fail`` keeps 0).
   llama backend of ``--slots`` sequence slots and a ``--kv-budget``-token KV budget, sessions of a
   streaming policy that keeps ``--session-budget`` tokens resident and spills the rest to the cold
   store, whose small RAM tier sends blocks on to disk), then ``kvres serve --address ... --detach``
-  with ``--replicas`` Serve replicas. The model: ``--model``, else the project's default chat model.
+  with ``--replicas`` HTTP fronts (Serve replicas with ``KVRES_SERVE_FRONT=serve``). The model:
+  ``--model``, else the project's default chat model.
 - The traffic (``traffic.py``): ``--clients`` threads; ``--responses-clients`` of them hold
   Responses chains (``previous_response_id``), the others chat conversations bound by
   ``X-Session-Id``; each keeps ``--conversations-per-client`` conversations going (more sessions
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=8, help="the backend's sequence slots (n_seq_max)")
     p.add_argument("--kv-budget", type=int, default=2048, help="the backend's KV budget in tokens")
     p.add_argument("--session-budget", type=int, default=192, help="the tokens a session keeps resident; the rest spills")
-    p.add_argument("--replicas", type=int, default=2, help="Serve replicas")
+    p.add_argument("--replicas", type=int, default=2, help="HTTP fronts (or Serve replicas)")
     p.add_argument("--threads", type=int, default=1, help="the backend's llama.cpp threads")
     p.add_argument("--window-s", type=float, default=60.0, help="the latency windows before and after each fault")
     p.add_argument("--warmup-s", type=float, default=300.0, help="resident memory's trend is taken after this")

@@ -9,12 +9,14 @@ Primitives:
 - ``SoakCluster(config, folder, replicas=2)``: ``start()`` runs ``kvres start`` (a Ray head on a
   free port with its own temp folder and the dashboard, whose state API names the actors' pids;
   tried twice: on a loaded machine the head can time out starting)
-  and ``kvres serve --address ... --detach`` (``replicas`` Serve replicas, the HTTP proxy on a free
-  port of 127.0.0.1), both as a user runs them, and waits until the API answers; ``base_url``,
+  and ``kvres serve --address ... --detach`` (its default front: ``replicas`` direct fronts sharing a
+  free port of 127.0.0.1; with ``KVRES_SERVE_FRONT=serve``, Serve's replicas and HTTP proxy), both
+  as a user runs them, and waits until the API answers; ``base_url``,
   ``model_id``, ``healthy()``; ``stop()`` (``kvres stop --ray``: kvres's actors, then the head's
   processes; its temp folder removed).
 - ``FAULTS``: the six kinds of fault: "backend", "coldstore", "planner" (kvres's actors),
-  "replica", "proxy" (Serve's), "state" (the serve state actor).
+  "replica", "proxy" (Serve's; of the direct front, which is both in one process: the first front
+  and the last), "state" (the serve state actor).
 - ``SoakCluster.pid_of(kind) -> int``: the process of one live actor of that kind, from Ray's state
   API (``ray.util.state.list_actors``); ``kill(kind) -> (pid, monotonic time)``: SIGKILL of it.
 - ``SoakCluster.processes() -> list[int]``: every process of the head (``head_processes``: the GCS,
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers import free_port
+from kvres.cluster.serve.direct_front import front_actor_name
 
 FAULTS = ("backend", "coldstore", "planner", "replica", "state", "proxy")
 BACKEND = "soak"
@@ -143,10 +146,14 @@ class SoakCluster:
             return name == "kvres-planner" and namespace == self.namespace
         if kind == "state":
             return name == "kvres-serve-state" and namespace == self.namespace
+        # the direct front (kvres serve's default) is proxy and replica in one process: a "replica"
+        # fault kills the first front, a "proxy" fault the last (the same one where there is one)
         if kind == "replica":
-            return cls.startswith("ServeReplica:kvres:")
+            return cls.startswith("ServeReplica:kvres:") or (
+                cls == "FrontServer" and name == front_actor_name(0) and namespace == self.namespace)
         if kind == "proxy":
-            return cls == "ProxyActor"
+            return cls == "ProxyActor" or (
+                cls == "FrontServer" and name == front_actor_name(self.replicas - 1) and namespace == self.namespace)
         raise ValueError(f"unknown fault {kind!r}; one of {FAULTS}")
 
     def pid_of(self, kind: str, timeout_s: float = 120.0) -> int:

@@ -15,8 +15,8 @@ Primitives:
 - The ways a turn does not complete: ``Refused(status, code)``: the server answered 429
   (``backend_full``, ``tenant_quota``) or 409 (``session_busy``: another request holds the
   session) before running anything: the client waits and sends it again; ``Unreachable``: no
-  server took the request (connection refused, or a kept-alive connection the server had closed
-  before answering): sent again too; ``TurnFailed(status, code, message)``: the server took it and
+  server answered (connection refused, or cut before any answer: a kept-alive connection the
+  server had closed, or a server that died after taking it, ``maybe_taken``): sent again too; ``TurnFailed(status, code, message)``: the server took it and
   it failed (an error status, an error event, or the stream cut before its end): the one retry.
 """
 
@@ -45,6 +45,7 @@ class Answer:
     first_token_at: float | None
     response_id: str | None = None
     session_id: str | None = None
+    prefix_break: dict[str, Any] | None = None  # a bound chat turn's ``kvres.prefix_break``
 
     @property
     def length(self) -> int:
@@ -62,7 +63,13 @@ class Refused(TurnError):
 
 
 class Unreachable(TurnError):
-    """No server took the request."""
+    """No server answered: refused at connect (``maybe_taken`` False), or the connection was cut
+    before any answer (True: a closed kept-alive connection, or a server that took the request
+    and died before answering)."""
+
+    def __init__(self, message: str, maybe_taken: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_taken = maybe_taken
 
 
 class TurnFailed(TurnError):
@@ -100,8 +107,8 @@ def _events(client: Any, path: str, body: dict[str, Any], headers: dict[str, str
     except httpx.ConnectError as exc:
         raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        if not answered:  # the connection was gone before any answer: the request reached no server
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+        if not answered:  # gone before any answer: a closed kept-alive connection, or a server that died
+            raise Unreachable(f"{type(exc).__name__}: {exc}", maybe_taken=True) from exc
         raise TurnFailed(f"the stream was cut: {type(exc).__name__}: {exc}") from exc
     except httpx.TimeoutException as exc:
         raise TurnFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -110,7 +117,7 @@ def _events(client: Any, path: str, body: dict[str, Any], headers: dict[str, str
 def chat_turn(client: Any, model: str, messages: list[dict[str, str]], session_id: str, max_tokens: int) -> Answer:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "grammar": PLAIN_TEXT}
-    text, finish, usage, first, done = "", None, None, None, False
+    text, finish, usage, first, done, kvres = "", None, None, None, False, None
     for event in _events(client, "/v1/chat/completions", body, {"X-Session-Id": session_id}):
         if event.get("done"):
             done = True
@@ -119,6 +126,7 @@ def chat_turn(client: Any, model: str, messages: list[dict[str, str]], session_i
             error = event["error"] or {}
             raise TurnFailed(f"error event: {error}", None, error.get("code"))
         usage = event.get("usage") or usage
+        kvres = event.get("kvres") or kvres
         for choice in event.get("choices", []):
             piece = (choice.get("delta") or {}).get("content")
             if piece:
@@ -129,7 +137,7 @@ def chat_turn(client: Any, model: str, messages: list[dict[str, str]], session_i
         raise TurnFailed(f"the stream ended without its {'usage' if done else '[DONE]'}")
     details = usage.get("prompt_tokens_details") or {}
     return Answer(text, finish, int(usage["prompt_tokens"]), int(details.get("cached_tokens", 0)),
-                  int(usage["completion_tokens"]), first)
+                  int(usage["completion_tokens"]), first, prefix_break=(kvres or {}).get("prefix_break"))
 
 
 def responses_turn(client: Any, model: str, text: str, previous_id: str | None, max_tokens: int) -> Answer:

@@ -160,6 +160,8 @@ def _audit(audits: Sequence[AuditRow], attempts: Sequence[Attempt]) -> dict[str,
         + sum(a.rewound for a in rewound),
         "tokens_duplicated": sum(max(0, r.log_tokens - r.expected_tokens) for r in bad if not r.lost),
         "turns_that_found_tokens_missing": len(rewound),
+        "turns_rerendered": sum(1 for a in attempts if a.outcome == "ok" and a.rerendered),
+        "tokens_rerendered": sum(a.rerendered for a in attempts if a.outcome == "ok"),
         "by_api": {api: {"conversations": sum(1 for r in audits if r.api == api),
                          "audited": sum(1 for r in audits if r.api == api and r.turns),
                          "ok": sum(1 for r in audits if r.api == api and r.ok)}

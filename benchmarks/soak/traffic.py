@@ -12,9 +12,16 @@ Primitives:
   ``outcome`` ("ok", "failed", "refused", "unreachable"), ``retry`` (0: the turn's first try; 1:
   the retry after a failure; more: a retry that failed was retried again), the tokens the server
   counted, ``rewound``: tokens of the session's log before the turn that the turn did not find
-  (its ``cached_tokens`` fell short of the log's length after the conversation's last turn).
+  (its ``cached_tokens`` fell short of the log's length after the conversation's last turn);
+  ``rerendered``: the same where the server said the rendered conversation left what the session
+  held (``kvres.prefix_break``: a reply whose text tokenizes otherwise than the model wrote it),
+  a cache miss that loses nothing.
 - The client's retry rule: a refusal (429, or 409 while another request holds the session) and an
-  unreachable server are not failures: the same request goes again after a short wait. A turn
+  unreachable server are not failures: the same request goes again after a short wait. A
+  connection cut before any answer may have reached a server that died before it answered (the
+  direct front is proxy and replica in one process): once traffic stops such a turn is sent
+  again within the drain like a retry, and where it cannot complete, its conversation is given
+  up (``unfinished``) rather than audited as if the try never ran. A turn
   that failed after the server took it is sent again once the API answers (``/health``) and
   ``RETRY_BACKOFF_S`` more passed, once: the same messages on the same ``X-Session-Id`` (the
   session keeps what it holds of them and drops what the failed try left beyond them), or the
@@ -91,6 +98,7 @@ class Attempt:
     cached_tokens: int = 0
     completion_tokens: int = 0
     rewound: int = 0
+    rerendered: int = 0  # the same, where the server said the rendering left the log (``prefix_break``)
 
     @property
     def latency(self) -> float:
@@ -194,9 +202,10 @@ class Traffic:
 
     def _turn(self, http: Any, conv: Conversation, user: str) -> None:
         retry = 0
+        sent = False  # a try may have reached the server (a connection cut before any answer)
         while True:
-            if self._stop.is_set() and (retry == 0 or time.monotonic() > self._drain_until):
-                if retry:
+            if self._stop.is_set() and ((retry == 0 and not sent) or time.monotonic() > self._drain_until):
+                if retry or sent:
                     with self._lock:
                         self.unfinished.append(conv.id)
                     conv.broken = True
@@ -212,6 +221,7 @@ class Traffic:
                                    else "unreachable" if isinstance(exc, Unreachable) else "failed")
                 with self._lock:
                     self.attempts.append(attempt)
+                sent |= isinstance(exc, Unreachable) and exc.maybe_taken
                 if isinstance(exc, TurnFailed):
                     retry += 1
                     if retry >= MAX_TRIES:
@@ -227,7 +237,11 @@ class Traffic:
             attempt.prompt_tokens, attempt.cached_tokens = answer.prompt_tokens, answer.cached_tokens
             attempt.completion_tokens = answer.completion_tokens
             if conv.last is not None:
-                attempt.rewound = max(0, conv.last.length - answer.cached_tokens)
+                short = max(0, conv.last.length - answer.cached_tokens)
+                if answer.prefix_break is None:
+                    attempt.rewound = short
+                else:  # the log held those tokens, tokenized otherwise than the reply's text renders: no loss
+                    attempt.rerendered = short
             with self._lock:
                 self.attempts.append(attempt)
             conv.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer.text}]

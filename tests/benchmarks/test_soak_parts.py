@@ -125,3 +125,19 @@ def test_expected_log_is_the_rendering_then_the_reply_and_its_eos() -> None:
     assert render.expected(messages, "length") == stopped.removesuffix(source.eos_token)
     bos = source.bos_token
     assert render.log_text([source.bos_id, 5], bos + "x") == "x" and render.log_text([5], bos + "x") == bos + "x"
+
+
+def test_a_rerendered_turn_is_a_cache_miss_and_a_given_up_one_may_hold_its_tries() -> None:
+    """A turn whose server said its rendering left the log (a prefix break) lost nothing; one that
+    found the log short did. A conversation given up mid-turn passes its audit when its log starts
+    with what was sent and received (its last tries may have left more), not when it is short."""
+    rewound, rerendered = _a("c", 1, 0, 2.0, 3.0), _a("d", 1, 0, 2.0, 3.0, client=1)
+    rewound.rewound, rerendered.rerendered = 4, 4
+    audits = [AuditRow("c", "chat", "c", 2, False, same_text=True, expected_tokens=10, log_tokens=10),
+              AuditRow("d", "chat", "d", 2, True, same_text=True, expected_tokens=10, log_tokens=14),
+              AuditRow("e", "chat", "e", 2, True, same_text=True, expected_tokens=10, log_tokens=9)]
+    rss = rss_trend([(0.0, 1, "gcs_server", 100 << 20), (60.0, 1, "gcs_server", 100 << 20)], 0.0)
+    audit = summarize([rewound, rerendered], audits, [], rss, {"window_s": 5.0}, 10.0)["audit"]
+    assert audit["turns_that_found_tokens_missing"] == 1 and audit["turns_rerendered"] == 1
+    assert audit["tokens_rerendered"] == 4 and audit["mismatched"] == 1  # e: given up, and short
+    assert audit["tokens_lost"] == 4 + 1
