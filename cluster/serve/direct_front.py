@@ -85,6 +85,7 @@ class FrontServer:
         from .service import Service
 
         self.service = Service(namespace, KvresConfig.model_validate_json(config_json), digests, lifetime=lifetime)
+        self._where = f"http://{host}:{port}, namespace {namespace}"
         self._socket = _listening_socket(host, port)
         self._server = uvicorn.Server(uvicorn.Config(
             make_fastapi(self.service), log_level="warning", access_log=False, lifespan="off",
@@ -92,6 +93,9 @@ class FrontServer:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="kvres-front", daemon=True)
         self._thread.start()
+
+    def __repr__(self) -> str:  # what Ray's actor table and dashboard show
+        return f"FrontServer({self._where})"
 
     def _serve(self) -> None:
         try:

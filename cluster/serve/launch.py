@@ -4,9 +4,9 @@ Primitives:
 - ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
-  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``serve``: Ray Serve's proxy and
-  replicas; ``direct``: the same application in kvres's own actors, ``direct_front``; default
-  ``KVRES_SERVE_FRONT``, else ``serve``), ``--min-replicas``, ``--max-replicas``,
+  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``direct``: the application in
+  kvres's own actors, ``direct_front``; ``serve``: Ray Serve's proxy and replicas; default
+  ``KVRES_SERVE_FRONT``, else ``direct``), ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--session-idle`` /
   ``--session-ttl`` (seconds without a call before an HTTP-opened session is parked / closed; 0:
   never; ``lifetime``), ``--detach``.
@@ -73,14 +73,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None,
                         help="a file with one API key per line, each optionally followed by tenant=LABEL "
                              "(default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
-    parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "serve",
-                        help="serve: Ray Serve's proxy and replicas (autoscaled); direct: the same application in "
-                             "kvres's own actors, no proxy hop (--min-replicas of them share the port); default: "
-                             "KVRES_SERVE_FRONT, else serve")
-    parser.add_argument("--min-replicas", type=int, default=1, help="Serve replicas at least (default 1)")
-    parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2)")
+    parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "direct",
+                        help="direct: the application in kvres's own actors, no proxy hop (--min-replicas of them "
+                             "share the port); serve: Ray Serve's proxy and replicas (autoscaled between "
+                             "--min-replicas and --max-replicas); default: KVRES_SERVE_FRONT, else direct")
+    parser.add_argument("--min-replicas", type=int, default=1,
+                        help="fronts (direct), or Serve replicas at least (default 1)")
+    parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2; serve only)")
     parser.add_argument("--max-ongoing-requests", type=int, default=64,
-                        help="requests one replica runs at once (default 64)")
+                        help="requests one Serve replica runs at once (default 64; serve only)")
     parser.add_argument("--num-cpus", type=int, default=None, help="an embedded cluster's CPUs (default: all)")
     parser.add_argument("--session-idle", type=_seconds_arg, default=DEFAULT_IDLE_S, metavar="SECONDS",
                         help=f"an HTTP-opened session is parked (its KV to the cold store) after this long without "

@@ -39,5 +39,5 @@ def test_three_minutes_with_each_fault_once(tmp_path) -> None:
     assert all(saved["invariants"].values()), saved["invariants"]
     rss = saved["rss"]
     assert rss["total"] is not None and {"gcs_server", "raylet"} <= set(rss["labels"])
-    assert any(label.startswith("ray::ServeReplica") for label in rss["labels"])
+    assert any(label.startswith(("ray::ServeReplica", "ray::FrontServer")) for label in rss["labels"])
 
