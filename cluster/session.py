@@ -205,8 +205,10 @@ class SessionManager:
         options: dict[str, Any] = {
             "name": backend_actor_name(cfg.name), "namespace": self.namespace, "get_if_exists": True,
             "lifetime": "detached", "num_cpus": 0, "num_gpus": cfg.num_gpus, "max_restarts": -1,
-            "runtime_env": {"env_vars": engine_process_env()}, **actor_task_events(),
+            **actor_task_events(),
         }
+        if wait := engine_process_env():  # the operator's choice of how engine threads wait, wherever it runs
+            options["runtime_env"] = {"env_vars": wait}
         if cfg.node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(cfg.node_id, soft=False)
         return BackendActor.options(**options).remote(cfg, self.namespace)
