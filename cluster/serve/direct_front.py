@@ -58,7 +58,6 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -100,7 +99,7 @@ class FrontServer:
     def _serve(self) -> None:
         try:
             asyncio.run(self._server.serve(sockets=[self._socket]))
-        except BaseException as exc:  # noqa: BLE001 (ready() reports it)
+        except BaseException as exc:  # ready() reports it
             self._error = exc
 
     def ready(self) -> bool:

@@ -178,13 +178,17 @@ def test_random_bodies_never_get_a_500(server) -> None:
            body=st.dictionaries(FIELDS, JSON, max_size=6))
     def check(path: str, body: dict) -> None:
         body.setdefault("max_tokens", 2)
-        r = http.post(path, content=json.dumps(body, allow_nan=True).encode(),
-                      headers={"Content-Type": "application/json"})
-        assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
-        if r.status_code >= 400:
-            assert r.json()["error"]["message"]
+        _answers_without_a_500(http, path, body)
 
     check()
+
+
+def _answers_without_a_500(http: httpx.Client, path: str, body: dict) -> None:
+    """``body`` posted as JSON (NaN allowed): an answer, or a 4xx whose error says what is wrong."""
+    r = http.post(path, content=json.dumps(body, allow_nan=True).encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"]
 
 
 NEW_FIELDS = st.fixed_dictionaries({}, optional={
@@ -214,10 +218,6 @@ def test_the_agent_fields_never_get_a_500(server) -> None:
             body["prompt"] = "Once"
         else:
             body = {"model": server.model, "input": "hi", "max_output_tokens": 2, **fields}
-        r = http.post(path, content=json.dumps(body, allow_nan=True).encode(),
-                      headers={"Content-Type": "application/json"})
-        assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
-        if r.status_code >= 400:
-            assert r.json()["error"]["message"]
+        _answers_without_a_500(http, path, body)
 
     check()
