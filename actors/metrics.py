@@ -78,7 +78,7 @@ COUNTERS = ("evictions", "admissions", "spills", "spilled_bytes", "spill_dropped
             "recall_us", "recall_prep_us",
             "recomputed_tokens", "suspends", "resumes", "explicit_suspends", "explicit_resumes", "rebuilds",
             "rollbacks", "inexact_recomputed_tokens", "degraded", "dropped_blocks", "idle_suspends", "ttl_closes",
-            "quota_drops", "preemptions", "tool_pause_suspends", "tool_prefetches")
+            "quota_drops", "preemptions", "tool_pause_suspends", "tool_prefetches", "truncated_tokens", "cancels")
 STORE_EVENTS = ("drops", "spill_errors", "corrupt")  # a cold store's counts, as kvres_store_blocks_lost{event}
 # histogram buckets (seconds): a first token or a call takes milliseconds to minutes, a token's gap less
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

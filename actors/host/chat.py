@@ -7,10 +7,12 @@ Primitives:
   tool turns included, the model's own way); the session
   keeps the first ``keep`` tokens of its log and appends ``tokens``. When the log, read back as
   text (control tokens included), is a prefix of the rendering, that is the whole log and only the
-  rest is tokenized; otherwise the log is kept up to where it agrees with the rendering tokenized
-  whole (a reply the caller edited, or tokens a generation chose differently), and the rest is
-  replaced; where that drops tokens of the log, where and why is noted on the session
-  (``HostSession.prefix_break``, ``prefix_break.describe_break``) for the turn's answer.
+  rest is tokenized; otherwise the log is kept up to the longer of where it still reads as the
+  rendering (``_agreeing_text``: its generated tokens kept, as long as the rest tokenized after it
+  reads back exactly) and where it agrees with the rendering tokenized whole, and the rest is
+  replaced (a reply the caller edited, a turn the client never saw); where that drops tokens of
+  the log, where and why is noted on the session (``HostSession.prefix_break``,
+  ``prefix_break.describe_break``) for the turn's answer.
 """
 
 from __future__ import annotations
@@ -48,15 +50,41 @@ class Chat:
                 self._note(session_id, None)
             rest = rendered[len(said):]
             return len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True) if rest else []
+        keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         whole = executor.tokenize(rendered, add_bos=source.add_bos, special=True)
-        keep = 0
+        agreed = 0
         for mine, theirs in zip(log, whole, strict=False):
             if mine != theirs:
                 break
-            keep += 1
+            agreed += 1
+        if agreed > keep:
+            keep, new = agreed, whole[agreed:]
         if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
             self._note(session_id, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
-        return keep, whole[keep:]
+        return keep, new
+
+    def _agreeing_text(self, log: list[int], start: int, rendered: str) -> tuple[int, list[int]]:
+        """The longest start of the log (past its first ``start`` tokens: a BOS) that reads as a start of
+        the rendering, where the rendering's rest tokenized after it reads back exactly, with that
+        rest; (0, []) where none does. Generated replies often hold tokens their text does not
+        tokenize back to: this keeps them where the conversation left the log later (a turn the
+        client never saw, an edit of a later message)."""
+        executor = self.ctx.executor
+        body = log[start:]
+        lo, hi = 0, len(body)  # body[:lo] reads as a start of the rendering
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if rendered.startswith(executor.detokenize(body[:mid], special=True)):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return 0, []
+        rest = rendered[len(executor.detokenize(body[:lo], special=True)):]
+        new = executor.tokenize(rest, add_bos=False, special=True) if rest else []
+        if executor.detokenize(body[:lo] + new, special=True) != rendered:
+            return 0, []  # the rest tokenized on its own reads otherwise (a space prefix): compare tokens
+        return start + lo, new
 
     def _note(self, session_id: str, prefix_break: dict[str, Any] | None) -> None:
         with self.ctx.lock:

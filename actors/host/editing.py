@@ -68,6 +68,8 @@ class Editing:
                     if j.kind == "generate" and (request_id is None or j.request_id == request_id)]
             if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
                 job = jobs[0]
+                if s is not None:
+                    ctx.count(session_id, "cancels")
                 job.remaining, job.finish_reason, job.stopped_by = 0, "cancelled", None
                 job.ahead = None  # its reader left: the call ends without waiting for it
                 ctx.jobs.poke()
@@ -75,6 +77,7 @@ class Editing:
             if s is None or not jobs or not ctx.jobs.withdraw(jobs[0]):
                 return None  # it ended (and was committed) already, or never ran here
             job = jobs[0]
+            ctx.count(session_id, "cancels")
             job.pending = None  # a token handed out and not kept never reaches the log
             if job.feed:  # left before its prompt was in: the call commits nothing, prompt included
                 self.durability.roll_back(session_id)
@@ -127,6 +130,7 @@ class Editing:
                 raise RangeError(f"cannot truncate session {session_id!r} to {length} tokens: its log holds {held}")
             if length == held:
                 return held
+            ctx.count(session_id, "truncated_tokens", held - length)
             if not s.live and ctx.addresses_kv and s.residency.keeps_every_token:
                 self._cut_parked(s, length)  # nothing to bring back: no room needed now
                 self.durability.commit(session_id)

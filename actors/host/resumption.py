@@ -8,7 +8,8 @@ Primitives:
   rest recomputed from the token log; returns the tokens recomputed). If it fails, the session
   stays suspended with its record. A record without the last logits (cut while parked) has them
   computed again from the last token. A session preempted during a call of its own comes back as
-  that call left it, not committed (the call commits it).
+  that call left it, not committed (the call commits it). What its calls noted on it (a pause for
+  tools, the prefix break its turn's answer reports, being ephemeral) goes on with it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class Resumption:
             raise KvresError(f"backend {ctx.name!r} has no cold store: cannot resume {session_id!r}")
         previous = ctx.sessions.pop(session_id, None)
         s = ctx.new_session(record.policy, record, committed=previous.committed if previous else None)
-        s.tool_paused_at = previous.tool_paused_at if previous else None  # (brought back ahead of its tool results)
+        if previous is not None:  # what its calls noted goes on: a pause for tools, the break its turn reports
+            s.tool_paused_at, s.prefix_break = previous.tool_paused_at, previous.prefix_break
+            s.ephemeral = previous.ephemeral
         try:
             self.pressure.make_room(incoming or {}, newcomer=session_id,
                                     newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy,

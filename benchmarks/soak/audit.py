@@ -17,10 +17,11 @@ Primitives:
   Earlier replies are in the rendering as the template closes them; a turn whose session had not
   kept them would have had to prefill them again (``Attempt.rewound``). A token lost, duplicated
   or out of order changes the text or the count.
-- ``audit_conversation(http, conversation, api, messages, last, render, sessions, broken) ->
-  AuditRow``: the session of the last turn read (a failure retried for ``READ_WAIT_S``; 404:
-  the session is lost) and compared; a session that differs has its stats kept (whether its KV
-  was recomputed exactly, its counters).
+- ``audit_conversation(http, conversation, api, messages, last, render, sessions, broken,
+  with_stats=False) -> AuditRow``: the session of the last turn read (a failure retried for
+  ``READ_WAIT_S``; 404: the session is lost) and compared; a session that differs, or one
+  ``with_stats`` (a turn of it found tokens missing), has its stats kept (whether its KV was
+  recomputed exactly, its counters: the report's ``rewound_sessions``).
 - ``delete_sessions(http, sessions)``: ``DELETE /v1/sessions/{id}`` for each (404 counts as done).
 """
 
@@ -80,7 +81,7 @@ class AuditRow:
     log_tokens: int = 0
     first_difference: int | None = None  # the first character where log and expectation part
     error: str = ""
-    session_stats: dict[str, Any] | None = None  # a mismatched session's: exactness and counters
+    session_stats: dict[str, Any] | None = None  # a mismatched or rewound session's: exactness and counters
 
     @property
     def ok(self) -> bool:
@@ -105,7 +106,7 @@ def _read(http: Any, session: str) -> tuple[int, dict[str, Any]]:
 
 
 def audit_conversation(http: Any, conversation: str, api: str, messages: list[dict[str, str]], last: Answer | None,
-                       render: Render, sessions: list[str], broken: bool) -> AuditRow:
+                       render: Render, sessions: list[str], broken: bool, with_stats: bool = False) -> AuditRow:
     if last is None:  # no turn completed: nothing the client holds to compare
         return AuditRow(conversation, api, None, 0, broken)
     session = last.session_id or conversation
@@ -122,6 +123,8 @@ def audit_conversation(http: Any, conversation: str, api: str, messages: list[di
                                     min(len(have), len(want)))
         at = row.first_difference
         row.error = f"log {have[max(0, at - 40):at + 40]!r} / expected {want[max(0, at - 40):at + 40]!r}"
+        row.session_stats = _stats(http, session)
+    elif with_stats:  # a turn found tokens missing: what the session went through says where to look
         row.session_stats = _stats(http, session)
     return row
 

@@ -170,6 +170,8 @@ def _audit(audits: Sequence[AuditRow], attempts: Sequence[Attempt]) -> dict[str,
                       "lost": r.lost, "expected_tokens": r.expected_tokens, "log_tokens": r.log_tokens,
                       "error": r.error, "session_stats": r.session_stats} for r in bad[:10]],
         "rewound_examples": [f"{a.api} {a.conversation} turn {a.turn}: {a.rewound} tokens not cached" for a in rewound[:10]],
+        "rewound_sessions": [{"conversation": r.conversation, "session": r.session, "session_stats": r.session_stats}
+                             for r in audits if r.session_stats is not None and r.ok][:10],
     }
 
 

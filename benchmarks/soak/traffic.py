@@ -119,6 +119,7 @@ class Conversation:
     last: Answer | None = None
     sessions: list[str] = field(default_factory=list)  # every session it ran on (a chain may branch)
     broken: bool = False
+    rewound: bool = False  # a turn found tokens of an earlier answered one missing
 
 
 class Traffic:
@@ -188,7 +189,7 @@ class Traffic:
 
     def _finish(self, http: Any, conv: Conversation) -> None:
         row = audit_conversation(http, conv.id, conv.api, conv.messages, conv.last, self.render,
-                                 conv.sessions, conv.broken)
+                                 conv.sessions, conv.broken, with_stats=conv.rewound)
         delete_sessions(http, conv.sessions)
         with self._lock:
             self.audits.append(row)
@@ -240,6 +241,7 @@ class Traffic:
                 short = max(0, conv.last.length - answer.cached_tokens)
                 if answer.prefix_break is None:
                     attempt.rewound = short
+                    conv.rewound = conv.rewound or short > 0
                 else:  # the log held those tokens, tokenized otherwise than the reply's text renders: no loss
                     attempt.rerendered = short
             with self._lock:

@@ -40,8 +40,8 @@ from .owners import Owner, SessionOwners
 from .records import ResponseRecord, ResponseRecords
 
 RESPONSES_KV_NAMESPACE = "kvres-serve-responses"
-LEASE_TTL_S = 120.0
-RENEW_EVERY_S = 20.0
+LEASE_TTL_S = 20.0  # a dead front's sessions are free again this long after it died
+RENEW_EVERY_S = 4.0  # a live front renews what it holds five times per TTL
 
 
 def state_actor_name() -> str:
