@@ -313,9 +313,10 @@ class TokenStream:
         return next(self._tokens)
 
     def chunks(self) -> Iterator[list[int]]:
-        """The tokens in lists, one Ray object each: every token the backend had out when the last
-        list was taken (it runs at most ``STREAM_AHEAD`` tokens past what was handed out). A list
-        handed out counts whole in what the stream handed out."""
+        """The tokens in lists, one Ray object each: the first token alone, then every token the
+        backend had out once it had ``CHUNK_TOKENS`` (or its last) since the last list was taken
+        (it runs at most ``STREAM_AHEAD`` tokens past what was handed out). A list handed out
+        counts whole in what the stream handed out."""
         if self._chunks is None:
             if self._tokens is not None:
                 raise ArgumentError("this stream is read token by token; read it on that way")

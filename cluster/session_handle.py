@@ -152,7 +152,7 @@ class Session:
                prompt: Sequence[int] | None = None, **sampling: Any) -> TokenStream:
         """Tokens as they are produced (a Ray streaming generator underneath), under the same
         rules as ``generate`` (``prompt``: token ids appended first, in the same call: the first
-        token comes right after they are in). The backend produces at most ``STREAM_AHEAD`` (4)
+        token comes right after they are in). The backend produces at most ``STREAM_AHEAD`` (8)
         tokens past what the stream handed out, and commits the call once all were handed out.
         The stream ends where its caller leaves it, committing only the tokens it handed out (left
         before the prompt was in: nothing, the prompt neither): ``break`` and this handle's next

@@ -129,7 +129,8 @@ class TokenStream:
         return token
 
     def next_chunk(self) -> list[int]:
-        """Every token out by now (waiting for the first), in one list; ``StopIteration`` at the end."""
+        """The tokens out, in one list (``Job.chunks``: the first waits for one token, later ones for
+        ``CHUNK_TOKENS`` or the last); ``StopIteration`` at the end."""
         self._count_read()
         try:
             chunk = next(self._chunks)

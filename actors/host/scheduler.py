@@ -3,7 +3,8 @@
 Primitives:
 - ``Job``: one ``append`` (tokens still to feed) or ``generate`` (tokens still to produce, with its
   own sampler) of one session; ``tokens()`` yields what a generate job produces as it comes
-  (``chunks()``: in lists, each every token out by then),
+  (``chunks()``: in lists, each every token out by then, those after the first at least
+  ``CHUNK_TOKENS`` unless the job produced its last),
   ``wait()`` returns the job's result or raises its error, ``wait_tokens()`` what a (non-streaming)
   generate job produced. A streamed generate given ``ahead`` (``STREAM_AHEAD``: backpressure)
   produces at most that many tokens past what its reader took (``took``), and is committed only
@@ -63,7 +64,11 @@ from ..sampling import Sampler
 _END = object()
 IDLE_WORK_AFTER_S = 0.01  # after the last call, how long until idle work (the answers leave first)
 WAITERS_IN_WITHIN_S = 1.0  # a safety bound only: a waiter gets the lock as soon as the loop lets it go
-STREAM_AHEAD = 4  # tokens a stream produces past what its reader took (its job waits for the reader)
+STREAM_AHEAD = 8  # tokens a stream produces past what its reader took (its job waits for the reader)
+# a stream's chunk after its first waits until it holds this many tokens (or every one its job will
+# produce): one Ray object per four tokens, not per token, where the reader keeps up with the steps
+CHUNK_TOKENS = 4
+CHUNK_POLL_S = 0.02  # how often a chunk short of CHUNK_TOKENS looks whether its job produced its last token
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
 
@@ -221,24 +226,34 @@ class Job:
             raise self.error
 
     def chunks(self) -> Iterator[list[int]]:
-        """What ``tokens()`` yields, in lists: each holds every token out when it is taken (it
-        waits for the first)."""
-        ended = False
+        """What ``tokens()`` yields, in lists: the first holds every token out when it is taken (it
+        waits for one: the first token goes out at once); each later one waits until it holds
+        ``CHUNK_TOKENS``, or every token the job will produce (it ended, or produced its last), and
+        then holds every token out."""
+        ended, least = False, 1
         while not ended:
             chunk: list[int] = []
-            item = self._out.get()
-            while True:
+            item: object = self._out.get()
+            while item is not None:
                 if item is _END:
                     ended = True
                     break
                 assert isinstance(item, int)
                 chunk.append(item)
-                try:
-                    item = self._out.get_nowait()
-                except queue.Empty:
-                    break
+                item = self._next_for(chunk, least)
             if chunk:
                 yield chunk
+            least = CHUNK_TOKENS
+
+    def _next_for(self, chunk: list[int], least: int) -> object:
+        """The next token (or the end) for ``chunk``; None once it is complete."""
+        while True:
+            full = len(chunk) >= least or self.remaining <= 0
+            try:
+                return self._out.get_nowait() if full else self._out.get(timeout=CHUNK_POLL_S)
+            except queue.Empty:
+                if full:
+                    return None
         if self.error is not None:
             raise self.error
 
