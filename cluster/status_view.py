@@ -6,8 +6,9 @@ Primitives:
 - ``policy_summary(policy, effective=None, degraded=None)``: one line for a
   ``SessionPolicy.model_dump()``; with ``degraded`` (``Session.stats()["degraded"]``) the effective
   policy that runs instead, what was asked and why.
-- ``retention_summary(policy, pinned, tenant=None)``: the owner's retention settings in words
-  (priority, pin and whether it holds, idle and TTL limits, the tenant's usage against its quota).
+- ``retention_summary(policy, pinned, tenant=None, paused=False)``: the owner's retention settings in words
+  (priority, pin and whether it holds, idle and TTL limits, the pause for tools, the tenant's usage
+  against its quota).
 - ``residency_bar(ranges, token_count, width)``: the token log drawn as one line, ``#`` where the
   KV is resident, ``+`` where part of it is, ``.`` where none is.
 - ``render_status(report, reprs=None)``: ``SessionManager.status()`` (or ``ClusterView.status()``)
@@ -130,9 +131,11 @@ def render_status(report: Mapping[str, Any], reprs: Mapping[str, str] | None = N
     return "\n".join(parts)
 
 
-def retention_summary(policy: Mapping[str, Any], pinned: bool, tenant: Mapping[str, Any] | None = None) -> str:
-    """The owner's retention settings in words: priority, pin (and whether it holds), limits, and
-    the tenant's usage against its quota (``tenant``: ``Session.stats()["tenant"]``)."""
+def retention_summary(policy: Mapping[str, Any], pinned: bool, tenant: Mapping[str, Any] | None = None,
+                      paused: bool = False) -> str:
+    """The owner's retention settings in words: priority, pin (and whether it holds), limits, the
+    pause for tools (``paused``: it holds now), and the tenant's usage against its quota
+    (``tenant``: ``Session.stats()["tenant"]``)."""
     parts = [f"priority {policy.get('priority', 0)}"]
     if policy.get("pin"):
         parts.append("pinned" if pinned else "pin asked, over the backend's max_pinned_tokens")
@@ -140,6 +143,11 @@ def retention_summary(policy: Mapping[str, Any], pinned: bool, tenant: Mapping[s
         parts.append(f"parked after {policy['idle_suspend_s']:g} s idle")
     if policy.get("ttl_s") is not None:
         parts.append(f"closed after {policy['ttl_s']:g} s idle")
+    pause = policy.get("tool_pause_s")
+    if paused:
+        parts.append(f"paused for tools now (up to {pause:g} s)" if pause is not None else "paused for tools now")
+    elif pause is not None:
+        parts.append(f"tool pauses up to {pause:g} s" if pause else "no tool pauses")
     if tenant:
         resident, cold = tenant.get("resident_quota"), tenant.get("cold_quota")
         parts.append(f"tenant {tenant.get('name')!r} holds {tenant.get('resident_tokens', 0)}"
@@ -159,7 +167,7 @@ def render_inspect(stats: Mapping[str, Any], width: int = BAR_WIDTH) -> str:
         "policy".ljust(label) + policy_summary(stats.get("policy", {}), stats.get("effective_policy"),
                                                stats.get("degraded")),
         "retention".ljust(label) + retention_summary(stats.get("policy", {}), bool(stats.get("pinned")),
-                                                     stats.get("tenant")),
+                                                     stats.get("tenant"), bool(stats.get("paused_for_tools"))),
         "tokens".ljust(label) + f"{count} in the log, {stats.get('resident_tokens', 0)} resident",
         "resident".ljust(label) + (" ".join(f"[{a}, {b})" for a, b in ranges) or "none"),
     ]

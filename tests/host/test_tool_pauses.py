@@ -11,6 +11,7 @@ import pytest
 
 from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.host.backend import BackendHost
+from kvres.cluster.status_view import render_inspect
 from tests.conftest import local_host, shared_model_path, wait_until
 
 PROMPT = [3 + (7 * i) % 200 for i in range(40)]
@@ -39,6 +40,8 @@ def test_a_session_paused_for_tools_keeps_its_slot_over_an_idle_one(tmp_path: Pa
     opened(host, "idle")
     host.pause_for_tools("agent")
     assert stats(host, "agent")["paused_for_tools"] and not stats(host, "idle")["paused_for_tools"]
+    assert "paused for tools now (up to 30 s)" in render_inspect(stats(host, "agent"))  # kvres inspect says so
+    assert "tool pauses up to 30 s" in render_inspect(stats(host, "idle"))
     opened(host, "newcomer")  # two slots: one of the two goes
     assert stats(host, "idle")["state"] == "suspended" and stats(host, "agent")["state"] == "live"
     assert stats(host, "idle")["counters"]["suspends"] == 1
