@@ -16,8 +16,9 @@ Primitives:
   conversation first left what the session held: message index, token position, the text held and
   rendered there; None where it kept all of it; counted in ``kvres_serve_prefix_breaks_total``);
   streamed, on the last chunk with a choice.
-  ``n`` > 1 (not streamed): the prompt appended once and the choices sampled on forks of its
-  session (``choices.run_choices``; a bound session keeps choice 0). ``logprobs`` /
+  ``n`` > 1: the prompt appended once and the choices sampled on forks of its session
+  (``choices.run_choices``; a bound session keeps choice 0); streamed, every choice's pieces as they
+  come, each chunk's ``index`` saying whose (``choices.start_choice_streams``). ``logprobs`` /
   ``top_logprobs`` in OpenAI's shape (``logprob_shapes``).
   ``/v1/completions`` appends the prompt (text or token ids) as it is, on a one-request session.
 - ``stream=true``: server-sent events, ``chat.completion.chunk`` / ``text_completion`` objects,
@@ -42,8 +43,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from kvres.policy import KvresError
 
 from .catalog import ServedModel
-from .choices import run_choices
-from .http_errors import api_error, bad_request
+from .choices import ChoiceStreams, run_choices, start_choice_streams
+from .http_errors import api_error
 from .http_glue import SSE_DONE, answers_errors, note, read_request, sse, tenant_of
 from .lifetime import lifetime_of
 from .logprob_shapes import completion_logprobs, token_logprobs
@@ -111,6 +112,12 @@ class _Turn:
             return run_choices(self.service, session, self.prompt, self.plan, n, self.model.anchor,
                                self.model.local_decoder())
 
+    def choice_streams(self, n: int) -> ChoiceStreams:
+        """``n`` streamed replies to one prompt, prefilled once (``choices.start_choice_streams``)."""
+        session, stack = self.acquire()  # not a one-call session: it is forked
+        return start_choice_streams(self.service, session, stack, self.prompt, self.plan, n, self.started,
+                                    self.model.local_decoder())
+
     def streaming(self) -> StreamingTurn:
         session, stack = self.acquire(streamed=True)
         return start_streaming(self.service, session, stack, self.prompt, self.plan, self.started, self.model.anchor,
@@ -153,11 +160,12 @@ async def chat_completions(request: Request) -> Response:
                  request.headers.get(SESSION_HEADER), chat=True)
     turn.tools = tools
     if req.stream:
-        if req.n > 1:
-            raise bad_request(f"n={req.n} is not supported with stream: true (stream one choice, or ask for "
-                              f"{req.n} choices without streaming)", param="n")
-        started = await service.run(turn.streaming)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.n > 1:
+            streams = await service.run(turn.choice_streams, req.n)
+            return StreamingResponse(_choices_events(turn, streams, include_usage, [tools.stream() for _ in range(req.n)]),
+                                     media_type="text/event-stream", headers=turn.headers)
+        started = await service.run(turn.streaming)
         return StreamingResponse(_chat_events(turn, started, include_usage, tools.stream()),
                                  media_type="text/event-stream", headers=turn.headers)
     outcomes = [await service.run(turn.whole)] if req.n == 1 else await service.run(turn.choices, req.n)
@@ -180,38 +188,87 @@ def _choice(index: int, outcome: TurnOutcome, tools: ToolPlan) -> dict[str, Any]
     return {"index": index, "message": message, "logprobs": _chat_logprobs(outcome), "finish_reason": finish}
 
 
-def _tool_call_deltas(calls: list[Any]) -> list[dict[str, Any]]:
+def _tool_call_deltas(calls: list[Any], choice: int = 0) -> list[dict[str, Any]]:
     """Each call as the ``openai`` client assembles it: its id and name, then its arguments."""
     out = []
     for i, call in enumerate(calls):
         head = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        out.append({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None})
-        out.append({"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]},
+        out.append({"index": choice, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None})
+        out.append({"index": choice, "delta": {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]},
                     "logprobs": None, "finish_reason": None})
     return out
+
+
+def _delta(choice: int, **delta: Any) -> dict[str, Any]:
+    return {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+def _closing(choice: int, outcome: TurnOutcome, tools: ToolStream) -> tuple[list[dict[str, Any]], bool]:
+    """A streamed choice's last chunks (text held back, its calls, its logprobs, why it ended), and
+    whether it ended in calls."""
+    rest, parsed = tools.finish(outcome.text)
+    out = [_delta(choice, content=rest)] if rest else []
+    out += _tool_call_deltas(parsed.calls, choice)
+    finish = "tool_calls" if parsed.calls else outcome.finish_reason
+    if outcome.logprobs is not None:
+        out.append({**_delta(choice), "logprobs": _chat_logprobs(outcome)})
+    return [*out, {**_delta(choice), "finish_reason": finish}], bool(parsed.calls)
 
 
 def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, tools: ToolStream) -> AsyncIterator[str]:
     def piece(text: str) -> dict[str, Any] | None:
         content = tools.push(text)
-        return {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None} if content else None
+        return _delta(0, content=content) if content else None
 
     def closing(outcome: TurnOutcome) -> list[dict[str, Any]]:
-        rest, parsed = tools.finish(outcome.text)
-        if parsed.calls:
+        out, calls = _closing(0, outcome, tools)
+        if calls:
             paused.append(streaming.session)
-        out = [{"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None}] if rest else []
-        out += _tool_call_deltas(parsed.calls)
-        finish = "tool_calls" if parsed.calls else outcome.finish_reason
-        if outcome.logprobs is not None:
-            out.append({"index": 0, "delta": {}, "logprobs": _chat_logprobs(outcome), "finish_reason": None})
-        return [*out, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]
+        return out
 
     paused: list[Any] = []  # the session, once the reply ended in calls
     return _events(turn, streaming, include_usage, "chat.completion.chunk",
-                   opening=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}],
-                   piece=piece, closing=closing, paused=paused)
+                   opening=[_delta(0, role="assistant", content="")], piece=piece, closing=closing, paused=paused)
+
+
+async def _choices_events(turn: _Turn, streams: ChoiceStreams, include_usage: bool,
+                          tools: list[ToolStream]) -> AsyncIterator[str]:
+    """``n`` streamed choices: each one's pieces as they come (``index`` says whose), then each one's
+    closing chunks; the usage counts the prompt once and every choice's tokens."""
+    obj, n = "chat.completion.chunk", len(streams.turns)
+    try:
+        head = "".join(sse(turn.envelope(obj, [_delta(i, role="assistant", content="")])) for i in range(n))
+        async for i, text in streams.merged():
+            content = tools[i].push(text)
+            if content:
+                yield head + sse(turn.envelope(obj, [_delta(i, content=content)]))
+                head = ""
+        if head:
+            yield head
+        outcomes = [await turn.service.run(each.outcome) for each in streams.turns]
+        closings = [_closing(i, outcome, tools[i]) for i, outcome in enumerate(outcomes)]
+        if closings[0][1]:  # choice 0's reply ended in calls: a bound session waits for their results
+            await turn.service.run(turn.pause_for_tools, streams.turns[0].session)
+        last = [chunk for out, _ in closings for chunk in out]
+        for k, choice in enumerate(last):
+            chunk = turn.envelope(obj, [choice])
+            if k == len(last) - 1 and turn.kvres(outcomes[0]) is not None:
+                chunk["kvres"] = turn.kvres(outcomes[0])
+            yield sse(chunk)
+        first = outcomes[0]
+        turn.note(replace(first, tokens=[t for o in outcomes for t in o.tokens],
+                          cached_tokens=first.prompt_tokens - streams.appended))
+        if include_usage:
+            body = turn.envelope(obj, [])
+            body["usage"] = usage(first.prompt_tokens, first.prompt_tokens - streams.appended,
+                                  sum(o.completion_tokens for o in outcomes))
+            yield sse(body)
+        yield SSE_DONE
+    except Exception as exc:
+        yield sse(api_error(exc).body())
+        yield SSE_DONE
+    finally:
+        streams.end_later()
 
 
 async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, obj: str,

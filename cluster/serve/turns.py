@@ -95,11 +95,11 @@ def openai_finish(kvres_finish: str) -> str:
 
 
 def append_prompt(session: Session, prompt: Prompt) -> int:
-    """How many tokens the prompt appended (what the session did not hold yet)."""
+    """How many tokens the prompt appended (what the session did not hold yet; an empty one: no call)."""
     if prompt.messages is not None:
         return session.append_messages(prompt.messages)
     assert prompt.raw is not None
-    return len(session.append(prompt.raw))
+    return len(session.append(prompt.raw)) if len(prompt.raw) else 0
 
 
 class InContext:

@@ -1,7 +1,7 @@
 """What agents use besides tools, through ``kvres serve`` and the real ``openai`` client:
 ``top_logprobs`` (the engine's own log-probabilities, checked against llama-cpp-python's logits of
 the same tokens), ``logit_bias``, ``n`` > 1 as forks of one session (the prompt prefilled once:
-the backend's engine counter read by a driver of its own), and Responses ``input_items`` in the
+the backend's engine counter read by a driver of its own; streamed too), and Responses ``input_items`` in the
 specification's shape."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.cluster.task_event_probe import gcs_address_under
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_until
 from tests.serve.conftest import served_model_path
 
 STORY = [{"role": "user", "content": "Tell me a short story about a cat, a dog and a bird who find a red ball in the "
@@ -162,9 +162,38 @@ def test_n_choices_fork_one_prefilled_prompt(server) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=server.model, messages=POEM, n=9)
     assert bad.value.body["param"] == "n" and "8" in bad.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=server.model, messages=POEM, n=2, stream=True)
-    assert bad.value.body["param"] == "n" and "stream" in bad.value.body["message"]
+
+
+def test_n_choices_stream_side_by_side(server) -> None:
+    """Streamed, the choices' pieces come interleaved, each chunk's ``index`` saying whose: they
+    read as the same request's choices unstreamed (choice i sampled with seed + i), the usage
+    counts the prompt once, and a bound session keeps choice 0 (the forks are gone)."""
+    client = server.client()
+    ask = {"model": server.model, "messages": POEM, "max_tokens": 12, "temperature": 1.0, "seed": 21, "n": 3,
+           "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**ask)
+
+    def ids() -> set[str]:
+        return {s["id"] for s in server.http().get("/v1/sessions", params={"limit": 1000}).json()["data"]}
+
+    before = ids()
+    sid = f"streamed-choices-{uuid.uuid4().hex[:8]}"
+    texts, finish, usage, indexes = ["", "", ""], [None, None, None], None, []
+    for chunk in client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True},
+                                                extra_headers={"X-Session-Id": sid}):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            indexes.append(choice.index)
+            texts[choice.index] += choice.delta.content or ""
+            finish[choice.index] = choice.finish_reason or finish[choice.index]
+    assert set(indexes) == {0, 1, 2}
+    assert texts == [c.message.content for c in whole.choices] and len(set(texts)) == 3, (texts, whole.choices)
+    assert finish == ["length"] * 3
+    assert usage is not None and usage.completion_tokens == 3 * 12
+    assert usage.prompt_tokens == whole.usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens == 0
+    assert len(_log(server, sid)) == usage.prompt_tokens + 12  # choice 0 stays in the bound session
+    assert wait_until(lambda: ids() - before == {sid}), ids() - before  # the forks closed once their streams ended
+    assert server.http().delete(f"/v1/sessions/{sid}").status_code == 200
 
 
 def test_input_items_in_the_specifications_shape(server) -> None:
