@@ -38,6 +38,7 @@ from .traffic import Attempt
 RECOVER_BAR_S = 30.0
 P99_BAR = 1.5
 RSS_BAR_PCT = 10.0
+QUIET_SLOPE_BAR_MIB_PER_MIN = 1.0  # without faults: every process's resident memory together
 
 
 @dataclass
@@ -209,10 +210,17 @@ def summarize(attempts: Sequence[Attempt], audits: Sequence[AuditRow], faults: S
         **invariants,
         f"every_fault_recovered_within_{RECOVER_BAR_S:.0f}_s": all(
             r["recover_s"] is not None and r["recover_s"] <= RECOVER_BAR_S for r in rows),
-        f"p99_after_the_last_fault_within_{P99_BAR}x_before_the_first": p99_ratio is not None and p99_ratio <= P99_BAR,
         f"no_process_grew_more_than_{RSS_BAR_PCT:.0f}_pct_after_warmup": bool(steady) and all(
             v["growth_pct"] <= RSS_BAR_PCT for v in steady.values()),
     }
+    if rows:
+        bars[f"p99_after_the_last_fault_within_{P99_BAR}x_before_the_first"] = (
+            p99_ratio is not None and p99_ratio <= P99_BAR)
+    else:  # a run without faults (--faults-each 0): issue #49's bars for it instead
+        total = rss.get("total") or {}
+        bars["no_429_without_faults"] = not any(key.startswith("429") for key in refusals)
+        bars[f"memory_grew_under_{QUIET_SLOPE_BAR_MIB_PER_MIN:g}_mib_per_min"] = (
+            total.get("slope_mib_per_min") is not None and total["slope_mib_per_min"] < QUIET_SLOPE_BAR_MIB_PER_MIN)
     return {
         "settings": settings, "wall_s": round(wall_s, 1),
         "turns_completed": len(done), "turns_started": len(turns),

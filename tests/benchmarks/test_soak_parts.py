@@ -83,6 +83,21 @@ def test_the_summary_says_which_invariant_broke() -> None:
     assert not result["bars"]["no_process_grew_more_than_10_pct_after_warmup"]  # +20% in gcs_server
 
 
+def test_a_run_without_faults_is_held_to_no_429_and_flat_memory() -> None:
+    attempts = [_a("c", 0, 0, 0.0, 1.0), _a("c", 1, 0, 2.0, 3.0)]
+    audits = [AuditRow("c", "chat", "c", 2, False, same_text=True, expected_tokens=10, log_tokens=10)]
+    flat = rss_trend([(0.0, 1, "gcs_server", 100 << 20), (600.0, 1, "gcs_server", 105 << 20)], 0.0)  # 0.5 MiB/min
+    result = summarize(attempts, audits, [], flat, {"window_s": 5.0}, 600.0)
+    assert result["bars"] == {**result["invariants"], "every_fault_recovered_within_30_s": True,
+                              "no_process_grew_more_than_10_pct_after_warmup": True,
+                              "no_429_without_faults": True, "memory_grew_under_1_mib_per_min": True}
+    refused = [*attempts, _a("c", 2, 0, 4.0, 4.1, "refused")]
+    refused[-1].status, refused[-1].code = 429, "backend_full"
+    growing = rss_trend([(0.0, 1, "gcs_server", 100 << 20), (60.0, 1, "gcs_server", 102 << 20)], 0.0)  # 2 MiB/min
+    bars = summarize(refused, audits, [], growing, {"window_s": 5.0}, 600.0)["bars"]
+    assert not bars["no_429_without_faults"] and not bars["memory_grew_under_1_mib_per_min"]
+
+
 def test_memory_trend_after_warmup_per_kind_and_per_process() -> None:
     assert slope([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]) == pytest.approx(2.0)
     assert slope([(0.0, 1.0)]) == 0.0
