@@ -231,6 +231,16 @@ def _chat_events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, too
                    opening=[_delta(0, role="assistant", content="")], piece=piece, closing=closing, paused=paused)
 
 
+def _usage_and_done(turn: _Turn, obj: str, include_usage: bool, prompt: int, cached: int,
+                    completion: int) -> list[str]:
+    """A stream's last events: the usage chunk where the client asked for it, then ``[DONE]``."""
+    if not include_usage:
+        return [SSE_DONE]
+    body = turn.envelope(obj, [])
+    body["usage"] = usage(prompt, cached, completion)
+    return [sse(body), SSE_DONE]
+
+
 async def _choices_events(turn: _Turn, streams: ChoiceStreams, include_usage: bool,
                           tools: list[ToolStream]) -> AsyncIterator[str]:
     """``n`` streamed choices: each one's pieces as they come (``index`` says whose), then each one's
@@ -258,12 +268,9 @@ async def _choices_events(turn: _Turn, streams: ChoiceStreams, include_usage: bo
         first = outcomes[0]
         turn.note(replace(first, tokens=[t for o in outcomes for t in o.tokens],
                           cached_tokens=first.prompt_tokens - streams.appended))
-        if include_usage:
-            body = turn.envelope(obj, [])
-            body["usage"] = usage(first.prompt_tokens, first.prompt_tokens - streams.appended,
-                                  sum(o.completion_tokens for o in outcomes))
-            yield sse(body)
-        yield SSE_DONE
+        for line in _usage_and_done(turn, obj, include_usage, first.prompt_tokens,
+                                    first.prompt_tokens - streams.appended, sum(o.completion_tokens for o in outcomes)):
+            yield line
     except Exception as exc:
         yield sse(api_error(exc).body())
         yield SSE_DONE
@@ -299,11 +306,9 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
                 chunk["kvres"] = turn.kvres(outcome)
             yield sse(chunk)
         turn.note(streaming, outcome.prefix_break)
-        if include_usage:
-            body = turn.envelope(obj, [])
-            body["usage"] = usage(outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
-            yield sse(body)
-        yield SSE_DONE
+        for line in _usage_and_done(turn, obj, include_usage, outcome.prompt_tokens, outcome.cached_tokens,
+                                    outcome.completion_tokens):
+            yield line
     except Exception as exc:
         yield sse(api_error(exc).body())
         yield SSE_DONE
