@@ -71,16 +71,17 @@ class Chat:
         client never saw, an edit of a later message)."""
         executor = self.ctx.executor
         body = log[start:]
-        lo, hi = 0, len(body)  # body[:lo] reads as a start of the rendering
+        lo, hi, said = 0, len(body), ""  # body[:lo] reads as a start of the rendering: ``said``
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if rendered.startswith(executor.detokenize(body[:mid], special=True)):
-                lo = mid
+            text = executor.detokenize(body[:mid], special=True)
+            if rendered.startswith(text):
+                lo, said = mid, text
             else:
                 hi = mid - 1
         if lo == 0:
             return 0, []
-        rest = rendered[len(executor.detokenize(body[:lo], special=True)):]
+        rest = rendered[len(said):]
         new = executor.tokenize(rest, add_bos=False, special=True) if rest else []
         if executor.detokenize(body[:lo] + new, special=True) != rendered:
             return 0, []  # the rest tokenized on its own reads otherwise (a space prefix): compare tokens
