@@ -22,6 +22,8 @@ Primitives:
   when it is ``only``, where given), committing what it handed out; ``Session`` calls it before
   its calls, so a new call is not refused as busy.
 - Calls sent without waiting, returning the ``ObjectRef``: ``ping_ref``, ``stats_ref``.
+- A backend whose actor runs in this process (``in_process.host_here``: a front hosted there) is
+  called directly, in the caller's thread, not through Ray (``ping_ref`` and ``stats_ref`` excepted).
 
 A call that meets the backend's death waits for it to come back and is sent once more
 (``remote_calls.call``; every call that changes a session carries a request id or is safe to
@@ -50,6 +52,7 @@ from kvres.actors.host.journal import SessionRecord
 from kvres.policy import ArgumentError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, NodeLostError
 
+from .in_process import in_process_handle
 from .remote_calls import answer, call
 
 if TYPE_CHECKING:
@@ -80,12 +83,16 @@ class BackendClient:
     def __repr__(self) -> str:
         return f"BackendClient({self.name!r})"
 
+    def _calls(self) -> Any:
+        """Where calls go: the backend's shell itself where it runs in this process, else its actor."""
+        return in_process_handle(self.name) or self._handle()
+
     def _call(self, submit: Callable[[Any], Any], retry_ok: tuple[type[BaseException], ...] = (),
               once: bool = False) -> Any:
         if once:
-            return answer(submit(self._handle()))
+            return answer(submit(self._calls()))
         try:
-            return call(lambda: submit(self._handle()), self.revive, BackendLostError, f"backend {self.name!r}",
+            return call(lambda: submit(self._calls()), self.revive, BackendLostError, f"backend {self.name!r}",
                         retry_ok=retry_ok)
         except ActorUnschedulableError as exc:  # Ray gave up placing it: its node died, or there is no room
             self.revive()  # NodeLostError when its node died
@@ -164,7 +171,7 @@ class BackendClient:
             options["chunks"] = True
         if opens is not None:
             options["ephemeral"], options["policy"] = True, opens[0]
-        return self._handle().stream.remote(session_id, request, request_id, prompt, messages, **options)
+        return self._calls().stream.remote(session_id, request, request_id, prompt, messages, **options)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
              request_id: str) -> Generation:

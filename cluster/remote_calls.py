@@ -1,7 +1,7 @@
 """How a driver calls kvres's actors: their errors arrive as themselves, their deaths as kvres errors.
 
 Primitives:
-- ``answer(ref)``: ``ray.get(ref)``, with an error the actor raised re-raised as itself (Ray wraps
+- ``answer(ref)``: ``ray.get(ref)`` (an ``in_process.Done``: its value), with an error the actor raised re-raised as itself (Ray wraps
   it in a ``RayTaskError`` that quotes the remote traceback inside the message).
 - ``call(submit, revive, lost, who, retry=True, retry_ok=())``: ``answer(submit())``; when the
   actor died (or is restarting) during the call, ``revive()`` waits until it answers again and,
@@ -23,6 +23,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from kvres.policy.errors import ActorLostError
 
+from .in_process import Done
+
 RESTART_WAIT_S = 180.0  # how long a driver waits for a dead actor to come back (model load included)
 
 
@@ -31,6 +33,8 @@ def is_actor_death(exc: BaseException) -> bool:
 
 
 def answer(ref: Any) -> Any:
+    if type(ref) is Done:  # a call to a backend of this very process (in_process)
+        return ref.value
     try:
         return ray.get(ref)
     except RayTaskError as exc:

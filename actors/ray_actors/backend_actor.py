@@ -25,7 +25,8 @@ Primitives:
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
   the explicit suspends and resumes it is asked for (``explicit_suspends`` / ``explicit_resumes``:
   the host counts the forced ones); it says how the model load and a long append's prefill are
-  going (``progress``); it refuses a llama engine on an untested llama-cpp-python
+  going (``progress``); ``host_front`` / ``stop_front``: the namespace's HTTP front served in this
+  process, where one is published (``kvres serve --front local``; hosted again after a restart); it refuses a llama engine on an untested llama-cpp-python
   (``kvres.actors.pins``). Its repr holds only what never changes (engine, model, slots, budget):
   Ray records it once; live state is in ``stats()``, ``kvres status`` and ``kvres top``.
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -156,6 +158,18 @@ class BackendServer:
                 start_failed(namespace, config.name)
                 raise
         attempts.started()
+        self._namespace = namespace
+        self._front: Any = None
+        self._front_lock = threading.Lock()
+        # a front published for the namespace (kvres serve --front local) comes back with its backend
+        threading.Thread(target=self._host_published_front, name="kvres-front-start", daemon=True).start()
+
+    def _host_published_front(self) -> None:
+        try:
+            self.host_front(published_only=True)
+        except Exception as exc:  # the backend serves its sessions through Ray all the same
+            print(f"backend {self.host.name!r}: its HTTP front did not start: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
 
     def _start(self, config: BackendConfig, namespace: str, log: TextIO) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -234,6 +248,29 @@ class BackendServer:
     def pid(self) -> int:
         """The worker process serving this actor (what an operator or a fault test signals)."""
         return os.getpid()
+
+    @_method("control")
+    def host_front(self, published_only: bool = False) -> bool:
+        """Serve the namespace's published HTTP front in this process (``kvres.cluster.serve.
+        colocated_front``: the one layer above the actors a backend reaches into, and only when a
+        front is published); True once it listens (at once where it already does)."""
+        from kvres.cluster.serve.colocated_front import FrontNotHostedError, HostedFront
+
+        with self._front_lock:
+            if self._front is None:
+                self._front = HostedFront.start(self, self.host.name, self._namespace)
+            if self._front is None:
+                if published_only:
+                    return False
+                raise FrontNotHostedError(f"no HTTP front is published for namespace {self._namespace!r}")
+            return bool(self._front.ready())
+
+    @_method("control")
+    def stop_front(self) -> None:
+        with self._front_lock:
+            front, self._front = self._front, None
+        if front is not None:
+            front.stop()
 
     @_method("control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:

@@ -21,6 +21,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from ..in_process import hosted_here
 from ..kvres_config import KvresConfig
 from . import chat_api, responses_api, sessions_api
 from .auth import key_digests, load_key_entries
@@ -69,7 +71,8 @@ def make_fastapi(service: Service) -> FastAPI:
         ok = all(any(backends.values()) for backends in reachable.values())
         models = {model: {"backends": {name: "ok" if up else "unreachable" for name, up in backends.items()}}
                   for model, backends in reachable.items()}
-        return JSONResponse({"status": "ok" if ok else "unavailable", "models": models},
+        front = {"pid": os.getpid(), "in_process": hosted_here()}  # which front answered, and from where
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": models, "front": front},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")

@@ -5,7 +5,8 @@ Primitives:
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``direct``: the application in
-  kvres's own actors, ``direct_front``; ``serve``: Ray Serve's proxy and replicas; default
+  kvres's own actors, ``direct_front``; ``local``: the application inside each backend's own process,
+  ``colocated_front``; ``serve``: Ray Serve's proxy and replicas; default
   ``KVRES_SERVE_FRONT``, else ``direct``), ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--session-idle`` /
   ``--session-ttl`` (seconds without a call before an HTTP-opened session is parked / closed; 0:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from ..session import SessionManager
 
 APP_NAME = "kvres"
-FRONTS = ("serve", "direct")
+FRONTS = ("serve", "direct", "local")
 
 
 class ServeStartError(KvresError, RuntimeError):
@@ -75,7 +76,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
     parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "direct",
                         help="direct: the application in kvres's own actors, no proxy hop (--min-replicas of them "
-                             "share the port); serve: Ray Serve's proxy and replicas (autoscaled between "
+                             "share the port); local: the application inside each backend's own process, no Ray "
+                             "call on a turn of that backend's sessions; serve: Ray Serve's proxy and replicas (autoscaled between "
                              "--min-replicas and --max-replicas); default: KVRES_SERVE_FRONT, else direct")
     parser.add_argument("--min-replicas", type=int, default=1,
                         help="fronts (direct), or Serve replicas at least (default 1)")
@@ -120,10 +122,11 @@ def _front_of(namespace: str) -> bool:
     import ray
     from ray import serve
 
+    from .colocated_front import published_front
     from .direct_front import direct_fronts
     from .state_actor import state_actor_name
 
-    if direct_fronts(namespace):
+    if direct_fronts(namespace) or published_front(namespace) is not None:
         return True
     if APP_NAME not in serve.status().applications:
         return False
@@ -140,12 +143,13 @@ def remove_application(namespace: str, drop_state: bool = False) -> bool:
     responses. False where there was none."""
     from ray import serve
 
+    from .colocated_front import remove_colocated_fronts
     from .direct_front import remove_direct_fronts
     from .state_actor import ServeState
 
     if not _front_of(namespace):
         return False
-    if not remove_direct_fronts(namespace):
+    if not remove_direct_fronts(namespace) and not remove_colocated_fronts(namespace):
         serve.delete(APP_NAME)
         if not serve.status().applications:
             serve.shutdown()  # type: ignore[no-untyped-call]
@@ -210,7 +214,7 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = load_key_entries(args.api_key_file)
     host = bind_host(args.host, bool(keys))
     lifetime = SessionLifetime(idle_s=args.session_idle, ttl_s=args.session_ttl)
-    if args.front == "direct":
+    if args.front in ("direct", "local"):
         from .direct_front import check_port_free
 
         check_port_free(host, args.port)  # before Ray starts: a taken port fails at once
@@ -244,6 +248,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
                 # held until the command ends: a non-detached actor lives while a handle to it does
                 fronts = start_direct_fronts(options, host, args.port, detached=args.detach)  # noqa: F841
+            elif args.front == "local":
+                from .colocated_front import start_colocated_fronts
+
+                start_colocated_fronts(options, {b.name: manager.backend_handle(b.name) for b in manager.config.backends},
+                                       host, args.port)
             else:
                 serve.start(http_options={"host": host, "port": args.port})
                 serve.run(build(options), name=APP_NAME, route_prefix="/", blocking=False)
@@ -270,12 +279,14 @@ def _teardown(manager: SessionManager | None, embedded: bool) -> None:
     """The application removed; with an embedded cluster also Serve, the state actor and kvres's actors."""
     from ray import serve
 
+    from .colocated_front import remove_colocated_fronts
     from .direct_front import remove_direct_fronts
     from .state_actor import ServeState
 
     with contextlib.suppress(Exception):
         if manager is not None:
             remove_direct_fronts(manager.namespace)
+            remove_colocated_fronts(manager.namespace)
     with contextlib.suppress(Exception):
         serve.delete(APP_NAME)
     if not embedded:

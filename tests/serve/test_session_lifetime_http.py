@@ -136,17 +136,19 @@ def _backend_processes(srv: Server) -> list[int]:
 
 
 def test_health_is_503_while_no_backend_of_the_model_answers(short_lived: Server) -> None:
+    if os.environ.get("KVRES_SERVE_FRONT") == "local":
+        pytest.skip("a front in the backend's process stops with it: nothing is left to answer 503")
     ok = httpx.get(f"{short_lived.base}/health", timeout=60)
     assert ok.status_code == 200, ok.text
-    assert ok.json() == {"status": "ok", "models": {short_lived.model: {"backends": {"b0": "ok"}}}}
+    assert ok.json()["status"] == "ok" and ok.json()["models"] == {short_lived.model: {"backends": {"b0": "ok"}}}
     backends = _backend_processes(short_lived)
     assert len(backends) == 1, backends
     os.kill(backends[0], signal.SIGSTOP)  # the backend's process there, answering nothing
     try:
         down = httpx.get(f"{short_lived.base}/health", timeout=60)
         assert down.status_code == 503, down.text
-        assert down.json() == {"status": "unavailable",
-                               "models": {short_lived.model: {"backends": {"b0": "unreachable"}}}}
+        assert down.json()["status"] == "unavailable"
+        assert down.json()["models"] == {short_lived.model: {"backends": {"b0": "unreachable"}}}
     finally:
         os.kill(backends[0], signal.SIGCONT)
     _until(lambda: True if httpx.get(f"{short_lived.base}/health", timeout=60).status_code == 200 else None,
