@@ -18,7 +18,10 @@ opened first with its history (untimed), then ``--turns`` timed turns of ``--use
 tokens and ``--reply-tokens`` generated (greedy, streamed). llama-server is sent the whole history
 each turn (``cache_prompt``), kvres the same messages on a session bound by ``X-Session-Id``
 (only what the session lacks is prefilled). Each repeat runs both sides on fresh conversations,
-alternating which goes first.
+alternating which goes first. ``--sides`` may also name ``kvres-local`` and ``kvres-direct``: more
+``kvres serve`` sides, each of its own embedded cluster, run with ``--front local`` / ``--front direct``
+(``kvres`` runs the command's default front); the ratios then compare each kvres side with
+llama-server and ``kvres-local`` with the other kvres sides.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from .workload import PRESETS, ChatWorkload, Conversation, build_conversations, 
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("kvres", "llama-server")
+KVRES_SIDES = {"kvres": None, "kvres-local": "local", "kvres-direct": "direct"}  # side -> kvres serve --front
+ALL_SIDES = (*KVRES_SIDES, "llama-server")
 MiB = 1 << 20
 
 
@@ -89,13 +94,14 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
         repeats = [build_conversations(w, model.count, model.render, repeat) for repeat in range(s.repeats)]
         per_conversation = tokens_per_conversation(model, w, [c for cs in repeats for c in cs])
         flags = llama_server_flags(w, per_conversation, s.threads, s.cache_ram_mib)
-        kvres = KvresServe(path, w, per_conversation, s.threads, s.kv_layout, s.cache_ram_mib * MiB, tmp)
+        kvres_sides = [KvresServe(path, w, per_conversation, s.threads, s.kv_layout, s.cache_ram_mib * MiB, tmp,
+                                  front=front, name=name) for name, front in KVRES_SIDES.items() if name in s.sides]
         peer = LlamaServer(path, flags, binary, tmp / "llama-server.log") if binary else None
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in s.sides}
         try:
             sides = {}
-            if "kvres" in s.sides:
-                sides["kvres"] = kvres.start().side()
+            for kvres in kvres_sides:
+                sides[kvres.name] = kvres.start().side()
             if peer is not None:
                 sides["llama-server"] = peer_side(peer.start())
             for repeat, conversations in enumerate(repeats):
@@ -109,7 +115,8 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
         finally:
             if peer is not None:
                 peer.stop()
-            kvres.stop()
+            for kvres in kvres_sides:
+                kvres.stop()
     rows = {name: pooled(rs) for name, rs in runs.items()}
     result = {
         "config": s.config, "model": str(s.model) if s.model else s.model_kind,
@@ -118,7 +125,9 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
         "kvres": {"kv_layout": s.kv_layout, "slots": w.slots, "kv_budget_tokens": w.slots * per_conversation,
                   "cold_ram_mib": s.cache_ram_mib},
         "llama_server": {"binary": str(binary) if binary else None, "flags": flags},
-        "sides": rows, "ratios": compare(runs, rows), "runs": runs,
+        "sides": rows, "ratios": {**compare(runs, rows), **compare(runs, rows, "kvres-local"),
+                                  **compare(runs, rows, "kvres-direct"), **compare(runs, rows, "kvres-local", "kvres"),
+                                  **compare(runs, rows, "kvres-local", "kvres-direct")}, "runs": runs,
     }
     for name, row in rows.items():
         print(f"{name:>12} over {row['repeats']} repeats: {row['turns_per_s']:.2f} turns/s, TTFT p50 "
@@ -153,8 +162,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
     sizes = {k: v for k, v in preset.items() if k != "model"}
     sizes.update({k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None})
     sides = tuple(x for x in args.sides.split(",") if x)
-    if not sides or set(sides) - set(SIDES):
-        raise SystemExit(f"--sides: one or both of {', '.join(SIDES)}, got {args.sides!r}")
+    if not sides or set(sides) - set(ALL_SIDES):
+        raise SystemExit(f"--sides: some of {', '.join(ALL_SIDES)}, got {args.sides!r}")
     if min(args.repeats, args.threads) < 1:
         raise SystemExit("--repeats and --threads must be >= 1")
     return Settings(config=args.config, workload=ChatWorkload(**sizes), model_kind=preset["model"], model=args.model,

@@ -142,8 +142,11 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 class KvresServe:
     def __init__(self, model: Path, w: ChatWorkload, tokens_per_conversation: int, threads: int, kv_layout: str,
-                 cold_ram_bytes: int, folder: Path) -> None:
-        self.model, self.w, self.threads, self.folder = model, w, threads, folder
+                 cold_ram_bytes: int, folder: Path, front: str | None = None, name: str = "kvres") -> None:
+        """``front``: ``kvres serve --front`` (None: its default); ``name``: the side's name."""
+        folder = folder / name
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model, self.w, self.threads, self.folder, self.front, self.name = model, w, threads, folder, front, name
         self.tokens_per_conversation, self.kv_layout, self.cold_ram_bytes = tokens_per_conversation, kv_layout, cold_ram_bytes
         self.log_path = folder / "kvres-serve.log"
         self.port = 0
@@ -178,7 +181,7 @@ class KvresServe:
         self.port = free_port()
         command = [sys.executable, "-m", "kvres.cluster.cli", "serve", "--config", self.config_json(),
                    "--port", str(self.port), "--num-cpus", str(max(2, self.threads)),
-                   "--min-replicas", "1", "--max-replicas", "1"]
+                   "--min-replicas", "1", "--max-replicas", "1", *(["--front", self.front] if self.front else [])]
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
@@ -199,7 +202,7 @@ class KvresServe:
     def side(self) -> Side:
         base = f"http://127.0.0.1:{self.port}"
         assert self._process is not None
-        return Side("kvres", base, self._process.pid, model_id_of(base), bound=True)
+        return Side(self.name, base, self._process.pid, model_id_of(base), bound=True)
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -6,6 +6,7 @@ the server stops."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -114,3 +115,33 @@ def test_the_port_is_free_once_the_server_stops(tmp_path: Path) -> None:
         stop_server(srv)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))
+
+
+def test_a_client_that_leaves_mid_stream_leaves_its_session_what_was_sent(local_front) -> None:
+    """The stream of a backend called in process ends where its HTTP client left, as through Ray."""
+    http = local_front.http()
+    messages = [{"role": "user", "content": "Go on and on."}]
+    body = {"model": local_front.model, "messages": messages, "max_tokens": 300, "temperature": 0,
+            "ignore_eos": True}
+    whole_id, left_id = (f"{kind}-{secrets.token_hex(4)}" for kind in ("whole", "left"))
+    whole = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": whole_id})
+    assert whole.status_code == 200, whole.text
+    prompt = whole.json()["usage"]["prompt_tokens"]
+    want = http.get(f"/v1/sessions/{whole_id}/tokens").json()["tokens"]
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
+                     headers={"X-Session-Id": left_id}) as stream:
+        assert stream.status_code == 200
+        pieces = 0
+        for line in stream.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                pieces += 1
+                if pieces == 3:
+                    break
+    deadline = time.monotonic() + 60
+    while (r := http.post(f"/v1/sessions/{left_id}/rollback", json={"count": 0})).status_code == 409:
+        assert time.monotonic() < deadline, "the lease of a stream its client left was never released"
+        time.sleep(0.1)
+    assert r.status_code == 200, r.text
+    log = http.get(f"/v1/sessions/{left_id}/tokens").json()["tokens"]
+    kept = len(log) - prompt
+    assert log == want[:prompt + kept] and 3 <= kept < 300  # the prompt and what was sent, nothing more
