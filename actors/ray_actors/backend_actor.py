@@ -25,8 +25,9 @@ Primitives:
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
   the explicit suspends and resumes it is asked for (``explicit_suspends`` / ``explicit_resumes``:
   the host counts the forced ones); it says how the model load and a long append's prefill are
-  going (``progress``); ``host_front`` / ``stop_front``: the namespace's HTTP front served in this
-  process, where one is published (``kvres serve --front local``; hosted again after a restart); it refuses a llama engine on an untested llama-cpp-python
+  going (``progress``); ``host_front`` / ``stop_front``: what the namespace published to be hosted
+  in this process (``hosted``: ``kvres serve --front local``'s HTTP front; hosted again after a
+  restart); it refuses a llama engine on an untested llama-cpp-python
   (``kvres.actors.pins``). Its repr holds only what never changes (engine, model, slots, budget):
   Ray records it once; live state is in ``stats()``, ``kvres status`` and ``kvres top``.
 - ``BackendActor``: the Ray actor class, a threaded actor with two concurrency groups: "calls"
@@ -66,6 +67,7 @@ from kvres.policy.errors import BackendStartError
 
 from .engine_output import captured_stderr, last_words
 from .heap import freeze_startup_heap
+from .hosted import NothingHostedError, start_hosted
 from .load_reports import LoadReporter
 from .nodes import cold_store_name
 from .progress import loading, watch
@@ -251,18 +253,15 @@ class BackendServer:
 
     @_method("control")
     def host_front(self, published_only: bool = False) -> bool:
-        """Serve the namespace's published HTTP front in this process (``kvres.cluster.serve.
-        colocated_front``: the one layer above the actors a backend reaches into, and only when a
-        front is published); True once it listens (at once where it already does)."""
-        from kvres.cluster.serve.colocated_front import FrontNotHostedError, HostedFront
-
+        """Run what the namespace published to be hosted in every backend's process (``hosted``:
+        ``kvres serve --front local``'s HTTP front); True once it is ready (at once where it runs)."""
         with self._front_lock:
             if self._front is None:
-                self._front = HostedFront.start(self, self.host.name, self._namespace)
+                self._front = start_hosted(self, self.host.name, self._namespace)
             if self._front is None:
                 if published_only:
                     return False
-                raise FrontNotHostedError(f"no HTTP front is published for namespace {self._namespace!r}")
+                raise NothingHostedError(f"nothing is published to be hosted for namespace {self._namespace!r}")
             return bool(self._front.ready())
 
     @_method("control")

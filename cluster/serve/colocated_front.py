@@ -3,13 +3,13 @@
 Primitives:
 - ``FrontSpec``: what a hosted front serves (``config_json``, ``digests``, ``idle_s`` / ``ttl_s``,
   ``host``, ``port``); ``publish_front(namespace, spec)``, ``published_front(namespace) ->
-  FrontSpec | None``, ``withdraw_front(namespace)``: kept in Ray's GCS, so a backend that Ray
+  FrontSpec | None``, ``withdraw_front(namespace)``: kept in Ray's GCS as what every backend of the
+  namespace hosts (``kvres.actors.ray_actors.hosted``, entry ``host``), so a backend that Ray
   restarts (or starts again) hosts its front again by itself.
-- ``HostedFront.start(server, name, namespace) -> HostedFront | None`` (in the backend's process,
-  called by its shell): where a front is published, the backend's shell is made callable in
-  process (``in_process.host_here``) and a ``direct_front.FrontServer`` serves the application
-  there, on the published port (``SO_REUSEPORT``: every backend's front shares it); ``ready()``,
-  ``stop()``.
+- ``host(server, name, namespace, spec) -> HostedFront`` (in the backend's process, called by its
+  shell's ``host_front``): the backend's shell made callable in process (``in_process.host_here``)
+  and a ``direct_front.FrontServer`` serving the application there, on the published port
+  (``SO_REUSEPORT``: every backend's front shares it); ``HostedFront.ready()``, ``stop()``.
 - ``start_colocated_fronts(options, backends, host, port)`` (a connected driver): published, then
   every backend asked to host its front, waited for; ``remove_colocated_fronts(namespace) -> bool``.
 
@@ -29,7 +29,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvres.policy import KvresError
+from kvres.actors.ray_actors.hosted import publish_hosted, published_hosted, withdraw_hosted
 
 from ..in_process import host_here, leave_here
 from .lifetime import SessionLifetime
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .app import ServeOptions
     from .direct_front import FrontServer
 
-FRONT_KV_NAMESPACE = "kvres-colocated-front"
+ENTRY = "kvres.cluster.serve.colocated_front:host"
 READY_TIMEOUT_S = 120.0
 
 
@@ -56,48 +56,31 @@ class FrontSpec:
         return [b["name"] for b in json.loads(self.config_json).get("backends", [])]
 
 
-def publish_front(namespace: str, spec: FrontSpec) -> None:
-    from ray.experimental import internal_kv
+    @classmethod
+    def parse(cls, text: str) -> FrontSpec:
+        fields = json.loads(text)
+        return cls(**{**fields, "digests": tuple(fields["digests"])})
 
-    internal_kv._internal_kv_put(namespace, json.dumps(asdict(spec)), overwrite=True, namespace=FRONT_KV_NAMESPACE)
+
+def publish_front(namespace: str, spec: FrontSpec) -> None:
+    publish_hosted(namespace, ENTRY, json.dumps(asdict(spec)))
 
 
 def published_front(namespace: str) -> FrontSpec | None:
-    from ray.experimental import internal_kv
-
-    data = internal_kv._internal_kv_get(namespace, namespace=FRONT_KV_NAMESPACE)
-    if data is None:
+    published = published_hosted(namespace)
+    if published is None or published[0] != ENTRY:
         return None
-    fields = json.loads(data)
-    return FrontSpec(**{**fields, "digests": tuple(fields["digests"])})
+    return FrontSpec.parse(published[1])
 
 
 def withdraw_front(namespace: str) -> None:
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_del(namespace, namespace=FRONT_KV_NAMESPACE)
+    withdraw_hosted(namespace)
 
 
 class HostedFront:
     def __init__(self, name: str, front: FrontServer) -> None:
         self.name = name
         self.front = front
-
-    @classmethod
-    def start(cls, server: Any, name: str, namespace: str) -> HostedFront | None:
-        spec = published_front(namespace)
-        if spec is None:
-            return None
-        from .direct_front import FrontServer
-
-        host_here(name, server)
-        try:
-            front = FrontServer(namespace, spec.config_json, spec.digests,
-                                SessionLifetime(idle_s=spec.idle_s, ttl_s=spec.ttl_s), spec.host, spec.port)
-        except BaseException:
-            leave_here(name)
-            raise
-        return cls(name, front)
 
     def ready(self) -> bool:
         return self.front.ready()
@@ -107,6 +90,20 @@ class HostedFront:
             self.front.stop()
         finally:
             leave_here(self.name)
+
+
+def host(server: Any, name: str, namespace: str, spec_text: str) -> HostedFront:
+    from .direct_front import FrontServer
+
+    spec = FrontSpec.parse(spec_text)
+    host_here(name, server)
+    try:
+        front = FrontServer(namespace, spec.config_json, spec.digests,
+                            SessionLifetime(idle_s=spec.idle_s, ttl_s=spec.ttl_s), spec.host, spec.port)
+    except BaseException:
+        leave_here(name)
+        raise
+    return HostedFront(name, front)
 
 
 def start_colocated_fronts(options: ServeOptions, backends: dict[str, Any], host: str, port: int) -> None:
@@ -140,7 +137,3 @@ def remove_colocated_fronts(namespace: str) -> bool:
         with contextlib.suppress(Exception):
             ray.get(ray.get_actor(backend_actor_name(name), namespace=namespace).stop_front.remote(), timeout=60)
     return True
-
-
-class FrontNotHostedError(KvresError):
-    """A backend asked to host a front that is not published (names the namespace)."""

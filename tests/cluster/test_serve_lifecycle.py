@@ -5,7 +5,8 @@ names it; every kvres actor's repr reads, the front's state actor's included.
 
 ``kvres serve --stop`` removes only the HTTP application (its port closes; kvres's actors and the
 sessions stay, a second ``--stop`` says there is none); ``kvres stop`` under a detached front removes
-the front first, then kvres's actors, so nothing is left answering 503 over stopped backends.
+the front first, then kvres's actors, so nothing is left answering 503 over stopped backends. A
+front inside the backend's process (``--front local``) is detached and stopped the same way.
 """
 
 from __future__ import annotations
@@ -90,6 +91,29 @@ def test_kvres_chat_and_serve_model_on_a_standing_cluster(standing) -> None:
     refused = _kvres("serve", *_where(standing), "--model", str(CHAT_MODEL), "--detach", env=_env())
     assert refused.returncode == 1 and "already runs kvres with other backends" in refused.stderr, refused.stderr
     assert "kvres start --model" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_front_inside_the_backend_detached_then_stopped(standing) -> None:
+    """``kvres serve --front local --detach``: the backend's own process answers on the port (its
+    ``/health`` counts the calls it answered in process); ``--stop`` closes the port and leaves the
+    backend and its sessions running."""
+    http_port = free_port()
+    out = _kvres("serve", *_where(standing), "--port", str(http_port), "--front", "local", "--detach", env=_env())
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    base = f"http://127.0.0.1:{http_port}"
+    turn = httpx.post(f"{base}/v1/chat/completions", json={
+        "model": "b0", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0},
+        headers={"X-Session-Id": "local-kept"}, timeout=120)
+    assert turn.status_code == 200, turn.text
+    health = httpx.get(f"{base}/health", timeout=30).json()
+    assert health["status"] == "ok" and health["front"]["in_process"]["b0"] > 0, health
+    removed = _kvres("serve", "--stop", *_where(standing), env=_env())
+    assert removed.returncode == 0 and "application 'kvres'" in removed.stdout, removed.stderr[-3000:]
+    assert _gone(base)
+    report = json.loads(_kvres("status", "--json", *_where(standing), env=_env()).stdout)
+    assert "local-kept" in report["sessions"], report  # the backend runs on, with the front's session
+    again = _kvres("serve", "--stop", *_where(standing), env=_env())
+    assert again.returncode == 1 and "no kvres serve application" in again.stderr, again.stderr
 
 
 def test_serve_stop_removes_only_the_application_and_kvres_stop_removes_the_front_first(standing) -> None:
