@@ -55,7 +55,6 @@ class FrontSpec:
     def backends(self) -> list[str]:
         return [b["name"] for b in json.loads(self.config_json).get("backends", [])]
 
-
     @classmethod
     def parse(cls, text: str) -> FrontSpec:
         fields = json.loads(text)
