@@ -1,8 +1,9 @@
 """How a driver calls kvres's actors: their errors arrive as themselves, their deaths as kvres errors.
 
 Primitives:
-- ``answer(ref)``: ``ray.get(ref)`` (an ``in_process.Done``: its value), with an error the actor raised re-raised as itself (Ray wraps
-  it in a ``RayTaskError`` that quotes the remote traceback inside the message).
+- ``answer(ref)``: ``ray.get(ref)`` (an ``in_process.Done``: its value), with an error the actor
+  raised re-raised as itself (Ray wraps it in a ``RayTaskError`` that quotes the remote traceback
+  inside the message).
 - ``call(submit, revive, lost, who, retry=True, retry_ok=())``: ``answer(submit())``; when the
   actor died (or is restarting) during the call, ``revive()`` waits until it answers again and,
   with ``retry``, the call is sent once more (every retried call is idempotent: the ones that change

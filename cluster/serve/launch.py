@@ -77,8 +77,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "direct",
                         help="direct: the application in kvres's own actors, no proxy hop (--min-replicas of them "
                              "share the port); local: the application inside each backend's own process, no Ray "
-                             "call on a turn of that backend's sessions; serve: Ray Serve's proxy and replicas (autoscaled between "
-                             "--min-replicas and --max-replicas); default: KVRES_SERVE_FRONT, else direct")
+                             "call on a turn of that backend's sessions; serve: Ray Serve's proxy and replicas "
+                             "(autoscaled between --min-replicas and --max-replicas); default: KVRES_SERVE_FRONT, "
+                             "else direct")
     parser.add_argument("--min-replicas", type=int, default=1,
                         help="fronts (direct), or Serve replicas at least (default 1)")
     parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2; serve only)")
