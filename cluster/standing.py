@@ -53,7 +53,7 @@ from typing import Any
 from kvres.policy import KvresError
 
 from .gcs_config import forget_config, publish_config, published_config
-from .head_ports import HeadPorts, choose_head_ports
+from .head_ports import HeadPorts, PortTakenError, bindable, choose_head_ports
 from .kvres_config import BackendConfig, KvresConfig, json_object
 from .ray_auth import exposed_token_file, follow_local_token, token_auth
 from .ray_task_events import ray_start_arguments
@@ -215,7 +215,11 @@ def gcs_env(gcs_redis: str | None = None, gcs_storage_path: str | None = None) -
         split_address(gcs_redis)  # HOST:PORT, else a ClusterUnreachableError naming it
         return {"RAY_REDIS_ADDRESS": gcs_redis}
     if gcs_storage_path:
-        Path(gcs_storage_path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            Path(gcs_storage_path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise ConfigOptionError(f"--gcs-storage {gcs_storage_path}: cannot create that folder "
+                                    f"({exc.strerror or exc})") from exc
         return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": str(Path(gcs_storage_path).resolve())}
     return {}
 
@@ -245,10 +249,29 @@ def _start_head(
     except subprocess.TimeoutExpired as exc:
         raise HeadStartError(f"`ray start --head --port={port}` did not finish within {timeout_s:.0f} s") from exc
     if done.returncode != 0:
-        tail = [line for line in _ANSI.sub("", done.stderr + done.stdout).strip().splitlines() if line.strip()]
+        said = _ANSI.sub("", done.stderr + done.stdout)
+        tail = [line for line in said.strip().splitlines() if line.strip()]
         raise HeadStartError(
             f"`ray start --head --port={port}` failed (exit {done.returncode}): " + " | ".join(tail[-3:])
+            + _gcs_log_tail(said)
         )
+
+
+def _gcs_log_tail(said: str, lines: int = 4) -> str:
+    """The last lines of the GCS's own logs where ``ray start`` points at them: why it exited (a port
+    another process took, a storage path it cannot open) is only written there."""
+    named = re.search(r"Please check (\S+gcs_server)\.out", said)
+    if named is None:
+        return ""
+    found: dict[str, None] = {}  # the same line is often written to both files
+    for suffix in (".err", ".out"):
+        with contextlib.suppress(OSError):
+            text = Path(named.group(1) + suffix).read_text(errors="replace")
+            found.update((line.strip()[:400], None) for line in text.splitlines() if _GCS_ERROR.search(line))
+    return "".join(f" | gcs_server: {line}" for line in list(found)[-lines:])
+
+
+_GCS_ERROR = re.compile(r"^\[[^\]]* [CE] |^E\d{4} |Address already in use")  # Ray's and gRPC's error lines
 
 
 def _local_host(node_ip_address: str | None) -> str:
@@ -295,6 +318,9 @@ def start_standing(
         host = _local_host(node_ip_address)
         target = f"{host}:{port}"
         if port_open(host, port) is not None:
+            if not bindable(host, port):  # held without answering: Ray's GCS would fail to bind it
+                raise PortTakenError(f"--port {port}: another process holds that port on this machine "
+                                     "(nothing answers there as a Ray head); choose another")
             ports = choose_head_ports(host, dashboard_port, taken=[port])
             say(f"kvres start: starting a Ray head at {target} ({ports.summary()})")
             _start_head(port, node_ip_address, num_cpus, ports, temp_dir, ray_args,

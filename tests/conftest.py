@@ -1,12 +1,16 @@
 """Shared fixtures: the hypothesis profile (``tests/hypothesis_profiles.py``: a fixed seed unless
 ``KVRES_HYPOTHESIS_PROFILE=fuzz``), the shared test model, a guard that keeps engines to one thread
-each, ``wait_until`` (poll a condition with a deadline), and ``local_host(config, cold_dir)`` (a
+each, ``wait_until`` (poll a condition with a deadline), ``local_host(config, cold_dir)`` (a
 backend host on the real engine over a local cold store, stopped and closed after the test that
-made it)."""
+made it) and ``free_port()`` (a port nothing listens on, drawn below the system's ephemeral range:
+a port the system handed out for a bind to 0 may be taken, before the test listens on it, by any
+outgoing connection of the machine, and a Ray head's GCS then fails to start)."""
 
 from __future__ import annotations
 
 import os
+import random
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +35,35 @@ def shared_model_path() -> Path:
             pytrace=False,
         )
     return SHARED_MODEL
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_FIXED_RAY_PORTS = {6379, 8265, 10001, 52365}
+_draw = random.Random()  # its own generator: hypothesis and seeded tests must not change the draws
+
+
+def free_port() -> int:
+    low, high = 15000, _ephemeral_floor() - 1
+    for _ in range(200):
+        port = _draw.randint(low, high) if high > low else 0
+        if port in _FIXED_RAY_PORTS:
+            continue
+        try:
+            for address in ("127.0.0.1", ""):  # "": a holder on any other address counts too
+                with socket.socket() as s:
+                    s.bind((address, port))
+                    if port == 0:
+                        return int(s.getsockname()[1])
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port in {low}..{high} after 200 draws")
 
 
 @pytest.fixture(scope="session")

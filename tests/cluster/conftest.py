@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 
 import pytest
 
-from tests.conftest import shared_model_path
+from tests.conftest import free_port, shared_model_path
 
 TENANT_RESIDENT_QUOTA = 70  # b0's quota for tenant "acme" (tests/cluster/test_retention.py)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="package")

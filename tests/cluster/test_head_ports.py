@@ -62,3 +62,41 @@ def test_a_default_held_on_another_address_of_the_machine_is_moved_too(monkeypat
         assert ports.ports["--dashboard-agent-listen-port"] != held
     finally:
         holder.close()
+
+
+def test_a_gcs_port_held_without_answering_is_refused_before_ray_starts() -> None:
+    """A port bound by another process (an outgoing connection's, a server not listening yet) answers
+    no connection, so it looked free; Ray's GCS would fail to bind it after tens of seconds."""
+    from kvres.cluster.standing import start_standing
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("0.0.0.0", 0))  # noqa: S104 (a holder on every address, as an outgoing connection's port)
+    held = int(holder.getsockname()[1])
+    try:
+        with pytest.raises(PortTakenError, match=f"--port {held}: another process holds"):
+            start_standing(port=held, num_cpus=1)
+    finally:
+        holder.close()
+
+
+def test_an_uncreatable_gcs_storage_folder_is_refused_by_name(tmp_path) -> None:
+    from kvres.cluster.standing import gcs_env
+    from kvres.policy import KvresError
+
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(KvresError, match="--gcs-storage .*a-file/tables: cannot create that folder"):
+        gcs_env(gcs_storage_path=str(tmp_path / "a-file" / "tables"))
+
+
+def test_a_head_that_failed_to_start_says_why_from_the_gcs_log(tmp_path) -> None:
+    from kvres.cluster.standing import _gcs_log_tail
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    failed = ("[2026-12-06 00:02:55,164 C 12064 12064] (gcs_server) grpc_server.cc:134: Check failed: server_ "
+              "Failed to start the grpc server. The specified port is 41999.")
+    (logs / "gcs_server.err").write_text(f"*** SIGABRT received ***\n{failed}\n    @ 0x5616 main\n")
+    (logs / "gcs_server.out").write_text(f"[2026-12-06 00:02:55,100 I 12064 12064] starting\n{failed}\n")
+    said = f"Failed to start GCS. Please check {logs}/gcs_server.out for details. Last connection error: None"
+    assert _gcs_log_tail(said) == f" | gcs_server: {failed}"  # the error line, once, without the stack
+    assert _gcs_log_tail("exit 1 with nothing named") == ""

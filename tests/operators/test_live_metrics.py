@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_model_path
+from tests.conftest import free_port, shared_model_path
 
 PROMPT = [3 + (i * 7) % 120 for i in range(200)]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +28,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     os.environ["RAY_metrics_report_interval_ms"] = "500"  # noqa: SIM112 (Ray reads this exact name)
     for name in ("KVRES_METRICS_PER_SESSION", "KVRES_METRICS_SESSION_IDS"):  # the default: bounded series
         os.environ.pop(name, None)
-    port = _free_port()
+    port = free_port()
     config = KvresConfig(
         backends=[BackendConfig(name="m0", model_path=shared_model_path(), n_ctx=1024, n_seq_max=2,
                                 kv_budget_tokens=600, n_threads=1)],

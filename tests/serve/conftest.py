@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,19 +25,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 
 START_TIMEOUT_S = 240.0
 
 
 TENANT = "acme"  # the label of the server's second key
 TENANT_QUOTA = 400  # the resident tokens its sessions may hold together on b0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def served_model_path(folder: Path) -> Path:
