@@ -270,11 +270,12 @@ def name_recall_conversation(rng: random.Random, min_gap: int = 3, max_gap: int 
     return Conversation(b.messages, b.families)
 
 
-def tool_conversation(rng: random.Random) -> Conversation:
-    """Tools, then a task that needs 1-3 calls (see ``models.chat_tools``), maybe ordinary turns around it."""
-    from models.chat_tools import tool_task
+def tool_conversation(rng: random.Random, kind_weights: tuple[float, ...] | None = None) -> Conversation:
+    """Tools, then a task that needs 1-3 calls (see ``models.chat_tools``; ``kind_weights``: its
+    mix of task kinds, the held-out one by default), maybe ordinary turns around it."""
+    from models.chat_tools import KIND_WEIGHTS, tool_task
 
-    tools, exchange, fams = tool_task(rng)
+    tools, exchange, fams = tool_task(rng, kind_weights or KIND_WEIGHTS)
     b = _Builder(rng, system_p=0.3)
     b.filler(rng.choice((0, 0, 1)))
     b.messages += exchange

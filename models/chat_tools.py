@@ -8,7 +8,7 @@ Primitives:
 - ``call_message(calls)`` / ``call_text(name, args)``: an assistant message with OpenAI
   ``tool_calls`` (arguments a JSON string), and the Hermes-style text the template renders for one
   call: ``<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>``.
-- ``tool_task(rng) -> (tools, messages, families)``: one user turn that needs 1-3 calls and its
+- ``tool_task(rng, kind_weights=KIND_WEIGHTS) -> (tools, messages, families)``: one user turn that needs 1-3 calls and its
   whole exchange (call, ``tool`` result, ..., final answer): arithmetic chains over an add-like
   and a multiply-like tool, a lookup tool (key -> value), and lookups summed with the add tool.
   Tool names, descriptions and parameter names are drawn from pools, so the model copies the
@@ -118,13 +118,19 @@ def _join_and(nums: list[int]) -> str:
     return ", ".join(map(str, nums[:-1])) + f" and {nums[-1]}"
 
 
-def tool_task(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """Tools, the user turn and its exchange; ``families`` has one entry per assistant message."""
+TASK_KINDS = ("arith", "chain", "mixed", "lookup", "lookup_sum")
+KIND_WEIGHTS = (3, 3, 3, 3, 2)  # the held-out sets' mix; training may draw another (ChatTrainConfig)
+
+
+def tool_task(rng: random.Random, kind_weights: tuple[float, ...] = KIND_WEIGHTS,
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """Tools, the user turn and its exchange; ``families`` has one entry per assistant message;
+    ``kind_weights``: how often each of ``TASK_KINDS`` is drawn."""
     num_type = rng.choice(("integer", "number"))
     add = _tool(rng, ADD_NAMES, ADD_DESCRIPTIONS, list(rng.choice(PARAM_PAIRS)), num_type)
     mul = _tool(rng, MUL_NAMES, MUL_DESCRIPTIONS, list(rng.choice(PARAM_PAIRS)), num_type)
     look = _tool(rng, LOOKUP_NAMES, LOOKUP_DESCRIPTIONS, [rng.choice(LOOKUP_PARAMS)], "string")
-    kind = rng.choices(("arith", "chain", "mixed", "lookup", "lookup_sum"), (3, 3, 3, 3, 2))[0]
+    kind = rng.choices(TASK_KINDS, kind_weights)[0]
     ex = _Calls(rng)
     if kind in ("arith", "chain", "mixed"):
         n_calls = 1 if kind == "arith" else rng.randint(2, 3)
