@@ -65,19 +65,20 @@ from models.train_passkey import LlamaModel, lr_at, setup_torch, to_arrays
 HERE = Path(__file__).resolve().parent
 STEM = "chat"
 # the chat.npz this model starts from (`git show <BASE_COMMIT>:models/chat.npz`, chat.json beside it):
-# phase 3, committed at d87d19d (800 steps from phase 2, 443dda7: 700 steps from phase 1, 24fbf9b:
-# 1,400 steps on the tool / JSON / recall mix from the first chat model, b9639e3: 2,500 from scratch)
-BASE_SHA256 = "69bb7efc750cddbf3a51e0496e2ebb9e23736a3817f4ad8d7e227a825b2ca20e"
-BASE_COMMIT = "d87d19d"
+# phase 4, committed at 89e0e11 (1,600 steps from phase 3, d87d19d: 800 steps from phase 2, 443dda7:
+# 700 steps from phase 1, 24fbf9b: 1,400 steps on the tool / JSON / recall mix from the first chat
+# model, b9639e3: 2,500 from scratch)
+BASE_SHA256 = "f7ac114ef8f2808b42e8d05053c08c7dfa7c61a2fe3bfb43e2e42d1e5b146c4a"
+BASE_COMMIT = "89e0e11"
 
 
 @dataclass(frozen=True)
 class ChatTrainConfig:
-    steps: int = 1600
+    steps: int = 1200
     batch_tokens: int = 4096  # padded tokens per batch: conversations are added while they fit
     min_batch: int = 4
     max_batch: int = 128
-    lr: float = 6e-4
+    lr: float = 5e-4
     min_lr_frac: float = 0.1
     warmup_steps: int = 30
     weight_decay: float = 0.05
@@ -87,9 +88,9 @@ class ChatTrainConfig:
     long_frac: float = 0.05  # share of steps made of long conversations ...
     long_min_turns: int = 7
     long_max_turns: int = 30  # ... cut to whole turns that fit the context
-    tools_frac: float = 0.7  # ... of tool conversations (ct.tool_conversation)
-    tool_kind_weights: tuple[float, ...] = (3, 3, 3, 3, 2)  # chat_tools.TASK_KINDS in the tool conversations
-    recall_frac: float = 0.1  # ... of name-recall conversations (ct.name_recall_conversation)
+    tools_frac: float = 0.75  # ... of tool conversations (ct.tool_conversation)
+    tool_kind_weights: tuple[float, ...] = (2, 3, 3, 2, 6)  # chat_tools.TASK_KINDS in the tool conversations
+    recall_frac: float = 0.08  # ... of name-recall conversations (ct.name_recall_conversation)
     recall_min_gap: int = 2
     recall_max_gap: int = 10
     recall_made_up_p: float = 0.0  # made-up names in the recall conversations (ordinary ones keep 15%)
