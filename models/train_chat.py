@@ -11,7 +11,10 @@ Primitives:
   function of the seed and the step: conversations of one kind and turn count (drawn per step),
   padded to the longest (``valid`` masks pads). Kinds: ordinary (1-``max_turns`` turns), long
   (``long_frac``: every position up to the context length is trained), tool conversations
-  (``tools_frac``) and name recall (``recall_frac``, the question 2-10 turns after the name).
+  (``tools_frac``; their task kinds drawn by ``tool_kind_weights``), name recall (``recall_frac``,
+  the question 2-10 turns after the name) and forced JSON (``forced_json_frac``).
+- ``forced_json_conversation(rng)``: one turn of any family answered with a JSON object, as
+  ``response_format`` makes a model answer; the ``{`` the grammar forces is left out of the loss.
 - ``warm_start(model, vocab, init_dir, sha256)``: start from an earlier chat checkpoint; the
   embedding and output rows follow the token texts (new tokens start fresh).
 - ``chat_loss(logits, targets, reply, valid, lm_weight)``: mean NLL of the reply tokens plus
@@ -21,8 +24,8 @@ Primitives:
 - CLI: ``python models/train_chat.py`` trains, saves ``models/chat.{npz,json}``, exports
   ``models/chat.gguf``, measures accuracy in torch and llama.cpp (``models.chat_eval``) and writes
   ``models/CHAT_MANIFEST.json`` and ``models/chat_train_log.json``. ``--init-dir`` names the
-  warm start's folder (``ChatTrainConfig.init_sha256``: the first chat model, ``git show
-  b9639e3:models/chat.npz``); ``--snapshot-dir`` writes a GGUF every 250 steps; ``--smoke`` runs a
+  warm start's folder (``ChatTrainConfig.init_sha256``: phase 5, ``git show
+  48dba68:models/chat.npz``); ``--snapshot-dir`` writes a GGUF every 250 steps; ``--smoke`` runs a
   tiny version (``--out-dir`` a scratch folder); ``--check-log N`` re-trains N steps and compares
   the log.
 
@@ -30,9 +33,10 @@ The Llama module, its GGUF tensor names, the learning-rate schedule and the torc
 ``models.train_passkey``'s. Deterministic as that one is: fixed seeds, a fixed thread count, deterministic
 algorithms, batches derived from (seed, step) only.
 
-Committed run: phase 3 of a chain of warm starts (the first chat model, 2,500 steps from
-scratch; phase 1, 1,400 steps on the tool / JSON / recall mix; phase 2, 700 steps; this one, 800
-steps with more tool conversations from phase 2), 1 thread of a shared 2-core machine. See CHAT_MANIFEST.json
+Committed run: phase 6 of a chain of warm starts (the first chat model, 2,500 steps from
+scratch; phase 1, 1,400 steps on the tool / JSON / recall mix; phase 2, 700 steps; phase 3, 800
+steps with more tool conversations; phase 4, 1,600; phase 5, 1,200 with summed lookups weighted
+up; this one, 600 steps from phase 5 with forced JSON), 1 thread of a shared 2-core machine. See CHAT_MANIFEST.json
 and models/README.md.
 """
 
@@ -65,20 +69,20 @@ from models.train_passkey import LlamaModel, lr_at, setup_torch, to_arrays
 HERE = Path(__file__).resolve().parent
 STEM = "chat"
 # the chat.npz this model starts from (`git show <BASE_COMMIT>:models/chat.npz`, chat.json beside it):
-# phase 4, committed at 89e0e11 (1,600 steps from phase 3, d87d19d: 800 steps from phase 2, 443dda7:
-# 700 steps from phase 1, 24fbf9b: 1,400 steps on the tool / JSON / recall mix from the first chat
-# model, b9639e3: 2,500 from scratch)
-BASE_SHA256 = "f7ac114ef8f2808b42e8d05053c08c7dfa7c61a2fe3bfb43e2e42d1e5b146c4a"
-BASE_COMMIT = "89e0e11"
+# phase 5, committed at 48dba68 (1,200 steps from phase 4, 89e0e11: 1,600 steps from phase 3, d87d19d:
+# 800 steps from phase 2, 443dda7: 700 steps from phase 1, 24fbf9b: 1,400 steps on the tool / JSON /
+# recall mix from the first chat model, b9639e3: 2,500 from scratch)
+BASE_SHA256 = "57b60942ac07d02ad4ca24944ad0e66cf1b7799f5559a807b59e75e107ba1ec0"
+BASE_COMMIT = "48dba68"
 
 
 @dataclass(frozen=True)
 class ChatTrainConfig:
-    steps: int = 1200
+    steps: int = 600
     batch_tokens: int = 4096  # padded tokens per batch: conversations are added while they fit
     min_batch: int = 4
     max_batch: int = 128
-    lr: float = 5e-4
+    lr: float = 3e-4
     min_lr_frac: float = 0.1
     warmup_steps: int = 30
     weight_decay: float = 0.05
@@ -88,9 +92,10 @@ class ChatTrainConfig:
     long_frac: float = 0.05  # share of steps made of long conversations ...
     long_min_turns: int = 7
     long_max_turns: int = 30  # ... cut to whole turns that fit the context
-    tools_frac: float = 0.75  # ... of tool conversations (ct.tool_conversation)
+    tools_frac: float = 0.5  # ... of tool conversations (ct.tool_conversation)
     tool_kind_weights: tuple[float, ...] = (2, 3, 3, 2, 6)  # chat_tools.TASK_KINDS in the tool conversations
-    recall_frac: float = 0.08  # ... of name-recall conversations (ct.name_recall_conversation)
+    recall_frac: float = 0.1  # ... of name-recall conversations (ct.name_recall_conversation)
+    forced_json_frac: float = 0.1  # ... of one-turn replies in JSON whatever the question (forced_json_conversation)
     recall_min_gap: int = 2
     recall_max_gap: int = 10
     recall_made_up_p: float = 0.0  # made-up names in the recall conversations (ordinary ones keep 15%)
@@ -144,12 +149,37 @@ def encode_conversation(
             raise ValueError(f"the first reply is past the {max_len}-token limit")
     assistant, newline = tok.tokenize("<|assistant|>", False, True)[0], tok.tokenize("\n", False, True)[0]
     mask = np.zeros(len(ids), dtype=bool)
+    forced = FORCED_JSON in conv.families
     for a, b in reply_spans(ids, assistant, newline):
-        mask[a:b] = True
+        mask[a + forced:b] = True
     return ids, mask
 
 
+FORCED_JSON = "json_forced"  # the family of a reply whose first token a grammar chose, not the model
+
+
+def forced_json_conversation(rng: random.Random) -> ct.Conversation:
+    """One turn of any family answered with a JSON object, as ``response_format`` makes a model
+    answer whatever it was asked: the grammar forces the ``{``, so training leaves that token out
+    (``encode_conversation``) and teaches what follows: short values, closed strings, the end."""
+    from models.chat_tools import JSON_KEYS, _json_value
+
+    conv = ct.make_conversation(rng, 1, 1)
+    answer = str(conv.messages[-1]["content"]).rstrip(".")
+    if conv.families[-1] == "json":  # asked for JSON: its reply is the one
+        reply = str(conv.messages[-1]["content"])
+    elif rng.random() < 0.5:
+        value: Any = int(answer) if answer.isdigit() else (answer == "yes") if answer in ("yes", "no") else answer
+        reply = json.dumps({"answer": value}, ensure_ascii=False)
+    else:
+        keys = rng.sample(sorted(JSON_KEYS), rng.randint(1, 3))
+        reply = json.dumps({k: _json_value(rng, JSON_KEYS[k]) for k in keys})
+    return ct.Conversation([*conv.messages[:-1], {"role": "assistant", "content": reply}], [FORCED_JSON], None)
+
+
 def step_conversation(tcfg: ChatTrainConfig, rng: random.Random, kind: str, turns: int) -> ct.Conversation:
+    if kind == "forced_json":
+        return forced_json_conversation(rng)
     if kind == "recall":
         return ct.name_recall_conversation(rng, tcfg.recall_min_gap, tcfg.recall_max_gap, tcfg.recall_made_up_p)
     if kind == "tools":
@@ -163,8 +193,8 @@ def make_batch(
     rng = random.Random(f"chat-train/{tcfg.data_seed}/{step}")
     # one kind (and turn count) per step keeps the lengths in a batch close (little padding)
     r = rng.random()
-    kind = "long" if r < tcfg.long_frac else "tools" if r < tcfg.long_frac + tcfg.tools_frac else (
-        "recall" if r < tcfg.long_frac + tcfg.tools_frac + tcfg.recall_frac else "plain")
+    edges = np.cumsum([tcfg.long_frac, tcfg.tools_frac, tcfg.recall_frac, tcfg.forced_json_frac])
+    kind = ("long", "tools", "recall", "forced_json", "plain")[int(np.searchsorted(edges, r, side="right"))]
     turns = (rng.randint(tcfg.long_min_turns, tcfg.long_max_turns) if kind == "long"
              else rng.randint(1, tcfg.max_turns))
     seqs: list[list[int]] = []

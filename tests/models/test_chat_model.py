@@ -213,8 +213,6 @@ def test_a_tool_call_and_its_result_answer_the_question() -> None:
         assert _own_chat(chat, ["hello"], AGENT_TOOLS) == ["hello! how can i help you?"]  # no call needed
 
 
-@pytest.mark.xfail(strict=True, reason="known gap of the committed model (models/README.md: calls 55% right): "
-                   "the second call of a chain copies the wrong operand")
 def test_tool_calls_chain_and_use_the_results() -> None:
     from models.chat_eval import LlamaChat
 

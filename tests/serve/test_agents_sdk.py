@@ -2,8 +2,7 @@
 serve`` on the default model, over chat completions and over Responses: the SDK's loop sends the
 tools, kvres returns the model's call parsed, the SDK runs the tool and sends its result back, and
 the model answers with it. "what is the value of apple?" takes one call; "add the values of apple and tree"
-three (two lookups, then the add on their results): the committed model gets that chain wrong
-(models/README.md: 55% of held-out calls right), a strict xfail until a model that chains lands."""
+three (two lookups, then the add on their results)."""
 
 from __future__ import annotations
 
@@ -58,8 +57,6 @@ def test_an_agent_calls_a_tool_and_answers_with_its_result(server, api: str) -> 
     assert answer.strip() == "12.", (answer, calls)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap of the committed model (models/README.md: calls 55% right): the "
-                   "second lookup and the add's operands are not copied from the question and the results")
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_an_agent_looks_up_two_values_and_adds_them(server, api: str) -> None:
     calls, answer = _run(server, api, "add the values of apple and tree.", max_turns=6)
