@@ -10,7 +10,8 @@ Primitives:
 - ``ServeState(namespace)``: a replica's client of it: ``put_response``, ``get_response``,
   ``delete_response``, ``forget_session`` (each waits for its answer), ``lease(key) -> Owner`` (a
   context manager: held for the block, renewed in the background while held,
-  ``SessionLockedError`` when another request holds it; it gives the session's cached owner),
+  ``SessionLockedError`` when another request still holds it after ``RELEASE_GRACE_S``; it gives
+  the session's cached owner),
   ``owner(key) -> Owner``, ``claim(key, tenant)`` (sent without waiting: calls from one replica
   reach the actor in order, so a claim made under a lease lands before its release),
   ``enter`` / ``record`` (metrics, aggregated in the replica and sent one flush at a time,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +44,11 @@ from .records import ResponseRecord, ResponseRecords
 RESPONSES_KV_NAMESPACE = "kvres-serve-responses"
 LEASE_TTL_S = 20.0  # a dead front's sessions are free again this long after it died
 RENEW_EVERY_S = 4.0  # a live front renews what it holds five times per TTL
+# A client that sends its next turn as soon as the last one's answer (or [DONE]) arrived can reach
+# the state actor before that request's release does (another front's, or a release still on its
+# way): a request that finds its session held asks again for this long before it answers 409.
+RELEASE_GRACE_S = 0.25
+RELEASE_POLL_S = 0.02
 
 
 def state_actor_name() -> str:
@@ -177,6 +184,10 @@ class ServeState:
     def lease(self, key: str) -> Iterator[Owner]:
         holder = uuid.uuid4().hex
         acquired, owner = self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S))
+        waited_until = time.monotonic() + RELEASE_GRACE_S
+        while not acquired and time.monotonic() < waited_until:
+            time.sleep(RELEASE_POLL_S)  # the request before it may have answered and not yet released
+            acquired, owner = self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S))
         if not acquired:
             raise SessionLockedError(f"session {key!r} has a request running; send this one once it has ended")
         with self._lock:

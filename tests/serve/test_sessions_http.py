@@ -75,8 +75,10 @@ def _read_chunks(response: httpx.Response, count: int) -> str:
 
 
 def test_one_request_per_session_at_a_time(server) -> None:
+    """Of two requests sent at once on one session, one runs and the other is refused (after the
+    lease's ``RELEASE_GRACE_S``, shorter than the first's 1,500 tokens)."""
     sid = _sid("busy")
-    body = {"model": server.model, "messages": [{"role": "user", "content": "Go on and on."}], "max_tokens": 800,
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Go on and on."}], "max_tokens": 1500,
             "temperature": 0, "stream": True, "ignore_eos": True}
     start = threading.Barrier(2)
 
