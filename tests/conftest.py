@@ -2,9 +2,10 @@
 ``KVRES_HYPOTHESIS_PROFILE=fuzz``), the shared test model, a guard that keeps engines to one thread
 each, ``wait_until`` (poll a condition with a deadline), ``local_host(config, cold_dir)`` (a
 backend host on the real engine over a local cold store, stopped and closed after the test that
-made it) and ``free_port()`` (a port nothing listens on, drawn below the system's ephemeral range:
-a port the system handed out for a bind to 0 may be taken, before the test listens on it, by any
-outgoing connection of the machine, and a Ray head's GCS then fails to start)."""
+made it) and ``free_port()`` (a port nothing listens on, drawn between Ray's default worker ports
+and the system's ephemeral range: a port the system handed out for a bind to 0 may be taken, before
+the test listens on it, by any outgoing connection of the machine, and a Ray head's GCS then fails
+to start)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ _draw = random.Random()  # its own generator: hypothesis and seeded tests must n
 
 
 def free_port() -> int:
-    low, high = 15000, _ephemeral_floor() - 1
+    low, high = 20000, _ephemeral_floor() - 1  # above Ray's default worker ports (10002-19999)
     for _ in range(200):
         port = _draw.randint(low, high) if high > low else 0
         if port in _FIXED_RAY_PORTS:
