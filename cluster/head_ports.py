@@ -7,9 +7,11 @@ Primitives:
   lands), the Ray client server (10001). A second head on the machine would take the same ones.
 - ``EPHEMERAL``: the head's other listening ports, random by default; named explicitly too, so
   that the printed line says every port the head holds.
-- ``bindable(host, port) -> bool``: nothing on this machine listens on ``port``, of ``host`` or of
-  any other address (a bind to ``host`` and one to every address succeed): Ray's agents listen on
-  the node's address, which need not be ``host``.
+- ``bindable(host, port, reuse_address=False) -> bool``: nothing on this machine listens on
+  ``port``, of ``host`` or of any other address (a bind to ``host`` and one to every address
+  succeed): Ray's agents listen on the node's address, which need not be ``host``;
+  ``reuse_address``: bound as Ray's GCS binds (``SO_REUSEADDR``: a stopped head's connections
+  still in TIME_WAIT leave the port free, a socket bound there does not).
 - ``choose_head_ports(host, dashboard_port=None, taken=()) -> HeadPorts``: each fixed default where
   it is free, else a free port of the system's choice; an explicit ``dashboard_port`` is used as
   given (``PortTakenError`` naming it when something listens there).
@@ -34,9 +36,11 @@ class PortTakenError(KvresError, OSError):
     """A port asked for explicitly is already in use on this machine."""
 
 
-def bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int, reuse_address: bool = False) -> bool:
     for address in (host, ""):  # "": every address, so a holder of the port on another one counts
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if reuse_address:  # as Ray's GCS binds: connections of a stopped head in TIME_WAIT do not count
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((address, port))
             except OSError:

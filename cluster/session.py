@@ -33,6 +33,7 @@ import functools
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -77,6 +78,7 @@ from .session_files import read_session_file
 from .session_handle import Session
 
 log = logging.getLogger("kvres.cluster")
+RESTARTING_WAIT_S = 120.0  # how long a start waits on a backend Ray is restarting (after a head's restart)
 
 
 class SessionManager:
@@ -142,14 +144,23 @@ class SessionManager:
 
     def _await_backends(self, names: Iterable[str], undone: str = CONNECT_UNDONE) -> None:
         """Each backend answers once started; one that could not start raises a ``ConnectError``
-        with the engine's error (its record, ``start_attempts``), within its bounded attempts."""
+        with the engine's error (its record, ``start_attempts``), within its bounded attempts; one
+        Ray is restarting (a head restarted with its GCS kept) is waited for, ``RESTARTING_WAIT_S``."""
         calls = {n: self.backend(n).ping_ref() for n in names if self._backends.get(n) is not None}
         for name, ref in calls.items():
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                failure = start_failure(self.namespace, name)
-                raise start_error("backend", name, exc, failure, undone) from failure or exc
+            deadline = time.monotonic() + RESTARTING_WAIT_S
+            while True:
+                try:
+                    ray.get(ref)
+                    break
+                except ray.exceptions.ActorUnavailableError as exc:  # Ray is restarting it (a head restarted)
+                    if time.monotonic() > deadline or start_failure(self.namespace, name) is not None:
+                        raise start_error("backend", name, exc, start_failure(self.namespace, name), undone) from exc
+                    time.sleep(0.5)
+                    ref = self.backend(name).ping_ref()
+                except ray.exceptions.RayActorError as exc:
+                    failure = start_failure(self.namespace, name)
+                    raise start_error("backend", name, exc, failure, undone) from failure or exc
 
     def _undo_start(self) -> None:
         """Kill the actors this manager created (the folders of its new cold stores removed

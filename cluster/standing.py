@@ -318,7 +318,7 @@ def start_standing(
         host = _local_host(node_ip_address)
         target = f"{host}:{port}"
         if port_open(host, port) is not None:
-            if not bindable(host, port):  # held without answering: Ray's GCS would fail to bind it
+            if not bindable(host, port, reuse_address=True):  # held without answering: the GCS could not bind it
                 raise PortTakenError(f"--port {port}: another process holds that port on this machine "
                                      "(nothing answers there as a Ray head); choose another")
             ports = choose_head_ports(host, dashboard_port, taken=[port])

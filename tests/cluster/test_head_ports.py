@@ -100,3 +100,21 @@ def test_a_head_that_failed_to_start_says_why_from_the_gcs_log(tmp_path) -> None
     said = f"Failed to start GCS. Please check {logs}/gcs_server.out for details. Last connection error: None"
     assert _gcs_log_tail(said) == f" | gcs_server: {failed}"  # the error line, once, without the stack
     assert _gcs_log_tail("exit 1 with nothing named") == ""
+
+
+def test_a_port_whose_old_connections_wait_out_time_wait_is_free_for_a_head() -> None:
+    """A head stopped (or killed) and started again on its port: its connections on that port stay
+    in TIME_WAIT for a minute, which Ray's GCS binds over (its gRPC server sets SO_REUSEADDR, on the
+    old sockets and the new one alike), so kvres start must too."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = int(listener.getsockname()[1])
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the port's side closes first: its end of the connection waits in TIME_WAIT
+    client.close()
+    listener.close()
+    assert not bindable("127.0.0.1", port)  # a plain bind is refused while TIME_WAIT lasts
+    assert bindable("127.0.0.1", port, reuse_address=True)
