@@ -154,8 +154,9 @@ class SessionManager:
                     ray.get(ref)
                     break
                 except ray.exceptions.ActorUnavailableError as exc:  # Ray is restarting it (a head restarted)
-                    if time.monotonic() > deadline or start_failure(self.namespace, name) is not None:
-                        raise start_error("backend", name, exc, start_failure(self.namespace, name), undone) from exc
+                    failure = start_failure(self.namespace, name)
+                    if time.monotonic() > deadline or failure is not None:
+                        raise start_error("backend", name, exc, failure, undone) from failure or exc
                     time.sleep(0.5)
                     ref = self.backend(name).ping_ref()
                 except ray.exceptions.RayActorError as exc:

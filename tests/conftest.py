@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,25 +44,19 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
-_FIXED_RAY_PORTS = {6379, 8265, 10001, 52365}
 _draw = random.Random()  # its own generator: hypothesis and seeded tests must not change the draws
 
 
 def free_port() -> int:
+    from kvres.cluster.head_ports import FIXED_DEFAULTS, bindable
+    from kvres.cluster.reachability import DEFAULT_PORT
+
     low, high = 20000, _ephemeral_floor() - 1  # above Ray's default worker ports (10002-19999)
+    taken = {DEFAULT_PORT, *FIXED_DEFAULTS.values()}  # a Ray head's own defaults
     for _ in range(200):
-        port = _draw.randint(low, high) if high > low else 0
-        if port in _FIXED_RAY_PORTS:
-            continue
-        try:
-            for address in ("127.0.0.1", ""):  # "": a holder on any other address counts too
-                with socket.socket() as s:
-                    s.bind((address, port))
-                    if port == 0:
-                        return int(s.getsockname()[1])
-        except OSError:
-            continue
-        return port
+        port = _draw.randint(low, high)
+        if port not in taken and bindable("127.0.0.1", port):
+            return port
     raise RuntimeError(f"no free port in {low}..{high} after 200 draws")
 
 
