@@ -3,7 +3,8 @@ configuration the cluster was started with, and the task events it holds of kvre
 
 ``read_task_events()`` first runs a task of its own and waits until the GCS holds its events (they
 are reported about once a second), so every call made before it has been reported too: an empty
-list of kvres's events then means none were sent. ``DRIVER`` runs it in a driver of its own
+list of kvres's events then means none were sent. ``most_profile_events``: the most profile events
+(timeline spans) the GCS holds for one task. ``DRIVER`` runs it in a driver of its own
 (``python -c DRIVER ADDRESS``) and prints the result as JSON on its last line;
 ``gcs_address_under(pid)`` finds the address of an embedded cluster a process started.
 """
@@ -17,7 +18,8 @@ from typing import Any
 
 KVRES_ACTOR_CLASSES = frozenset({"BackendServer", "PlannerServer", "ColdStoreServer", "MeteredColdStoreServer",
                                  "ServeStateActor"})
-TASK_EVENT_KEYS = ("task_events_max_num_task_in_gcs", "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs")
+TASK_EVENT_KEYS = ("task_events_max_num_task_in_gcs", "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs",
+                   "task_events_max_num_profile_events_per_task")
 
 
 def _actor_class(task_name: str) -> str:
@@ -37,7 +39,8 @@ def read_task_events(timeout_s: float = 120.0) -> dict[str, Any]:
     ray.get(witness.options(name=marker).remote())
     deadline = time.monotonic() + timeout_s
     while True:
-        names = [event.task_info.name for event in state._get_all_task_events()]
+        events = state._get_all_task_events()
+        names = [event.task_info.name for event in events]
         if marker in names or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -45,6 +48,7 @@ def read_task_events(timeout_s: float = 120.0) -> dict[str, Any]:
     return {
         "witnessed": marker in names,
         "task_events": len(names),
+        "most_profile_events": max((len(e.profile_events.events) for e in events), default=0),
         "kvres_task_events": sorted(n for n in names if _actor_class(n) in KVRES_ACTOR_CLASSES),
         "system_config": {key: system_config.get(key) for key in TASK_EVENT_KEYS},
     }

@@ -6,6 +6,7 @@ fixtures (tests/cluster/test_standing_cluster.py, tests/serve/test_task_events.p
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -34,6 +35,25 @@ def test_an_embedded_cluster_bounds_the_store_and_kvres_actors_report_no_task_ev
     bound = seen["system_config"]
     assert bound == {key: TASK_EVENT_STORE[key] for key in TASK_EVENT_KEYS}, bound
     assert bound["task_events_max_num_task_in_gcs"] < RAY_DEFAULT_CAP
+
+
+def test_a_long_lived_task_keeps_a_bounded_number_of_profile_events(manager) -> None:
+    """The driver is one task whose record collects a ``submit_task`` span per call it makes (Ray
+    keeps 1,000 of them per task, and with actors restarting such records grew the GCS: operators.md,
+    the GCS under faults); the clusters kvres starts keep 16."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def nothing() -> int:
+        return 0
+
+    for _ in range(3):  # reported in several batches: the GCS merges them into the driver's record
+        ray.get([nothing.remote() for _ in range(40)])
+        time.sleep(1.2)
+    seen = read_task_events()
+    bound = TASK_EVENT_STORE["task_events_max_num_profile_events_per_task"]
+    assert seen["witnessed"], seen
+    assert 0 < seen["most_profile_events"] <= bound, seen
 
 
 def test_kvres_settings_and_ray_defaults(monkeypatch) -> None:
