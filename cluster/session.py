@@ -153,15 +153,13 @@ class SessionManager:
                 try:
                     ray.get(ref)
                     break
-                except ray.exceptions.ActorUnavailableError as exc:  # Ray is restarting it (a head restarted)
+                except ray.exceptions.RayActorError as exc:
                     failure = start_failure(self.namespace, name)
-                    if time.monotonic() > deadline or failure is not None:
+                    restarting = isinstance(exc, ray.exceptions.ActorUnavailableError)  # (a head restarted)
+                    if not restarting or failure is not None or time.monotonic() > deadline:
                         raise start_error("backend", name, exc, failure, undone) from failure or exc
                     time.sleep(0.5)
                     ref = self.backend(name).ping_ref()
-                except ray.exceptions.RayActorError as exc:
-                    failure = start_failure(self.namespace, name)
-                    raise start_error("backend", name, exc, failure, undone) from failure or exc
 
     def _undo_start(self) -> None:
         """Kill the actors this manager created (the folders of its new cold stores removed

@@ -52,6 +52,8 @@ def free_port() -> int:
     from kvres.cluster.reachability import DEFAULT_PORT
 
     low, high = 20000, _ephemeral_floor() - 1  # above Ray's default worker ports (10002-19999)
+    if high <= low:
+        raise RuntimeError(f"no port range between Ray's worker ports and the ephemeral ones: {low}..{high}")
     taken = {DEFAULT_PORT, *FIXED_DEFAULTS.values()}  # a Ray head's own defaults
     for _ in range(200):
         port = _draw.randint(low, high)
