@@ -7,7 +7,9 @@ Primitives:
   tool turns included, the model's own way); the session
   keeps the first ``keep`` tokens of its log and appends ``tokens``. When the log, read back as
   text (control tokens included), is a prefix of the rendering, that is the whole log and only the
-  rest is tokenized; otherwise the log is kept up to the longer of where it still reads as the
+  rest is tokenized; where it reads as a start of the rendering's own tokens read back (a reply the
+  model wrote in other tokens than its text tokenizes to, a tokenizer's space after a control
+  token), the whole log is kept and the rendering's tokens after that point appended; otherwise the log is kept up to the longer of where it still reads as the
   rendering (``_agreeing_text``: its generated tokens kept, as long as the rest tokenized after it
   reads back exactly) and where it agrees with the rendering tokenized whole, and the rest is
   replaced (a reply the caller edited, a turn the client never saw); where that drops tokens of
@@ -50,8 +52,14 @@ class Chat:
                 self._note(session_id, None)
             rest = rendered[len(said):]
             return len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True) if rest else []
-        keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         whole = executor.tokenize(rendered, add_bos=source.add_bos, special=True)
+        lead = 1 if whole and source.add_bos and whole[0] == source.bos_id else 0
+        end = self._reads_back_to(whole, lead, said)
+        if end is not None:
+            if add_generation_prompt:
+                self._note(session_id, None)
+            return len(log), whole[end:]
+        keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         agreed = 0
         for mine, theirs in zip(log, whole, strict=False):
             if mine != theirs:
@@ -62,6 +70,25 @@ class Chat:
         if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
             self._note(session_id, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
         return keep, new
+
+    def _reads_back_to(self, whole: list[int], lead: int, said: str) -> int | None:
+        """Where the rendering's own tokens (``whole``, past a BOS: ``lead``) read back as ``said``
+        (the log as text), at a token boundary: the log holds the conversation up to there in other
+        tokens (a reply as the model wrote it; a tokenizer's space after a control token, which the
+        raw rendering lacks but its tokens read back with), so it is kept whole and only the tokens
+        after that boundary are appended. None where the rendering reads otherwise or no boundary
+        of its tokens falls there."""
+        executor = self.ctx.executor
+        if not said or not executor.detokenize(whole[lead:], special=True).startswith(said):
+            return None
+        lo, hi = lead, len(whole)
+        while lo < hi:  # the fewest of its tokens that read as at least ``said``
+            mid = (lo + hi) // 2
+            if len(executor.detokenize(whole[lead:mid], special=True)) >= len(said):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo if executor.detokenize(whole[lead:lo], special=True) == said else None
 
     def _agreeing_text(self, log: list[int], start: int, rendered: str) -> tuple[int, list[int]]:
         """The longest start of the log (past its first ``start`` tokens: a BOS) that reads as a start of

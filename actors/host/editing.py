@@ -167,11 +167,16 @@ class Editing:
 
     def _cut_parked(self, s: HostSession, length: int) -> None:
         """A suspended session that keeps every token cut in its record: log and resident ranges
-        to ``length``, parked blocks past it released (a block across it too: its resume recomputes
-        the part kept), the last logits left for its resume to take again."""
+        to ``length``, parked blocks past it released, the last logits left for its resume to take
+        again. A block across the cut stays where at least half of it is kept: its resume imports it
+        whole and cuts it back (``SessionKV.restore``), cheaper than recomputing the part kept (a
+        chat turn whose reply reads back as other tokens cuts a parked session by that reply)."""
         record = s.record
-        kept = [ref for ref in record.blocks if ref.key.token_range.end <= length]
-        gone = [ref for ref in record.blocks + s.cold if ref.key.token_range.end > length]
+        across = [ref for ref in record.blocks
+                  if ref.key.token_range.start < length < ref.key.token_range.end
+                  and length - ref.key.token_range.start >= ref.key.token_range.end - length]
+        kept = [ref for ref in record.blocks if ref.key.token_range.end <= length] + across
+        gone = [ref for ref in record.blocks + s.cold if ref.key.token_range.end > length and ref not in across]
         if gone and self.ctx.store is not None:
             self.ctx.store.release(gone)
         resident = [Range(r.start, min(r.end, length)) for r in record.resident_ranges if r.start < length]

@@ -6,7 +6,8 @@ Primitives:
   ``open_on_engine(session_id, s, tokens)``, ``export_resident(session_id, ranges) -> blocks``
   (the KV of resident ranges, for a suspend or a session file; none where it cannot be exported),
   ``restore(session_id, record) -> recomputed`` (a resumed session's parked blocks imported, the
-  rest of its recorded resident ranges recomputed) and ``bring_back(session_id, s, layout)`` (a
+  rest of its recorded resident ranges recomputed; a block that runs past a log cut while parked
+  imported whole and cut back) and ``bring_back(session_id, s, layout)`` (a
   truncated session's resident layout at an earlier commit restored).
 - ``AddressedKV(ctx, executor, recall_costs=None)``: the ``SessionKV`` of an engine whose KV kvres
   addresses range by range (an ``Executor``); ``recall_costs`` says which parked blocks are
@@ -77,6 +78,7 @@ class AddressedKV:
         # without position_shift, a recomputed range after a gap may be impossible: read every block
         costs = self._recall_costs() if self._recall_costs is not None and can_shift else None
         parked = ctx.store.take(record.blocks, costs) if ctx.store is not None and record.blocks else []
+        overhang = self._open_with_overhang(session_id, record.token_log, parked)
         for block in parked:
             if block is None:
                 continue  # gone, unreadable or cheaper to recompute: recomputed below
@@ -98,9 +100,33 @@ class AddressedKV:
                         raise
                     continue  # it would need a K-shift: the range stays evicted, its tokens in the log
                 recomputed += len(part)
+        if overhang:
+            executor.truncate(session_id, len(record.token_log))  # the block's part past the log goes
         if recomputed:
             ctx.count(session_id, "recomputed_tokens", recomputed)
         return recomputed
+
+    def _open_with_overhang(self, session_id: str, log: Sequence[int], parked: list[KVBlock | None]) -> bool:
+        """A parked block that runs past the log (the log was cut while parked, ``Editing.truncate``)
+        is imported whole, the session's log lengthened by the block's own tokens until the import
+        is cut back: a few tokens read and dropped instead of the whole block recomputed. Only where
+        every parked block came back and the block agrees with the log up to its end; otherwise the
+        block is left out (its part of the log recomputed). True when the log was lengthened."""
+        over = [i for i, block in enumerate(parked) if block is not None and block.token_range.end > len(log)]
+        if not over:
+            return False
+        block = parked[over[0]]
+        assert block is not None
+        start = block.token_range.start
+        usable = (len(over) == 1 and None not in parked and start < len(log)
+                  and list(block.token_ids[: len(log) - start]) == list(log[start:]))
+        if not usable:
+            for i in over:
+                parked[i] = None
+            return False
+        self.executor.close_session(session_id)
+        self.executor.open_session(session_id, [*log, *block.token_ids[len(log) - start:]])
+        return True
 
     def bring_back(self, session_id: str, s: HostSession, layout: tuple[Range, ...]) -> None:
         """What the dropped tokens made the session evict comes back, as it was resident when the

@@ -56,8 +56,9 @@ class Resumption:
             s.tool_paused_at, s.prefix_break = previous.tool_paused_at, previous.prefix_break
             s.ephemeral = previous.ephemeral
         try:
+            overhang = sum(max(0, ref.key.token_range.end - len(record.token_log)) for ref in record.blocks)
             self.pressure.make_room(incoming or {}, newcomer=session_id,
-                                    newcomer_tokens=sum(len(r) for r in record.resident_ranges), busy=busy,
+                                    newcomer_tokens=sum(len(r) for r in record.resident_ranges) + overhang, busy=busy,
                                     newcomer_tenant=record.policy.tenant)
             self.kv.open_on_engine(session_id, s, record.token_log)
         except BaseException:

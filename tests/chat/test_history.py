@@ -70,6 +70,30 @@ def test_truncate_a_suspended_session(manager, backend) -> None:
         assert s.generate(16, ignore_eos=True) == twin.generate(16, ignore_eos=True)
 
 
+@pytest.mark.parametrize("backend", ENGINES)
+def test_a_suspended_session_cut_by_its_last_tokens_comes_back_by_import(manager, backend) -> None:
+    """A chat turn whose reply reads back as other tokens cuts a parked session by that reply: its
+    parked block is imported whole and cut back, not the whole conversation recomputed; a cut past
+    half the block recomputes what is kept."""
+    with manager.open_session(backend=backend) as s, manager.open_session(backend=backend) as twin, \
+            manager.open_session(backend=backend) as deep:
+        s.append(PROMPT[:120])
+        deep.append(PROMPT[:120])
+        twin.append(PROMPT[:104])
+        s.suspend()
+        deep.suspend()
+        before = s.stats()["counters"]
+        assert s.truncate(104) == 104 and deep.truncate(40) == 40
+        assert s.tokens() == PROMPT[:104] and deep.tokens() == PROMPT[:40]
+        assert s.generate(16, ignore_eos=True) == twin.generate(16, ignore_eos=True)
+        after = s.stats()["counters"]
+        assert after["recomputed_tokens"] == before["recomputed_tokens"], after
+        assert after["admissions"] > before["admissions"], after
+        twin.truncate(40)
+        assert deep.generate(8, ignore_eos=True) == twin.generate(8, ignore_eos=True)
+        assert deep.stats()["counters"]["recomputed_tokens"] >= 40
+
+
 def test_truncate_refuses_what_the_log_does_not_hold(manager) -> None:
     with manager.open_session(backend="b0") as s:
         s.append(PROMPT[:10])
