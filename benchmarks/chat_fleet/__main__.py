@@ -21,7 +21,9 @@ each turn (``cache_prompt``), kvres the same messages on a session bound by ``X-
 alternating which goes first. ``--sides`` may also name ``kvres-local`` and ``kvres-direct``: more
 ``kvres serve`` sides, each of its own embedded cluster, run with ``--front local`` / ``--front direct``
 (``kvres`` runs the command's default front); the ratios then compare each kvres side with
-llama-server and ``kvres-local`` with the other kvres sides.
+llama-server and ``kvres-local`` with the other kvres sides. ``kvres-host`` runs the same turns on
+kvres's backend host alone, no Ray and no HTTP, in a child process (``benchmarks.chat_fleet.host_side``):
+the bound of what kvres's engine and step loop serve, beside what its front and Ray leave of it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from benchmarks.peers import LlamaServer, llama_server_path
 
 from .driver import run_side
 from .hops import hop_table
+from .host_side import HOST_SIDE, HostSpec, run_host_side
 from .report import compare, plot, pooled
 from .sides import ChatModel, KvresServe, llama_server_flags, peer_side, prepare_model
 from .workload import PRESETS, ChatWorkload, Conversation, build_conversations, words
@@ -44,7 +47,7 @@ from .workload import PRESETS, ChatWorkload, Conversation, build_conversations, 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("kvres", "llama-server")
 KVRES_SIDES = {"kvres": None, "kvres-local": "local", "kvres-direct": "direct"}  # side -> kvres serve --front
-ALL_SIDES = (*KVRES_SIDES, "llama-server")
+ALL_SIDES = (*KVRES_SIDES, HOST_SIDE, "llama-server")
 MiB = 1 << 20
 
 
@@ -107,6 +110,12 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
             for repeat, conversations in enumerate(repeats):
                 order = list(s.sides) if repeat % 2 == 0 else list(reversed(s.sides))
                 for name in order:
+                    if name == HOST_SIDE:
+                        runs[name].append(run_host_side(HostSpec(
+                            str(path), asdict(w), repeat, per_conversation, s.threads, s.kv_layout,
+                            s.cache_ram_mib * MiB, str(tmp))))
+                        _print_run(repeat, runs[name][-1])
+                        continue
                     other = next((sides[o] for o in sides if o != name), None)
                     runs[name].append(run_side(sides[name], other, w, conversations))
                     _print_run(repeat, runs[name][-1])
@@ -127,7 +136,9 @@ def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
         "llama_server": {"binary": str(binary) if binary else None, "flags": flags},
         "sides": rows, "ratios": {**compare(runs, rows), **compare(runs, rows, "kvres-local"),
                                   **compare(runs, rows, "kvres-direct"), **compare(runs, rows, "kvres-local", "kvres"),
-                                  **compare(runs, rows, "kvres-local", "kvres-direct")}, "runs": runs,
+                                  **compare(runs, rows, "kvres-local", "kvres-direct"),
+                                  **compare(runs, rows, HOST_SIDE), **compare(runs, rows, "kvres", HOST_SIDE),
+                                  **compare(runs, rows, "kvres-local", HOST_SIDE)}, "runs": runs,
     }
     for name, row in rows.items():
         print(f"{name:>12} over {row['repeats']} repeats: {row['turns_per_s']:.2f} turns/s, TTFT p50 "

@@ -1,7 +1,8 @@
 """The pure parts of ``benchmarks.chat_fleet`` (kvres serve against llama-server): the workload is
 the same on every call and per repeat another, /proc is read right (a process's CPU seconds, a
 tree's, an ended child's counted once), the pooled figures follow from the runs, and the peer's
-binary is found or named with how to build it."""
+binary is found or named with how to build it; and the host side (kvres's backend host alone) run
+for real on the shared model."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from benchmarks.chat_fleet.report import compare, pooled
 from benchmarks.chat_fleet.sides import llama_server_flags
 from benchmarks.chat_fleet.workload import PRESETS, ChatWorkload, build_conversations
 from benchmarks.peers import PeerMissingError, llama_server_path
+from tests.conftest import shared_model_path
 
 
 def count(text: str) -> int:
@@ -176,3 +178,25 @@ def test_the_hop_profile_groups_processes_into_hops_and_splits_the_front_s_time(
     assert t["replica_turn_mean"] == pytest.approx(400) and t["outside_replica_turn_mean"] == pytest.approx(100)
     assert "| Serve replica | 30.0 |" in hop_table(profile)
     assert hop_profile(run, "", "")["time_ms"]["replica_ttft_mean"] is None
+
+
+def test_the_host_side_runs_the_turns_on_the_backend_host_alone(tmp_path: Path) -> None:
+    """``--sides kvres-host``: the same conversations on kvres's backend host in a child process (no
+    Ray, no HTTP), every timed turn done, the replies sent back kept (only the new messages
+    prefilled), its figures in the driver's shape."""
+    from benchmarks.chat_fleet.__main__ import tokens_per_conversation
+    from benchmarks.chat_fleet.host_side import HOST_SIDE, HostSpec, run_host_side
+    from benchmarks.chat_fleet.sides import ChatModel, prepare_model
+
+    shared_model_path()  # says so where the shared model is missing
+    model = prepare_model("stories260K", tmp_path)
+    w = ChatWorkload(conversations=4, slots=2, clients=2, turns=2, history_tokens=60, user_tokens=8, reply_tokens=4)
+    chat = ChatModel(model)
+    per = tokens_per_conversation(chat, w, build_conversations(w, chat.count, chat.render))
+    run = run_host_side(HostSpec(str(model), vars(w), 0, per, 1, "split", 64 << 20, str(tmp_path)))
+    assert run["side"] == HOST_SIDE and run["failed_turns"] == 0, run["failures"]
+    assert run["turns"] == w.timed_turns and run["completion_tokens"] == w.timed_turns * w.reply_tokens
+    assert 0 < run["prefilled_tokens"] < run["prompt_tokens"]  # each turn prefilled its new messages only
+    assert run["prefilled_tokens"] / run["turns"] < w.history_tokens  # the new messages, never the history again
+    assert run["cpu_s_per_turn"] > 0 and all(t >= 0 for t in run["ttft_samples_s"])
+    assert pooled([run])["turns_per_s"] == pytest.approx(run["turns_per_s"])
