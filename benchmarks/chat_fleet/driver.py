@@ -13,6 +13,8 @@ Primitives:
 - ``wait_quiet(roots) -> (seconds waited, cores)``: waits until the process trees of ``roots``
   together use less than ``QUIET_CORES`` of a core over a 2 s window (a backend's start-up probes,
   parking after the opening turns done), at most 300 s; ``cores``: what they used in the last window.
+- ``in_threads(n, work) -> seconds``: ``work(c)`` for each client ``c`` of ``n``, each on its own
+  thread, all at once; the wall time until the last ended.
 - ``run_side(side, other, w, conversations, run_id) -> dict``: ``w.clients`` threads: first every
   conversation's opening turn (its history, untimed: a resumed chat), then, on the clock, each
   client's conversations' turns one after another; the CPU seconds of both sides' process trees
@@ -132,7 +134,7 @@ def _clients(side: Side, n: int) -> list[Any]:
     return [httpx.Client(base_url=side.base_url, timeout=600) for _ in range(n)]
 
 
-def _in_threads(n: int, work: Any) -> float:
+def in_threads(n: int, work: Any) -> float:
     threads = [threading.Thread(target=work, args=(c,)) for c in range(n)]
     t0 = time.perf_counter()
     for t in threads:
@@ -180,13 +182,13 @@ def run_side(side: Side, other: Side | None, w: ChatWorkload, conversations: lis
                 take(c, i, k)
 
     try:
-        opening_s = _in_threads(w.clients, opening)
+        opening_s = in_threads(w.clients, opening)
         roots = [side.root_pid] + ([other.root_pid] if other else [])
         waited, idle_cores = wait_quiet(roots)
         metrics_before = _metrics_text(clients[0]) if side.bound else ""
         mine, theirs = snapshot(side.root_pid), snapshot(other.root_pid) if other else {}
         t0 = time.perf_counter()
-        wall = _in_threads(w.clients, timed)
+        wall = in_threads(w.clients, timed)
         mine_after, theirs_after = snapshot(side.root_pid), snapshot(other.root_pid) if other else {}
         metrics_after = _metrics_text(clients[0]) if side.bound else ""
     finally:

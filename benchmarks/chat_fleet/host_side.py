@@ -34,10 +34,10 @@ from typing import Any
 
 from benchmarks.fleet.workload import TurnTiming, summarize
 
+from .driver import TEXT_ONLY, in_threads
 from .workload import ChatWorkload, Message
 
 HOST_SIDE = "kvres-host"
-TEXT_ONLY = "root ::= [a-z ]+"  # as the HTTP sides' requests ask (``driver.TEXT_ONLY``)
 QUIET_CORES = 0.25
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,16 +79,6 @@ def _wait_quiet(window_s: float = 1.0, timeout_s: float = 60.0) -> tuple[float, 
         if cores < QUIET_CORES:
             break
     return time.perf_counter() - t0, cores
-
-
-def _in_threads(n: int, work: Any) -> float:
-    threads = [threading.Thread(target=work, args=(c,)) for c in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0
 
 
 def host_run(spec: HostSpec) -> dict[str, Any]:
@@ -162,10 +152,10 @@ def host_run(spec: HostSpec) -> dict[str, Any]:
                     return
 
     try:
-        opening_s = _in_threads(w.clients, opening)
+        opening_s = in_threads(w.clients, opening)
         waited, idle = _wait_quiet()
         cpu0, t0 = _cpu_s(), time.perf_counter()
-        wall = _in_threads(w.clients, timed)
+        wall = in_threads(w.clients, timed)
         cpu = _cpu_s() - cpu0
     finally:
         host.shutdown()
