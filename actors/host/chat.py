@@ -53,18 +53,18 @@ class Chat:
             rest = rendered[len(said):]
             return len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True) if rest else []
         whole = executor.tokenize(rendered, add_bos=source.add_bos, special=True)
-        lead = 1 if whole and source.add_bos and whole[0] == source.bos_id else 0
-        end = self._reads_back_to(whole, lead, said)
-        if end is not None:
-            if add_generation_prompt:
-                self._note(session_id, None)
-            return len(log), whole[end:]
-        keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         agreed = 0
         for mine, theirs in zip(log, whole, strict=False):
             if mine != theirs:
                 break
             agreed += 1
+        end = len(log) if agreed == len(log) else self._reads_back_to(
+            whole, 1 if whole and source.add_bos and whole[0] == source.bos_id else 0, said)
+        if end is not None:  # the whole log holds the rendering's start, as its tokens or as their text
+            if add_generation_prompt:
+                self._note(session_id, None)
+            return len(log), whole[end:]
+        keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         if agreed > keep:
             keep, new = agreed, whole[agreed:]
         if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
