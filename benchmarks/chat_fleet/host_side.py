@@ -34,11 +34,10 @@ from typing import Any
 
 from benchmarks.fleet.workload import TurnTiming, summarize
 
-from .driver import TEXT_ONLY, in_threads
+from .driver import TEXT_ONLY, in_threads, wait_quiet
 from .workload import ChatWorkload, Message
 
 HOST_SIDE = "kvres-host"
-QUIET_CORES = 0.25
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,37 +68,21 @@ def _cpu_s() -> float:
     return t.user + t.system
 
 
-def _wait_quiet(window_s: float = 1.0, timeout_s: float = 60.0) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    cores = float("nan")
-    while time.perf_counter() - t0 < timeout_s:
-        before = _cpu_s()
-        time.sleep(window_s)
-        cores = (_cpu_s() - before) / window_s
-        if cores < QUIET_CORES:
-            break
-    return time.perf_counter() - t0, cores
-
-
 def host_run(spec: HostSpec) -> dict[str, Any]:
     from kvres.actors.backend_setup.engine_registry import make_executor
-    from kvres.actors.config import BackendConfig
     from kvres.actors.generation import GenerationRequest
     from kvres.actors.host.backend import BackendHost
     from kvres.actors.ray_actors.coldstore_actor import ColdStoreServer
     from kvres.actors.sampling import SamplingParams
     from kvres.testing import LocalStorePort
 
-    from .sides import ChatModel
+    from .sides import ChatModel, fleet_backend
     from .workload import build_conversations
 
     w = ChatWorkload(**spec.workload)
     chat_model = ChatModel(Path(spec.model))
     conversations = build_conversations(w, chat_model.count, chat_model.render, spec.repeat)
-    budget = w.slots * spec.tokens_per_conversation
-    budget += budget % 2
-    config = BackendConfig(name="peers", model_path=spec.model, n_ctx=budget, n_seq_max=w.slots,
-                           kv_budget_tokens=budget, n_threads=spec.threads, kv_layout=spec.kv_layout)
+    config = fleet_backend(spec.model, w, spec.tokens_per_conversation, spec.threads, spec.kv_layout)
     folder = Path(tempfile.mkdtemp(prefix="host-side-", dir=spec.folder))
     store = ColdStoreServer(spec.cold_ram_bytes, folder / "cold", 4 * spec.cold_ram_bytes)
     host = BackendHost(config, make_executor(config, spec.model), store=LocalStorePort("n", {"n": store}))
@@ -153,7 +136,7 @@ def host_run(spec: HostSpec) -> dict[str, Any]:
 
     try:
         opening_s = in_threads(w.clients, opening)
-        waited, idle = _wait_quiet()
+        waited, idle = wait_quiet([os.getpid()], window_s=1.0, timeout_s=60.0)
         cpu0, t0 = _cpu_s(), time.perf_counter()
         wall = in_threads(w.clients, timed)
         cpu = _cpu_s() - cpu0

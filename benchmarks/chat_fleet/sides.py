@@ -13,6 +13,8 @@ Primitives:
 - ``Side(name, base_url, root_pid, model_id, bound)``: what the driver talks to; ``bound``: each
   conversation's turns carry its ``X-Session-Id`` (kvres), else the whole history is the prompt and
   ``cache_prompt`` asks the server to reuse what a slot or its RAM cache holds (llama-server).
+- ``fleet_backend(model, w, tokens_per_conversation, threads, kv_layout) -> BackendConfig``: the
+  one backend kvres runs the fleet on (``KvresServe``'s, and the host side's).
 - ``KvresServe(model, w, tokens_per_conversation, threads, kv_layout, cold_ram_bytes, folder)``:
   ``kvres serve`` in a process of its own (an embedded Ray cluster, one backend with ``w.slots``
   sequence slots and a KV budget of ``w.slots`` conversations, one Serve replica), started on a
@@ -140,6 +142,18 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+def fleet_backend(model: Path | str, w: ChatWorkload, tokens_per_conversation: int, threads: int,
+                  kv_layout: str) -> Any:
+    """The one backend kvres runs the chat fleet on (a ``BackendConfig``): ``w.slots`` sequences,
+    a KV budget of as many conversations (even), the threads and layout asked."""
+    from kvres.cluster import BackendConfig
+
+    budget = w.slots * tokens_per_conversation
+    budget += budget % 2
+    return BackendConfig(name="peers", model_path=model, n_ctx=budget, n_seq_max=w.slots, kv_budget_tokens=budget,
+                         n_threads=threads, kv_layout=kv_layout)
+
+
 class KvresServe:
     def __init__(self, model: Path, w: ChatWorkload, tokens_per_conversation: int, threads: int, kv_layout: str,
                  cold_ram_bytes: int, folder: Path, front: str | None = None, name: str = "kvres") -> None:
@@ -153,12 +167,9 @@ class KvresServe:
         self._process: subprocess.Popen[bytes] | None = None
 
     def config_json(self) -> str:
-        from kvres.cluster import BackendConfig, ColdStoreConfig, KvresConfig
+        from kvres.cluster import ColdStoreConfig, KvresConfig
 
-        budget = self.w.slots * self.tokens_per_conversation
-        budget += budget % 2
-        backend = BackendConfig(name="peers", model_path=self.model, n_ctx=budget, n_seq_max=self.w.slots,
-                                kv_budget_tokens=budget, n_threads=self.threads, kv_layout=self.kv_layout)
+        backend = fleet_backend(self.model, self.w, self.tokens_per_conversation, self.threads, self.kv_layout)
         cold = ColdStoreConfig(ram_budget_bytes=self.cold_ram_bytes, disk_budget_bytes=4 * self.cold_ram_bytes,
                                disk_dir=self.folder / "cold")
         return str(KvresConfig(backends=[backend], cold_store=cold).model_dump_json())
