@@ -69,7 +69,7 @@ from ..generation import Generation, GenerationRequest, StopRule
 from ..metrics import COUNTERS, Metrics, NullMetrics
 from ..sampling import SamplingParams
 from ..sizing.tier_policy import session_policy_for_tier
-from .chat import Chat
+from .chat import Chat, ChatPlan
 from .context import HostContext
 from .durability import Durability
 from .editing import Editing
@@ -344,6 +344,8 @@ class BackendHost:
         calls fail with ``LoopStoppedError``), then free the engine. The host takes no call after."""
         self._retention.stop()
         self._loop.stop(timeout_s)
+        with contextlib.suppress(Exception):  # calls answered once written: written now (a failure is logged)
+            self._ctx.journal.flush()
         if self._pause_probes is not None:  # a probe child left stopped by the last calls goes on
             self._pause_probes(False)
         close = getattr(self.executor, "close", None)  # an engine that holds native memory frees it
@@ -435,22 +437,27 @@ class BackendHost:
 
     def _chat_job(self, session_id: str, messages: Sequence[Mapping[str, Any]], request: int | GenerationRequest,
                   request_id: str | None, streaming: bool) -> Job:
-        """A turn's job, planned and submitted under one hold of the lock: a turn waits once for
-        the step under way, not once for each thing it reads. (An engine that samples itself gets
-        the prompt by an append first, which waits for the loop: there the lock is not held.)"""
-        with self._ctx.lock if self._engine.joins_prompts else contextlib.nullcontext():
-            prompt = self._chat_prompt(session_id, messages, request_id)
+        """A turn's job, planned on the session's last committed log outside the lock (the steps go
+        on meanwhile: rendering and tokenizing a long conversation takes milliseconds), then checked
+        against the log and submitted under one hold of it: a turn waits once for the step under way.
+        (An engine that samples itself gets the prompt by an append first, which waits for the loop:
+        there the lock is not held.)"""
+        joins = self._engine.joins_prompts
+        planned = self._chat.plan_ahead(session_id, messages) if joins else None
+        with self._ctx.lock if joins else contextlib.nullcontext():
+            prompt = self._chat_prompt(session_id, messages, request_id, planned)
             return self._generate_job(session_id, request, 0.0, None, streaming, request_id, prompt,
                                       ahead=STREAM_AHEAD if streaming else None)
 
-    def _chat_prompt(self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None) -> list[int]:
+    def _chat_prompt(self, session_id: str, messages: Sequence[Mapping[str, Any]], request_id: str | None,
+                     planned: ChatPlan | None = None) -> list[int]:
         """What the session lacks of the rendered conversation (the log cut back to where they agree)."""
         with self._ctx.lock:
             done = self._ctx.get(session_id, live=False).committed
             if request_id is not None and done is not None and done.request_id == request_id:
                 return []  # a retry of a turn that committed: its answer is replayed
-        keep, new = self._chat.plan(session_id, messages)
-        if keep < self.token_count(session_id):
+        keep, new, held = self._chat.plan_checked(session_id, messages, planned)
+        if keep < held:
             self.truncate(session_id, keep)
         return new
 

@@ -14,12 +14,19 @@ Primitives:
   reads back exactly) and where it agrees with the rendering tokenized whole, and the rest is
   replaced (a reply the caller edited, a turn the client never saw); where that drops tokens of
   the log, where and why is noted on the session (``HostSession.prefix_break``,
-  ``prefix_break.describe_break``) for the turn's answer.
+  ``prefix_break.describe_break``) for the turn's answer (``note``).
+- ``Chat.plan_on(log, messages, add_generation_prompt=True) -> ChatPlan``: the same for a given log,
+  reading nothing else of the host (no lock): ``ChatPlan(log, keep, tokens, prefix_break)``.
+- ``Chat.plan_ahead(session_id, messages) -> ChatPlan | None`` (without the lock, on the log of the
+  session's last commit) and ``plan_checked(session_id, messages, planned) -> (keep, tokens,
+  log length)`` (under it: ``planned`` where the log is still the one it was made on, else planned
+  again): a turn's plan made while the step loop runs on, used where nothing changed the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvres.policy import CapabilityError
@@ -30,6 +37,18 @@ from .context import HostContext
 from .prefix_break import describe_break
 
 
+@dataclass(frozen=True)
+class ChatPlan:
+    """What a conversation asks of a session whose log was ``log``: keep its first ``keep`` tokens,
+    append ``tokens``; ``prefix_break``: where and why the log stopped agreeing, where ``keep`` drops
+    some of it (None otherwise)."""
+
+    log: list[int]
+    keep: int
+    tokens: list[int]
+    prefix_break: dict[str, Any] | None = None
+
+
 class Chat:
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
@@ -37,21 +56,56 @@ class Chat:
     def plan(
         self, session_id: str, messages: Sequence[Mapping[str, Any] | ChatMessage], add_generation_prompt: bool = True,
     ) -> tuple[int, list[int]]:
+        keep, new, _ = self.plan_checked(session_id, messages, None, add_generation_prompt)
+        return keep, new
+
+    def plan_ahead(self, session_id: str, messages: Sequence[Mapping[str, Any] | ChatMessage]) -> ChatPlan | None:
+        """The turn planned on the log of the session's last commit, read without the lock (a record
+        is not changed once committed); None where there is none. ``plan_checked`` uses it where the
+        session's log is still that one."""
+        s = self.ctx.sessions.get(session_id)
+        record = None if s is None else s.committed
+        if record is None:
+            return None
+        try:  # a copy (one step under the GIL): the check compares it with the log as it is then
+            return self.plan_on(list(record.token_log), messages)
+        except Exception:  # planned again under the lock, which raises what is wrong with the messages
+            return None
+
+    def plan_checked(
+        self, session_id: str, messages: Sequence[Mapping[str, Any] | ChatMessage], planned: ChatPlan | None,
+        add_generation_prompt: bool = True,
+    ) -> tuple[int, list[int], int]:
+        """(keep, tokens, the log's length): ``planned`` where it was made on the session's log as it
+        is, else planned on it now (the log read under the lock)."""
+        with self.ctx.lock:
+            log = self.ctx.token_log(session_id)
+            if planned is not None and planned.log != log:
+                planned = None
+            if planned is not None and add_generation_prompt:
+                self.note(session_id, planned.prefix_break)
+        if planned is None:
+            planned = self.plan_on(log, messages, add_generation_prompt)
+            if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
+                self.note(session_id, planned.prefix_break)
+        return planned.keep, planned.tokens, len(log)
+
+    def plan_on(
+        self, log: list[int], messages: Sequence[Mapping[str, Any] | ChatMessage], add_generation_prompt: bool = True,
+    ) -> ChatPlan:
+        """``plan`` for a session whose log is ``log``: reads nothing else of the host (no lock)."""
         ctx = self.ctx
         source = ctx.executor.chat_template()
         if source is None:
             raise CapabilityError(f"backend {ctx.name!r}'s model has no chat template: append text instead")
         rendered = render_conversation(source, messages, add_generation_prompt)
-        with ctx.lock:
-            log = ctx.token_log(session_id)
         executor = ctx.executor
         body = log[1:] if log and source.add_bos and log[0] == source.bos_id else log
         said = executor.detokenize(body, special=True)
         if rendered.startswith(said):
-            if add_generation_prompt:
-                self._note(session_id, None)
             rest = rendered[len(said):]
-            return len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True) if rest else []
+            return ChatPlan(log, len(log), executor.tokenize(rest, add_bos=not log and source.add_bos, special=True)
+                            if rest else [])
         whole = executor.tokenize(rendered, add_bos=source.add_bos, special=True)
         agreed = 0
         for mine, theirs in zip(log, whole, strict=False):
@@ -61,15 +115,11 @@ class Chat:
         end = len(log) if agreed == len(log) else self._reads_back_to(
             whole, 1 if whole and source.add_bos and whole[0] == source.bos_id else 0, said)
         if end is not None:  # the whole log holds the rendering's start, as its tokens or as their text
-            if add_generation_prompt:
-                self._note(session_id, None)
-            return len(log), whole[end:]
+            return ChatPlan(log, len(log), whole[end:])
         keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
         if agreed > keep:
             keep, new = agreed, whole[agreed:]
-        if add_generation_prompt:  # a turn's render (a reply's close does not speak for the next turn)
-            self._note(session_id, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
-        return keep, new
+        return ChatPlan(log, keep, new, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
 
     def _reads_back_to(self, whole: list[int], lead: int, said: str) -> int | None:
         """Where the rendering's own tokens (``whole``, past a BOS: ``lead``) read back as ``said``
@@ -114,7 +164,8 @@ class Chat:
             return 0, []  # the rest tokenized on its own reads otherwise (a space prefix): compare tokens
         return start + lo, new
 
-    def _note(self, session_id: str, prefix_break: dict[str, Any] | None) -> None:
+    def note(self, session_id: str, prefix_break: dict[str, Any] | None) -> None:
+        """Where the turn's conversation left the session's log (None: nowhere), for its answer."""
         with self.ctx.lock:
             session = self.ctx.sessions.get(session_id)
             if session is not None:

@@ -3,7 +3,8 @@
 Primitives:
 - ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False)``
   (the session's record to the journal; ``later``: written behind, for changes that add no
-  token), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
+  token), ``commit_call(job, answer)`` (a call's commit, then its answer: where the journal is
+  remote, written behind the step loop and answered once written), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
   others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
   nothing: back to the last commit, from a live session or one preempted during the call); a
   commit of a preempted session makes it an ordinary suspended one. (A session the journal has and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -46,13 +48,46 @@ class Durability:
         record.generation += 1
         return record
 
+    def commit_call(self, job: Job, answer: object) -> None:
+        """A call's commit, then its answer. Where the journal is remote the record is written
+        behind, off the step loop (which steps the other calls meanwhile), and the call answered
+        once it is written (``Job.committing`` until then); else at once. A write that fails fails
+        the call: its session back to its last record."""
+        s = self.ctx.sessions[job.session_id]
+        if s.ephemeral or not self.ctx.journal.remote:
+            try:
+                self.commit(job.session_id, job.request_id, answer)
+            except Exception as exc:
+                self.fail(job, exc)
+                return
+            job.answer = answer
+            job.finish()
+            return
+        previous = s.committed
+        written_record: list[SessionRecord] = []
+
+        def written(error: BaseException | None) -> None:
+            if error is None:
+                job.answer = answer
+                job.finish()
+                return
+            with self.ctx.lock:
+                if s.committed is not None and s.committed in written_record:
+                    s.committed = previous  # never written: the last record is the one before
+                self.fail(job, error)
+                self.ctx.jobs.poke()
+
+        job.committing = True
+        written_record.append(self.commit(job.session_id, job.request_id, answer, written=written))
+
     def commit(
         self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None,
-        later: bool = False,
+        later: bool = False, written: Callable[[BaseException | None], None] | None = None,
     ) -> SessionRecord:
         """Write the session's record to the journal (``backend`` overrides who serves it: ""
         while it moves; an ephemeral session's is kept in memory only); a call's commit also
-        records its request id and result."""
+        records its request id and result. ``written``: the record is written behind, and
+        ``written(error)`` told once it is (``commit_call``)."""
         record = self.snapshot(session_id)
         if request_id is not None:
             record.request_id, record.result = request_id, result
@@ -61,6 +96,8 @@ class Durability:
         s = self.ctx.sessions[session_id]
         if s.ephemeral:
             pass  # opened for one call, closed by it: its record is kept in memory only
+        elif written is not None:
+            self.ctx.journal.save_soon(record, written)
         elif later:
             self.ctx.journal.save_later(record)
         else:

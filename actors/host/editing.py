@@ -64,8 +64,8 @@ class Editing:
         ctx = self.ctx
         with ctx.lock:
             s = ctx.sessions.get(session_id)
-            jobs = [j for j in ctx.jobs.pending(session_id)
-                    if j.kind == "generate" and (request_id is None or j.request_id == request_id)]
+            jobs = [j for j in ctx.jobs.pending(session_id)  # one being committed has ended: as if answered
+                    if j.kind == "generate" and not j.committing and (request_id is None or j.request_id == request_id)]
             if jobs and jobs[0].pending is not None and (keep is None or keep >= len(jobs[0].produced)):
                 job = jobs[0]
                 if s is not None:

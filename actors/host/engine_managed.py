@@ -88,9 +88,10 @@ class ManagedStepper:
         return None  # the engine samples itself
 
     def step(self, jobs: list[Job]) -> bool:
-        for job in jobs:
+        ran = [job for job in jobs if not job.done and not job.committing]  # (committing: answered once written)
+        for job in ran:
             self._run(job)
-        return True
+        return bool(ran)
 
     def _run(self, job: Job) -> None:
         ctx = self.ctx

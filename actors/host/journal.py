@@ -12,7 +12,10 @@ Primitives:
 - ``WriteBehindJournal(journal)``: the same journal plus ``save_later(record)``, written by a
   background thread (the newest record per session; a later ``save`` or ``delete`` of the session
   supersedes it). For changes that add no token (a suspend, a resume, an eviction): if the process
-  dies before the write, the older record still holds every committed token.
+  dies before the write, the older record still holds every committed token. ``save_soon(record,
+  written)``: the same, and ``written(error)`` told once the record (or a newer one of the session)
+  is written: where the journal is ``remote`` (Ray's GCS) a call's commit is written there, off the
+  step loop, and the call answered once it is (``Durability.commit_call``).
 - ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``
   (``ray_journal.RayDirectory`` in the GCS).
 
@@ -28,6 +31,7 @@ import pickle
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -111,6 +115,8 @@ def decode_record(data: bytes) -> SessionRecord:
 
 
 class Journal(ABC):
+    remote = False  # a write is a round trip to another process (then a call's answer waits for it off the step loop)
+
     @abstractmethod
     def save(self, record: SessionRecord) -> None: ...
 
@@ -142,23 +148,44 @@ class MemoryJournal(Journal):
         return list(self._records)
 
 
+Written = Callable[[BaseException | None], None]  # told once a record is written (None) or failed (the error)
+
+
 class WriteBehindJournal(Journal):
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
-        self._pending: dict[str, SessionRecord] = {}
+        self._pending: dict[str, tuple[SessionRecord, list[Written]]] = {}
         self._write_lock = threading.Lock()  # one write at a time: an older record never lands last
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
+    @property
+    def remote(self) -> bool:  # type: ignore[override]
+        return self._journal.remote
+
     def save(self, record: SessionRecord) -> None:
         with self._write_lock:
             with self._wake:
-                self._pending.pop(record.session_id, None)
-            self._journal.save(record)
+                _, waiting = self._pending.pop(record.session_id, (None, []))
+            try:
+                self._journal.save(record)
+            except BaseException as exc:
+                _tell(waiting, exc)
+                raise
+        _tell(waiting, None)  # the newer record holds what theirs did
 
     def save_later(self, record: SessionRecord) -> None:
+        self._queue(record, None)
+
+    def save_soon(self, record: SessionRecord, written: Written) -> None:
+        """``save_later``, and ``written`` told once the record (or a newer one of the session) is
+        written, or with the error where it could not be."""
+        self._queue(record, written)
+
+    def _queue(self, record: SessionRecord, written: Written | None) -> None:
         with self._wake:
-            self._pending[record.session_id] = record
+            _, waiting = self._pending.pop(record.session_id, (None, []))
+            self._pending[record.session_id] = (record, [*waiting, *([written] if written else [])])
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._write_loop, name="kvres-journal", daemon=True)
                 self._thread.start()
@@ -167,13 +194,14 @@ class WriteBehindJournal(Journal):
     def load(self, session_id: str) -> SessionRecord | None:
         with self._wake:
             pending = self._pending.get(session_id)
-        return pending if pending is not None else self._journal.load(session_id)
+        return pending[0] if pending is not None else self._journal.load(session_id)
 
     def delete(self, session_id: str) -> None:
         with self._write_lock:
             with self._wake:
-                self._pending.pop(session_id, None)
+                _, waiting = self._pending.pop(session_id, (None, []))
             self._journal.delete(session_id)
+        _tell(waiting, None)  # the session is gone: nothing of it is left to write
 
     def session_ids(self) -> list[str]:
         with self._wake:
@@ -181,14 +209,24 @@ class WriteBehindJournal(Journal):
         return sorted(pending | set(self._journal.session_ids()))
 
     def flush(self) -> None:
-        """Write everything pending now (in the caller's thread)."""
+        """Write everything pending now (in the caller's thread); a write that fails is raised
+        (its waiters told) after the rest are written."""
+        failed: BaseException | None = None
         while True:
             with self._write_lock:
                 with self._wake:
                     if not self._pending:
-                        return
-                    _, record = self._pending.popitem()
-                self._journal.save(record)
+                        break
+                    session_id = next(iter(self._pending))  # the oldest queued first
+                    record, waiting = self._pending.pop(session_id)
+                try:
+                    self._journal.save(record)
+                    error: BaseException | None = None
+                except Exception as exc:
+                    error = failed = exc
+            _tell(waiting, error)
+        if failed is not None:
+            raise failed
 
     def _write_loop(self) -> None:
         while True:
@@ -200,6 +238,14 @@ class WriteBehindJournal(Journal):
             except Exception:
                 log.exception("a write-behind journal write failed; the session's older record stands")
                 time.sleep(0.5)
+
+
+def _tell(waiting: list[Written], error: BaseException | None) -> None:
+    for written in waiting:
+        try:
+            written(error)
+        except Exception:  # one waiter's failure must not keep the others waiting
+            log.exception("a journal write's waiter failed")
 
 
 class Directory(ABC):

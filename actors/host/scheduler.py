@@ -161,6 +161,7 @@ class Job:
     ahead: int | None = None  # streamed generate: the most tokens it produces past what its reader took
     read: int = 0  # streamed generate: tokens its reader took
     held: bool = False  # a step left it waiting for its reader (whose next read wakes the loop)
+    committing: bool = False  # done stepping: its record is being written, and it answers once it is
     _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -313,6 +314,8 @@ class JobQueue:
             return  # the flag alone ends the loop after its current step
         try:
             for job in self.jobs:
+                if job.committing:
+                    continue  # stepped to its end: answered once its record is written
                 job.finish(LoopStoppedError(f"backend {self.name!r} stopped before session {job.session_id!r}'s call ran"))
             self.jobs.clear()
             self.wake.notify_all()
@@ -324,14 +327,16 @@ class JobQueue:
         if self.stopping:
             raise LoopStoppedError(f"backend {self.name!r} has stopped (its process is exiting): "
                                    f"session {job.session_id!r}'s call was not run")
-        if any(j.session_id == job.session_id for j in self.jobs):
+        if any(j.session_id == job.session_id and not j.done for j in self.jobs):
             raise RuntimeError(f"session {job.session_id!r} already has a running call")
         self.jobs.append(job)
         self.wake.notify()
 
     def pending(self, session_id: str | None = None) -> list[Job]:
+        """The calls not yet answered (a call answered once its record was written, off the loop,
+        leaves the list at the loop's next pass)."""
         with self.lock:
-            return [j for j in self.jobs if session_id is None or j.session_id == session_id]
+            return [j for j in self.jobs if not j.done and (session_id is None or j.session_id == session_id)]
 
     def poke(self) -> None:
         with self.lock:

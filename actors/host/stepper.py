@@ -64,7 +64,8 @@ MID_TURN_GRACE_S = 0.5  # after an append, how long its session is kept over oth
 
 
 def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
-    """The call is done: commit the session (with the call's id and answer), then answer."""
+    """The call is done: commit the session (with the call's id and answer), then answer
+    (``Durability.commit_call``: once the record is written)."""
     job.result = len(ctx.executor.token_log(job.session_id))
     s = ctx.sessions.get(job.session_id)
     if s is not None:  # a turn's reply follows its append: keep the slot for it a moment
@@ -77,13 +78,7 @@ def complete(ctx: HostContext, durability: Durability, job: Job) -> None:
             answer.prompt_tokens = job.appended  # a generate given its prompt
         if s is not None:  # a chat turn whose conversation left the log: the reply says where
             answer.prefix_break, s.prefix_break = s.prefix_break, None
-    try:
-        durability.commit(job.session_id, job.request_id, answer)
-    except Exception as exc:
-        durability.fail(job, exc)
-        return
-    job.answer = answer
-    job.finish()
+    durability.commit_call(job, answer)
 
 
 def generation_of(ctx: HostContext, job: Job) -> Generation:
@@ -123,7 +118,8 @@ class KVStepper:
         progressed."""
         progressed = self._expire()
         pending = [job for job in jobs if not job.done]
-        jobs = [job for job in pending if not job.waits_for_reader()]  # a stream runs ahead of its reader no further
+        # a stream runs ahead of its reader no further; a call being committed is done stepping
+        jobs = [job for job in pending if not job.committing and not job.waits_for_reader()]
         jobs = self.ctx.room.order(jobs, self._priority)
         ran = {job.session_id for job in pending if job.ran}
         served: set[str] = set()  # the sessions of the calls served so far in this step
@@ -454,6 +450,6 @@ class KVStepper:
                 self.durability.fail(job, exc)
             if done and not job.done and not job.waits_for_reader():  # else once its reader took them all
                 complete(ctx, self.durability, job)
-            finished |= job.done
+            finished |= job.done or job.committing
         if finished:
             ctx.publish()

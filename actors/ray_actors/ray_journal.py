@@ -39,6 +39,8 @@ class _GcsTable:
 
 
 class RayJournal(Journal):
+    remote = True
+
     def __init__(self, namespace: str) -> None:
         self._table = _GcsTable(f"{JOURNAL_KV_NAMESPACE}/{namespace}")
 
