@@ -344,7 +344,7 @@ class BackendHost:
         calls fail with ``LoopStoppedError``), then free the engine. The host takes no call after."""
         self._retention.stop()
         self._loop.stop(timeout_s)
-        with contextlib.suppress(Exception):  # calls answered once written: written now (a failure is logged)
+        with contextlib.suppress(Exception):  # calls answered once written: written now (a failure fails them)
             self._ctx.journal.flush()
         if self._pause_probes is not None:  # a probe child left stopped by the last calls goes on
             self._pause_probes(False)

@@ -4,8 +4,8 @@ Primitives:
 - ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False)``
   (the session's record to the journal; ``later``: written behind, for changes that add no
   token), ``commit_call(job, answer)`` (a call's commit, then its answer: where the journal is
-  remote, written behind the step loop and answered once written), ``commit_new`` (a new session's first record, or no session), ``flush_dirty`` (sessions
-  others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
+  remote, written behind the step loop and answered once written), ``commit_new`` (a new
+  session's first record, or no session), ``flush_dirty`` (sessions others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
   nothing: back to the last commit, from a live session or one preempted during the call); a
   commit of a preempted session makes it an ordinary suspended one. (A session the journal has and
   this process does not is rebuilt by ``HostContext.get``.)
@@ -64,7 +64,7 @@ class Durability:
             job.finish()
             return
         previous = s.committed
-        written_record: list[SessionRecord] = []
+        queued: list[SessionRecord] = []  # the record written (set before the writer can fail it: under the lock)
 
         def written(error: BaseException | None) -> None:
             if error is None:
@@ -72,13 +72,13 @@ class Durability:
                 job.finish()
                 return
             with self.ctx.lock:
-                if s.committed is not None and s.committed in written_record:
+                if queued and s.committed is queued[0]:
                     s.committed = previous  # never written: the last record is the one before
                 self.fail(job, error)
                 self.ctx.jobs.poke()
 
         job.committing = True
-        written_record.append(self.commit(job.session_id, job.request_id, answer, written=written))
+        queued.append(self.commit(job.session_id, job.request_id, answer, written=written))
 
     def commit(
         self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None,
