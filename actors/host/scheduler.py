@@ -68,6 +68,7 @@ STREAM_AHEAD = 8  # tokens a stream produces past what its reader took (its job 
 # a stream's chunk after its first waits until it holds this many tokens (or every one its job will
 # produce): one Ray object per four tokens, not per token, where the reader keeps up with the steps
 CHUNK_TOKENS = 4
+COMMIT_POLL_S = 0.002  # how often a loop with nothing else to step looks whether a call's record was written
 CHUNK_POLL_S = 0.02  # how often a chunk short of CHUNK_TOKENS looks whether its job produced its last token
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
@@ -462,8 +463,8 @@ class StepLoop:
                 for job in jobs:
                     if job.done and job in q.jobs:
                         q.jobs.remove(job)
-                if not progressed:  # every job waits for room: sleep until something changes
-                    q.wake.wait(timeout=0.05)
+                if not progressed:  # every job waits for room, or for its record's write: sleep until something changes
+                    q.wake.wait(timeout=COMMIT_POLL_S if any(j.committing and not j.done for j in q.jobs) else 0.05)
             # the lock is free here: control calls and new submissions get their turn
             self._let_waiters_in()
 
