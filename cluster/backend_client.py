@@ -12,7 +12,9 @@ Primitives:
   ``append``, ``append_text``, ``generate``, ``stream`` (a ``TokenStream``), ``chat``,
   ``append_messages``, ``cancel``, ``truncate``, ``fork``, ``tokens``, ``export``, ``restore``,
   ``suspend``, ``resume``,
-  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``.
+  ``detach``, ``close``, ``session_stats``, ``tokenize``, ``detokenize``; ``hold(session_id, hold) ->
+  tenant`` (the session taken for a request of several calls: ``holds.Hold``). Sent without waiting:
+  ``release_hold``, ``renew_holds``.
 - ``TokenStream``: the tokens of a streaming generate (the backend runs at most
   ``kvres.actors.host.scheduler.STREAM_AHEAD`` tokens past what it handed out), one Ray object
   per token, or per list of them read through ``chunks()``; ``generation``
@@ -48,6 +50,7 @@ from ray.exceptions import ActorUnschedulableError, RayActorError
 
 from kvres.actors.config import SessionPolicy
 from kvres.actors.generation import Generation, GenerationRequest
+from kvres.actors.host.holds import Hold
 from kvres.actors.host.journal import SessionRecord
 from kvres.policy import ArgumentError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, NodeLostError
@@ -151,17 +154,19 @@ class BackendClient:
 
     def stream(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, *, follow: Follow | None = None,
-               ephemeral: bool = False, policy: SessionPolicy | None = None) -> TokenStream:
+               ephemeral: bool = False, policy: SessionPolicy | None = None, hold: Hold | None = None) -> TokenStream:
         """``follow``: where the session went when this backend does not know it (its handle's
         ``_followed``): the stream starts there instead, once, before any token. ``ephemeral``: a
         stateless turn: the backend opens the session (``policy``) in the call and closes it when
-        the stream ends (no journal record, no directory entry)."""
+        the stream ends (no journal record, no directory entry). ``hold``: the call takes the
+        session for its request first, and releases it once the stream ended whole
+        (``TokenStream.released``)."""
         return TokenStream(self, session_id, request, request_id, prompt, messages, follow,
-                           opens=(policy,) if ephemeral else None)
+                           opens=(policy,) if ephemeral else None, hold=hold)
 
     def stream_refs(self, session_id: str, request: GenerationRequest, request_id: str, prompt: list[int] | None = None,
                     messages: list[dict[str, Any]] | None = None, chunks: bool = False,
-                    opens: tuple[SessionPolicy | None] | None = None) -> Any:
+                    opens: tuple[SessionPolicy | None] | None = None, hold: Hold | None = None) -> Any:
         """The backend's streaming generator of one request (tokens, or with ``chunks`` lists of
         them, then the ``Generation``); ``prompt`` / ``messages``: appended first, in the same call;
         ``opens``: an ephemeral session of that policy, opened and closed by the call."""
@@ -171,6 +176,8 @@ class BackendClient:
             options["chunks"] = True
         if opens is not None:
             options["ephemeral"], options["policy"] = True, opens[0]
+        if hold is not None:
+            options["hold"] = hold
         return self._calls().stream.remote(session_id, request, request_id, prompt, messages, **options)
 
     def chat(self, session_id: str, messages: list[dict[str, Any]], request: GenerationRequest,
@@ -230,6 +237,18 @@ class BackendClient:
     def session_stats(self, session_id: str) -> dict[str, Any]:
         return dict(self._session_call(session_id, lambda h: h.session_stats.remote(session_id)))
 
+    def hold(self, session_id: str, hold: Hold) -> str | None:
+        """The session taken for ``hold.holder``'s request (``SessionHeldError`` where another holds
+        it); its tenant."""
+        tenant: str | None = self._session_call(session_id, lambda h: h.hold.remote(session_id, hold))
+        return tenant
+
+    def release_hold(self, session_id: str, holder: str) -> None:
+        self._calls().release_hold.remote(session_id, holder)
+
+    def renew_holds(self, held: dict[str, str], ttl_s: float) -> None:
+        self._calls().renew_holds.remote(held, ttl_s)
+
     # -- the backend ----------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         return [int(t) for t in self._any_call(lambda h: h.tokenize.remote(text, add_bos, special))]
@@ -269,6 +288,8 @@ class _StreamState:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     handed: list[int] = field(default_factory=list)  # the tokens handed out, that a repeat must give again
     opens: tuple[SessionPolicy | None] | None = None  # an ephemeral session the call opens (of this policy)
+    hold: Hold | None = None  # the request's hold the call takes (released by the backend at a whole end)
+    released: bool = False  # the stream ended whole (not left) on the backend, which released ``hold`` then
 
 
 # this driver's latest stream of each session, while something holds it
@@ -301,9 +322,10 @@ class TokenStream:
 
     def __init__(self, client: BackendClient, session_id: str, request: GenerationRequest, request_id: str,
                  prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None,
-                 follow: Follow | None = None, opens: tuple[SessionPolicy | None] | None = None) -> None:
+                 follow: Follow | None = None, opens: tuple[SessionPolicy | None] | None = None,
+                 hold: Hold | None = None) -> None:
         self._state = _StreamState(client, session_id, request, request_id, prompt, messages, follow=follow,
-                                   opens=opens)
+                                   opens=opens, hold=hold)
         self._tokens: Generator[int, None, None] | None = None
         self._chunks: Generator[list[int], None, None] | None = None
         with _streams_lock:
@@ -345,6 +367,12 @@ class TokenStream:
         return self._state.delivered
 
     @property
+    def released(self) -> bool:
+        """The stream ended whole on the backend (its ``Generation`` came with it): a ``hold`` it
+        carried was released there."""
+        return self._state.released
+
+    @property
     def finish_reason(self) -> str | None:
         return None if self._state.generation is None else self._state.generation.finish_reason
 
@@ -379,10 +407,11 @@ def _run(state: _StreamState, chunks: bool) -> Generator[list[int], None, None]:
                         return
                     state.sent = True
                 for ref in client.stream_refs(state.session_id, state.request, state.request_id, state.prompt,
-                                               state.messages, chunks=chunks, opens=state.opens):
+                                               state.messages, chunks=chunks, opens=state.opens, hold=state.hold):
                     item = answer(ref)
                     if isinstance(item, Generation):
                         state.generation = item
+                        state.released = item.finish_reason != "cancelled"  # as the backend decides
                         continue
                     got = [int(t) for t in item] if isinstance(item, list) else [int(item)]
                     new: list[int] = []

@@ -80,7 +80,8 @@ def test_the_ray_shell_keeps_its_method_options() -> None:
     calls = {"append", "append_text", "generate", "stream", "chat", "append_messages"}
     marked = {name: value.__ray_concurrency_group__ for name, value in vars(BackendServer).items()
               if hasattr(value, "__ray_concurrency_group__")}
-    control = set(_operations(BackendSurface)) - calls | {"ping", "pid", "stats", "host_front", "stop_front"}
+    control = set(_operations(BackendSurface)) - calls | {"ping", "pid", "stats", "host_front", "stop_front", "hold",
+                                                          "release_hold", "renew_holds"}
     assert marked == {name: "calls" if name in calls else "control" for name in calls | control}
     assert BackendServer.stream.__ray_num_returns__ == "streaming"
     assert not any(hasattr(value, "__ray_num_returns__") for name, value in vars(BackendServer).items()

@@ -9,7 +9,7 @@ Primitives:
   session opened or handed over with nothing for kvres to evict runs as a spilling session bounded
   by the resident budget (``kvres.actors.sizing.tier_policy.session_policy_for_tier``).
   ``open_session``, ``append``, ``append_text``, ``generate``, ``stream``, ``suspend``,
-  ``resume``, ``detach``, ``close``, ``session_stats``, ``stats``, ``sessions``,
+  ``resume``, ``detach``, ``close``, ``session_stats``, ``tenant_of``, ``stats``, ``sessions``,
   ``token_count``, ``load``; for chat and agents: ``chat``, ``chat_stream``, ``close_reply``,
   ``append_messages``, ``pause_for_tools``, ``tokens``, ``cancel``, ``truncate``, ``fork``,
   ``export``, ``restore``;
@@ -24,8 +24,8 @@ Primitives:
   took them all; ``close()`` leaves it, keeping what it handed out. The operations a backend
   serves are declared once, in ``kvres.actors.host.backend_surface`` (``BackendSurface``), and
   mypy checks this class against it.
-- ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: everything needed to
-  bring a session back on any backend of the same model.
+- ``BackendFullError``, ``SessionBusyError``: typed refusals; ``SuspendRecord``: what brings a
+  session back on any backend of the same model.
 
 The parts (``kvres.actors.host``), in the order they are built: ``context`` (the session table,
 rebuilt from the journal on first use, the lock, the pending calls), ``durability`` (journal
@@ -286,6 +286,13 @@ class BackendHost:
         with self._ctx.lock:
             return session_stats(self._ctx, session_id)
 
+    def tenant_of(self, session_id: str) -> str | None:
+        """The tenant of the session's policy, fixed when it opened (read without the lock where held)."""
+        if (s := self._ctx.sessions.get(session_id)) is None:
+            with self._ctx.lock:
+                s = self._ctx.get(session_id, live=False)
+        return s.policy.tenant
+
     def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         return self.executor.tokenize(text, add_bos, special)
 
@@ -321,18 +328,15 @@ class BackendHost:
                 # engine slot) and comes in as soon as one frees
                 s.park(SessionRecord(session_id, [], [], [], [], policy, None, dict.fromkeys(COUNTERS, 0),
                                      ctx.fingerprint))
-                ctx.sessions[session_id] = s
-                self._durability.commit_new(session_id)
-                return
-            self._kv.open_on_engine(session_id, s, ())
+            else:
+                self._kv.open_on_engine(session_id, s, ())
             ctx.sessions[session_id] = s
             self._durability.commit_new(session_id)
             ctx.publish()
 
     def _policy_here(self, policy: SessionPolicy | None) -> SessionPolicy:
-        """What a session runs as here: where T* chose to spill, one with nothing for kvres to
-        evict keeps a resident window and parks the rest in the cold store (its stats show the
-        policy it runs with; ``session_policy_for_tier``)."""
+        """What a session runs as here: where T* chose to spill, one with nothing for kvres to evict
+        keeps a resident window and parks the rest in the cold store (``session_policy_for_tier``)."""
         return session_policy_for_tier(self._tier_decision, policy, self.config.kv_budget_tokens)
 
     def close(self, session_id: str) -> None:
@@ -348,8 +352,7 @@ class BackendHost:
             self._ctx.journal.flush()
         if self._pause_probes is not None:  # a probe child left stopped by the last calls goes on
             self._pause_probes(False)
-        close = getattr(self.executor, "close", None)  # an engine that holds native memory frees it
-        if callable(close):
+        if callable(close := getattr(self.executor, "close", None)):  # an engine holding native memory frees it
             close()
 
     def pause_for_tools(self, session_id: str) -> None:
@@ -367,9 +370,8 @@ class BackendHost:
         return self._parking.detach(session_id)
 
     def resume(self, session_id: str, record: SuspendRecord | None = None) -> int:
-        """Bring a suspended session back (from this backend's record or one handed over: it runs
-        with the policy it would have been opened with here); returns the number of tokens that
-        had to be recomputed."""
+        """Bring a suspended session back (from this backend's record or one handed over: it runs with
+        the policy it would have been opened with here); returns how many tokens were recomputed."""
         if record is not None:
             policy = self._policy_here(record.policy)
             record = record if policy is record.policy else replace(record, policy=policy)
@@ -585,9 +587,8 @@ class BackendHost:
         stop = StopRule.of(request, self.executor.end_of_generation())
         feed, appended = self._prompt_first(session_id, prompt, request_id)
         return self._submit(Job(session_id, "generate", feed=feed, appended=appended, remaining=request.max_tokens,
-                                sampler=sampler,
-                                streaming=streaming, request_id=request_id, request=request, stop=stop,
-                                logprobs=[] if request.sampling.wants_logprobs else None,
+                                sampler=sampler, streaming=streaming, request_id=request_id, request=request,
+                                stop=stop, logprobs=[] if request.sampling.wants_logprobs else None,
                                 top_logprobs=[] if request.sampling.top_logprobs else None, ahead=ahead))
 
 

@@ -19,7 +19,9 @@ Primitives:
   then, each yield returning once the driver took it),
   ``chat``, ``append_messages``, ``cancel``, ``tokens``, ``truncate``, ``fork``, ``export``,
   ``restore``, ``suspend``, ``resume``, ``detach``, ``close``, ``session_stats``, ``tokenize``,
-  ``detokenize``; and ``stats``, ``ping``, ``pid``.
+  ``detokenize``; and ``stats``, ``ping``, ``pid``; ``hold(session_id, hold) -> tenant``,
+  ``release_hold``, ``renew_holds``: the HTTP front's request holds on sessions
+  (``kvres.actors.host.holds``), which ``stream`` also takes (``hold=``) in the turn's own call.
   It measures what a caller sees: every call's latency, a stream's time to first token and the
   gaps between its tokens, the calls it holds (``kvres.actors.metrics``: kvres_call_seconds,
   kvres_time_to_first_token_seconds, kvres_inter_token_seconds, kvres_queue_depth); it counts
@@ -58,6 +60,8 @@ from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.default_model import default_model_path
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
+from kvres.actors.host.holds import Hold, SessionHolds
+from kvres.actors.host.refusals import OtherTenantsSessionError, SessionHeldError
 from kvres.actors.metrics import RayMetrics
 from kvres.actors.model_files import model_id
 from kvres.actors.sizing.device_placement import assigned_gpu_ids, placement_for
@@ -200,6 +204,7 @@ class BackendServer:
         self.metrics = RayMetrics()
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
+        self._holds = SessionHolds()
         self.host = BackendHost(
             config,
             executor,
@@ -275,6 +280,32 @@ class BackendServer:
         if front is not None:
             front.stop()
 
+    def _take(self, session_id: str, hold: Hold) -> None:
+        """The session held for ``hold.holder`` (free, expired or already its own), else
+        ``SessionHeldError``; a ``fence`` naming another tenant than the session's is answered as
+        an unknown session."""
+        if hold.fence is not None and self.host.tenant_of(session_id) != hold.fence[0]:
+            raise OtherTenantsSessionError(session_id)
+        if not self._holds.acquire(session_id, hold.holder, hold.ttl_s):
+            raise SessionHeldError(f"session {session_id!r} has a request running; send this one once it has ended")
+
+    @_method("control")
+    def hold(self, session_id: str, hold: Hold) -> str | None:
+        """Take the session for a request of several calls (``_take``), until ``release_hold`` or
+        ``hold.ttl_s`` without ``renew_holds``; returns the session's tenant (``UnknownSessionError``
+        where this backend has no such session)."""
+        tenant = self.host.tenant_of(session_id)
+        self._take(session_id, hold)
+        return tenant
+
+    @_method("control")
+    def release_hold(self, session_id: str, holder: str) -> None:
+        self._holds.release(session_id, holder)
+
+    @_method("control")
+    def renew_holds(self, held: dict[str, str], ttl_s: float) -> None:
+        self._holds.renew(held, ttl_s)
+
     @_method("control")
     def open_session(self, session_id: str, policy: SessionPolicy | None = None) -> None:
         with self._call("open_session"):
@@ -313,7 +344,8 @@ class BackendServer:
     def stream(self, session_id: str, request: GenerationRequest, request_id: str | None = None,
                prompt: list[int] | None = None, messages: list[dict[str, Any]] | None = None, *,
                lease: list[ray.ObjectRef[bytes]] | None = None, chunks: bool = False, ephemeral: bool = False,
-               policy: SessionPolicy | None = None) -> Iterator[int | list[int] | Generation]:
+               policy: SessionPolicy | None = None, hold: Hold | None = None,
+               ) -> Iterator[int | list[int] | Generation]:
         """One object per token (``chunks``: per list of the tokens out when the last was taken,
         ``TokenStream.next_chunk``), then the ``Generation`` (why it ended). Each yield returns once
         the driver took its object (``STREAM_OBJECTS_AHEAD``), and only then does the host's stream
@@ -323,7 +355,12 @@ class BackendServer:
         dies), or the driver gone (``lease``: an object the driver owns; Ray reports its owner's
         death to whoever holds it, checked every ``LEASE_CHECK_S`` while tokens flow). ``prompt``
         (tokens) or ``messages`` (a chat turn): appended first, in the same call. ``ephemeral``: a
-        stateless turn, its session (of ``policy``) opened and closed by this call, never journaled."""
+        stateless turn, its session (of ``policy``) opened and closed by this call, never journaled.
+        ``hold``: the session taken for that request first (``_take``: the request's one call),
+        released once the stream has ended whole (a stream left early keeps it: its request still
+        trims the session, then releases it)."""
+        if hold is not None:
+            self._take(session_id, hold)
         with self._call("stream") as t0:
             stream = self.host.stream(session_id, request, request_id, prompt, messages, ephemeral=ephemeral,
                                       policy=policy)
@@ -353,6 +390,8 @@ class BackendServer:
             finally:
                 stream.close(keep=yielded)  # a stream left before its end keeps what the driver took
             if stream.generation is not None:
+                if hold is not None and stream.generation.finish_reason != "cancelled":  # not left early
+                    self._holds.release(session_id, hold.holder)
                 yield stream.generation
 
     @_method("calls")

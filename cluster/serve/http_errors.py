@@ -23,7 +23,13 @@ from typing import Any
 from pydantic import ValidationError
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from kvres.actors.host.refusals import BackendFullError, SessionBusyError, TenantQuotaError
+from kvres.actors.host.refusals import (
+    BackendFullError,
+    OtherTenantsSessionError,
+    SessionBusyError,
+    SessionHeldError,
+    TenantQuotaError,
+)
 from kvres.actors.host.scheduler import LoopStoppedError
 from kvres.actors.tools.errors import ToolError
 from kvres.coldstore.errors import (
@@ -101,11 +107,11 @@ def api_error(exc: BaseException, prefix: str = "") -> ApiError:
     if isinstance(exc, ValidationError):
         return _validation(exc, prefix)
     message = str(exc) or type(exc).__name__
-    if isinstance(exc, UnknownSessionError):
+    if isinstance(exc, (UnknownSessionError, OtherTenantsSessionError)):
         return ApiError(404, message, param="session_id", code="session_not_found")
     if isinstance(exc, (SessionExistsError,)):
         return ApiError(409, message, param="session_id", code="session_exists")
-    if isinstance(exc, (SessionBusyError, SessionLockedError)):
+    if isinstance(exc, (SessionBusyError, SessionLockedError, SessionHeldError)):
         return ApiError(409, message, param="session_id", code="session_busy",
                         headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
     if isinstance(exc, (BackendFullError, PlacementError)):

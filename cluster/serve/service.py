@@ -20,15 +20,18 @@ Primitives:
   session opened for one request and closed when the stack closes; with ``one_call`` (a turn that
   is one streamed call) an ``EphemeralSession``, which that call opens and closes on the backend.
 - ``Service.bound(model, backend, session_id, tenant=None, lifetime=None) -> (Session, ExitStack)``: the
-  named session (opened with that id and ``lifetime`` on first use), held under its lease until the
-  stack closes; another request on it meanwhile is refused (409). A session of another model than
-  the one asked is a 400. The replica remembers where it ran each session, so a bound turn makes no
-  planner call to find it (``RememberedSession``: it follows a session moved meanwhile, and opens
-  again one closed).
+  named session (opened with that id and ``lifetime`` on first use), a ``holds.HeldSession`` under
+  the request's hold on its backend until the stack closes (its stream takes the hold in its own
+  call; fenced, the hold names the caller's tenant, and a session of another tenant is a 409);
+  another request on it meanwhile is refused (409). A session of another model than the one asked
+  is a 400. The replica remembers where it ran each session, so a bound turn makes no planner call
+  to find it (it follows a session moved meanwhile, and opens again one closed): the turn is one
+  call to the backend.
 - ``Service.reachable(timeout_s=HEALTH_TIMEOUT_S) -> {model id: {backend: bool}}``: which backends
   answer a ping within ``timeout_s`` (all asked at once), per model (``/health``).
-- ``Service.lease(session_id) -> (ExitStack, Owner)``: the session's lease alone (for the sessions
-  routes), and its owner as far as the front knows.
+- ``Service.lease(session_id) -> (ExitStack, Owner)``: the session held for the request (the
+  sessions routes, the Responses API) until the stack closes, and its owner as its backend says;
+  a session no backend has is not held (its open or restore with that id refuses a second one).
 
 Sessions live in the backend actors: any replica serves any session.
 """
@@ -45,18 +48,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kvres.actors.config import SessionPolicy
+from kvres.actors.host.refusals import OtherTenantsSessionError
 from kvres.coldstore import validate_session_id
-from kvres.policy import UnknownSessionError
+from kvres.policy import SessionExistsError, UnknownSessionError
 
-from ..backend_client import BackendClient
 from ..kvres_config import KvresConfig
 from ..session import SessionManager, connect
 from ..session_handle import Session
 from .auth import KeyCheck
 from .catalog import ModelCatalog, ServedModel
-from .http_errors import ApiError, bad_request
+from .holds import FrontHolds, HeldSession
+from .http_errors import bad_request
 from .lifetime import SessionLifetime
-from .owners import Owner, may_use
+from .owners import UNKNOWN, Owner, may_use
 from .state_actor import ServeState
 
 T = TypeVar("T")
@@ -76,6 +80,7 @@ class Service:
         self.state = ServeState(namespace)
         self.keys = KeyCheck(digests)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kvres-serve")
+        self.holds = FrontHolds(self.manager)
         self._where: dict[str, str] = {}  # session id -> the backend this replica last ran it on
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -158,43 +163,47 @@ class Service:
     def lease(self, session_id: str) -> tuple[contextlib.ExitStack, Owner]:
         validate_session_id(session_id)
         stack = contextlib.ExitStack()
-        owner = stack.enter_context(self.state.lease(session_id))
-        return stack, owner
+        backend = self._where.get(session_id)
+        if backend is None:
+            try:
+                backend = self.manager.session(session_id).backend
+            except UnknownSessionError:
+                return stack, UNKNOWN
+        held = HeldSession(self.manager, session_id, backend, None, self.holds.new(), self.holds)
+        try:
+            tenant = held.take()
+        except UnknownSessionError:  # closed meanwhile: the call that follows says so
+            return stack, UNKNOWN
+        stack.callback(held.release)
+        return stack, Owner(known=True, tenant=tenant)
 
     def bound(self, model: ServedModel, backend: str | None, session_id: str, tenant: str | None = None,
               lifetime: SessionLifetime | None = None) -> tuple[Session, contextlib.ExitStack]:
-        stack, owner = self.lease(session_id)
-        try:
-            try:
-                session = self._remembered(session_id, tenant, owner, lambda: self.open_session(
-                    model, backend, session_id, tenant, lifetime).backend) or self.session(session_id, tenant, owner)
-            except OtherTenantsSessionError:
-                raise ApiError(409, f"session id {session_id!r} is taken by a session another API key's tenant "
-                                    "owns; bind this conversation to another X-Session-Id",
-                               param="X-Session-Id", code="session_exists") from None
-            except UnknownSessionError:
-                session = self.open_session(model, backend, session_id, tenant, lifetime)
-            stack.callback(self._remember, session)
-            if session.backend not in model.backends or (backend is not None and session.backend != backend):
-                raise bad_request(f"session {session_id!r} runs on backend {session.backend!r} "
-                                  f"(model {self.catalog.of_backend(session.backend).id!r}), not {model.id!r}"
-                                  + (f" / backend {backend!r}" if backend else ""), param="model")
-            return session, stack
-        except BaseException:
-            stack.close()
-            raise
+        validate_session_id(session_id)
 
-    def _remembered(self, session_id: str, tenant: str | None, owner: Owner,
-                    reopen: Callable[[], str]) -> Session | None:
-        """The session's handle from where this replica last ran it (no planner call), None where
-        it has not (or, fenced, does not know whose it is); ``reopen`` opens it again where that
-        backend no longer has it and the planner's directory has it nowhere else."""
-        backend = self._where.get(session_id)
-        if backend is None or (self.fenced and not owner.known):
-            return None
-        if self.fenced and not may_use(owner.tenant, tenant):
-            raise OtherTenantsSessionError(session_id)
-        return RememberedSession(self.manager, session_id, backend, reopen)
+        def reopen() -> str:
+            return self.open_session(model, backend, session_id, tenant, lifetime).backend
+
+        where = self._where.get(session_id)
+        if where is None:
+            try:
+                where = self.manager.session(session_id).backend
+            except UnknownSessionError:
+                try:
+                    where = reopen()
+                except SessionExistsError:  # another request opened it just now: its hold decides
+                    where = self.manager.session(session_id).backend
+        session = HeldSession(self.manager, session_id, where, reopen if session_id in self._where else None,
+                              self.holds.new((tenant,) if self.fenced else None), self.holds)
+        stack = contextlib.ExitStack()
+        stack.callback(session.release)
+        stack.callback(self._remember, session)
+        if session.backend not in model.backends or (backend is not None and session.backend != backend):
+            stack.close()
+            raise bad_request(f"session {session_id!r} runs on backend {session.backend!r} "
+                              f"(model {self.catalog.of_backend(session.backend).id!r}), not {model.id!r}"
+                              + (f" / backend {backend!r}" if backend else ""), param="model")
+        return session, stack
 
     def _remember(self, session: Session) -> None:
         if len(self._where) > REMEMBERED_SESSIONS:
@@ -219,24 +228,4 @@ class EphemeralSession(Session):
         self._opens = (policy,)
 
 
-class RememberedSession(Session):
-    """A bound turn's session handle made from where the replica last ran it. Where that backend no
-    longer has it, the handle follows it where the planner's directory says (another handle moved
-    it); where the directory has it nowhere else (closed meanwhile: its ``ttl_s``, a driver, another
-    replica), it is opened again (``reopen``, once), as a session's first use opens it."""
-
-    def __init__(self, manager: SessionManager, session_id: str, backend: str, reopen: Callable[[], str]) -> None:
-        super().__init__(manager, session_id, backend)
-        self._reopen: Callable[[], str] | None = reopen
-
-    def _followed(self) -> BackendClient | None:
-        client = super()._followed()
-        if client is not None or self._reopen is None:
-            return client
-        reopen, self._reopen = self._reopen, None
-        self.backend = reopen()
-        return self._backend
-
-
-class OtherTenantsSessionError(UnknownSessionError):
-    """A session another tenant owns: answered exactly as an unknown one, so ids do not leak."""
+__all__ = ["EphemeralSession", "OtherTenantsSessionError", "Service"]

@@ -1,54 +1,39 @@
-"""What the HTTP front shares between its replicas: stored responses, session leases, metrics.
+"""What the HTTP front shares between its replicas: stored responses, session owners, metrics.
 
 Primitives:
 - ``ServeStateActor(namespace)``: one named, detached Ray actor per kvres namespace
   (``state_actor_name()``), restarted by Ray when it dies (a call made meanwhile, or in flight
   at its death, waits for the new process). Its stored responses are written through to Ray's
   GCS key-value store (``RESPONSES_KV_NAMESPACE``) and read back when it starts,
-  so they survive its death and every replica's; its leases, session owners (``owners``: a cache
-  of each session's tenant) and metrics are memory only.
+  so they survive its death and every replica's; its session owners (``owners``: a cache of each
+  session's tenant) and metrics are memory only. (A request's hold on its session lives on the
+  session's backend: ``holds``.)
 - ``ServeState(namespace)``: a replica's client of it: ``put_response``, ``get_response``,
-  ``delete_response``, ``forget_session`` (each waits for its answer), ``lease(key) -> Owner`` (a
-  context manager: held for the block, renewed in the background while held,
-  ``SessionLockedError`` when another request still holds it after ``RELEASE_GRACE_S``; it gives
-  the session's cached owner),
+  ``delete_response``, ``forget_session`` (each waits for its answer),
   ``owner(key) -> Owner``, ``claim(key, tenant)`` (sent without waiting: calls from one replica
-  reach the actor in order, so a claim made under a lease lands before its release),
+  reach the actor in order),
   ``enter`` / ``record`` (metrics, aggregated in the replica and sent one flush at a time,
   ``metrics.ReplicaMetrics``: no call per request),
   ``metrics_text()``, ``session_counters(session_id)``, ``destroy()`` (kill the actor and drop its stored responses).
 
-A request that binds a session makes its lease's calls (acquire, release); metrics reach it one
-flush at a time. Like kvres's other actors it reports no task events to Ray
+A bound turn makes no call to it; metrics reach it one flush at a time. Like kvres's other actors it reports no task events to Ray
 (``ray_task_events.actor_task_events``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import ray
 
 from ..ray_task_events import actor_task_events
-from .http_errors import SessionLockedError
-from .leases import SessionLeases
 from .metrics import ReplicaMetrics, RequestSample, ServeMetrics
 from .owners import Owner, SessionOwners
 from .records import ResponseRecord, ResponseRecords
 
 RESPONSES_KV_NAMESPACE = "kvres-serve-responses"
-LEASE_TTL_S = 20.0  # a dead front's sessions are free again this long after it died
-RENEW_EVERY_S = 4.0  # a live front renews what it holds five times per TTL
-# A client that sends its next turn as soon as the last one's answer (or [DONE]) arrived can reach
-# the state actor before that request's release does (another front's, or a release still on its
-# way): a request that finds its session held asks again for this long before it answers 409.
-RELEASE_GRACE_S = 0.25
-RELEASE_POLL_S = 0.02
 
 
 def state_actor_name() -> str:
@@ -61,8 +46,8 @@ def _kv_prefix(namespace: str) -> str:
 
 # max_task_retries: a call sent while Ray restarts it (or in flight at its death) waits for the new
 # process and runs there, instead of failing its request (ActorUnavailableError). Run again, a call
-# does what it did: a lease re-acquired by its holder, a record put again under its id, a metric
-# counted (a deletion that had happened finds nothing).
+# does what it did: a record put again under its id, a metric counted (a deletion that had happened
+# finds nothing).
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ServeStateActor:
     def __init__(self, namespace: str) -> None:
@@ -79,7 +64,6 @@ class ServeStateActor:
                 with contextlib.suppress(ValueError, TypeError):
                     loaded.append(ResponseRecord.from_json(data))
         self.records.load(loaded)
-        self.leases = SessionLeases()
         self.owners = SessionOwners()
         self.metrics = ServeMetrics()
 
@@ -115,16 +99,6 @@ class ServeStateActor:
         for rid in self.records.ids():
             self.records.delete(rid)
 
-    # -- leases --------------------------------------------------------------------------------
-    def acquire(self, key: str, holder: str, ttl_s: float) -> tuple[bool, Owner]:
-        return self.leases.acquire(key, holder, ttl_s), self.owners.get(key)
-
-    def renew(self, held: dict[str, str], ttl_s: float) -> None:
-        self.leases.renew(held, ttl_s)
-
-    def release(self, key: str, holder: str) -> None:
-        self.leases.release(key, holder)
-
     # -- owners --------------------------------------------------------------------------------
     def owner(self, key: str) -> Owner:
         return self.owners.get(key)
@@ -151,9 +125,6 @@ class ServeState:
             name=state_actor_name(), namespace=namespace, get_if_exists=True, lifetime="detached",
             **actor_task_events(),
         ).remote(namespace)
-        self._held: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._renewer: threading.Thread | None = None
         self._metrics = ReplicaMetrics(self._send_metrics)
 
     def _get(self, ref: Any) -> Any:
@@ -179,45 +150,6 @@ class ServeState:
 
     def claim(self, key: str, tenant: str | None) -> None:
         self._handle.claim.remote(key, tenant)
-
-    @contextlib.contextmanager
-    def lease(self, key: str) -> Iterator[Owner]:
-        holder = uuid.uuid4().hex
-        acquired, owner = self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S))
-        waited_until = time.monotonic() + RELEASE_GRACE_S
-        while not acquired and time.monotonic() < waited_until:
-            time.sleep(RELEASE_POLL_S)  # the request before it may have answered and not yet released
-            acquired, owner = self._get(self._handle.acquire.remote(key, holder, LEASE_TTL_S))
-        if not acquired:
-            raise SessionLockedError(f"session {key!r} has a request running; send this one once it has ended")
-        with self._lock:
-            self._held[key] = holder
-            self._start_renewer()
-        try:
-            yield owner
-        finally:
-            with self._lock:
-                self._held.pop(key, None)
-            self._handle.release.remote(key, holder)
-
-    def _start_renewer(self) -> None:
-        if self._renewer is not None and self._renewer.is_alive():
-            return
-        self._renewer = threading.Thread(target=self._renew_loop, name="kvres-serve-leases", daemon=True)
-        self._renewer.start()
-
-    def _renew_loop(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(RENEW_EVERY_S):
-            with self._lock:
-                held = dict(self._held)
-            if not held:
-                with self._lock:  # nothing held: this thread ends; the next lease starts another
-                    if not self._held:
-                        self._renewer = None
-                        return
-                continue
-            self._handle.renew.remote(held, LEASE_TTL_S)
 
     def enter(self, route: str) -> None:
         self._metrics.enter(route)

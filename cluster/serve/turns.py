@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from kvres.actors.generation import Generation
 
 from ..session_handle import Session
+from .holds import retry_held
 from .metrics import TOKEN_GAP_BUCKETS, Histogram
 from .sampling_fields import GenerationPlan
 from .service import EphemeralSession
@@ -227,8 +228,13 @@ class StreamingTurn:
         """The prompt appended and the first token pulled, in one call to the backend where the
         model has a control token to decode the reply after (else the prompt's last token is read
         between the two); the log's length is read after the reply, off the path to the first
-        token."""
+        token. A bound session's hold is taken by that call (``holds.retry_held``: asked again for
+        a moment while the request before still holds it)."""
+        retry_held(self._start, self.session.session_id)
+
+    def _start(self) -> None:
         plan, session, prompt = self.plan, self.session, self.prompt
+        self._chunks = None  # (a start asked again reads its own stream)
         if self.anchor is None or isinstance(prompt.raw, str):  # not one_call: text is tokenized by the append
             self.appended = append_prompt(session, prompt)
             self._in_context = _in_context(session, None, self.decode)

@@ -139,7 +139,7 @@ def test_a_client_that_leaves_mid_stream_leaves_its_session_what_was_sent(local_
                     break
     deadline = time.monotonic() + 60
     while (r := http.post(f"/v1/sessions/{left_id}/rollback", json={"count": 0})).status_code == 409:
-        assert time.monotonic() < deadline, "the lease of a stream its client left was never released"
+        assert time.monotonic() < deadline, "the hold of a stream its client left was never released"
         time.sleep(0.1)
     assert r.status_code == 200, r.text
     log = http.get(f"/v1/sessions/{left_id}/tokens").json()["tokens"]

@@ -66,7 +66,7 @@ def test_a_client_that_disconnects_leaves_its_session_what_was_sent(engines: Ser
 
     deadline = time.monotonic() + 60
     while (r := http.post(f"/v1/sessions/{left_id}/rollback", json={"count": 0})).status_code == 409:
-        assert time.monotonic() < deadline, "the lease of a stream its client left was never released"
+        assert time.monotonic() < deadline, "the hold of a stream its client left was never released"
         time.sleep(0.1)
     assert r.status_code == 200, r.text
     log = http.get(f"/v1/sessions/{left_id}/tokens").json()

@@ -1,4 +1,4 @@
-"""The HTTP front's parts on their own (no server): API keys, leases, stored responses, metrics,
+"""The HTTP front's parts on their own (no server): API keys, session holds, stored responses, metrics,
 streamed text, error mapping, request validation, route labels, the model catalog, the CLI's
 refusals."""
 
@@ -21,7 +21,6 @@ from kvres.cluster.serve.auth import (
 from kvres.cluster.serve.catalog import ModelCatalog
 from kvres.cluster.serve.http_errors import ApiError, SessionLockedError, api_error
 from kvres.cluster.serve.http_glue import parse, route_label
-from kvres.cluster.serve.leases import SessionLeases
 from kvres.cluster.serve.metrics import (
     TOKEN_GAP_BUCKETS,
     Histogram,
@@ -87,20 +86,24 @@ def test_without_a_key_only_loopback(caplog) -> None:
     assert "no API key" in caplog.text and "0.0.0.0" in caplog.text
 
 
-def test_leases_one_holder_expiry_renew_release() -> None:
+def test_holds_one_holder_expiry_renew_release() -> None:
+    from kvres.actors.host.holds import Hold, SessionHolds
+
     now = [0.0]
-    leases = SessionLeases(clock=lambda: now[0])
-    assert leases.acquire("s", "a", 10) and not leases.acquire("s", "b", 10) and leases.acquire("s", "a", 10)
+    holds = SessionHolds(clock=lambda: now[0])
+    assert holds.acquire("s", "a", 10) and not holds.acquire("s", "b", 10) and holds.acquire("s", "a", 10)
     now[0] = 8.0
-    leases.renew({"s": "a"}, 10)
+    holds.renew({"s": "a"}, 10)
     now[0] = 15.0
-    assert not leases.acquire("s", "b", 10)  # renewed until 18
-    leases.release("s", "b")  # not b's
-    assert leases.holder("s") == "a"
+    assert not holds.acquire("s", "b", 10)  # renewed until 18
+    holds.release("s", "b")  # not b's
+    assert holds.holder("s") == "a"
     now[0] = 18.5
-    assert leases.acquire("s", "b", 10)  # a's expired
-    leases.release("s", "b")
-    assert leases.holder("s") is None
+    assert holds.acquire("s", "b", 10)  # a's expired
+    holds.release("s", "b")
+    assert holds.holder("s") is None
+    with pytest.raises(ValueError, match="ttl_s"):
+        Hold("h", 0)
 
 
 def test_session_owners_a_bounded_cache_and_the_fence_rule() -> None:

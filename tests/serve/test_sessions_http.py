@@ -76,7 +76,7 @@ def _read_chunks(response: httpx.Response, count: int) -> str:
 
 def test_one_request_per_session_at_a_time(server) -> None:
     """Of two requests sent at once on one session, one runs and the other is refused (after the
-    lease's ``RELEASE_GRACE_S``, shorter than the first's 1,500 tokens)."""
+    hold's ``RELEASE_GRACE_S``, shorter than the first's 1,500 tokens)."""
     sid = _sid("busy")
     body = {"model": server.model, "messages": [{"role": "user", "content": "Go on and on."}], "max_tokens": 1500,
             "temperature": 0, "stream": True, "ignore_eos": True}
@@ -106,7 +106,7 @@ def test_a_client_that_leaves_mid_stream_keeps_what_it_received(server) -> None:
         received = _read_chunks(stream, 3)
     deadline = time.monotonic() + 60
     while (r := http.post(f"/v1/sessions/{sid}/rollback", json={"count": 0})).status_code == 409:
-        assert time.monotonic() < deadline, "the lease of a stream its client left was never released"
+        assert time.monotonic() < deadline, "the hold of a stream its client left was never released"
         time.sleep(0.1)
     assert r.status_code == 200, r.text
     log = http.get(f"/v1/sessions/{sid}/tokens").json()
