@@ -163,16 +163,11 @@ class Service:
     def lease(self, session_id: str) -> tuple[contextlib.ExitStack, Owner]:
         validate_session_id(session_id)
         stack = contextlib.ExitStack()
-        backend = self._where.get(session_id)
-        if backend is None:
-            try:
-                backend = self.manager.session(session_id).backend
-            except UnknownSessionError:
-                return stack, UNKNOWN
-        held = HeldSession(self.manager, session_id, backend, None, self.holds.new(), self.holds)
         try:
+            held = HeldSession(self.manager, session_id, self._backend_of(session_id), None, self.holds.new(),
+                               self.holds)
             tenant = held.take()
-        except UnknownSessionError:  # closed meanwhile: the call that follows says so
+        except UnknownSessionError:  # no backend has it (or it closed meanwhile): the call that follows says so
             return stack, UNKNOWN
         stack.callback(held.release)
         return stack, Owner(known=True, tenant=tenant)
@@ -184,15 +179,13 @@ class Service:
         def reopen() -> str:
             return self.open_session(model, backend, session_id, tenant, lifetime).backend
 
-        where = self._where.get(session_id)
-        if where is None:
+        try:
+            where = self._backend_of(session_id)
+        except UnknownSessionError:
             try:
-                where = self.manager.session(session_id).backend
-            except UnknownSessionError:
-                try:
-                    where = reopen()
-                except SessionExistsError:  # another request opened it just now: its hold decides
-                    where = self.manager.session(session_id).backend
+                where = reopen()
+            except SessionExistsError:  # another request opened it just now: its hold decides
+                where = self._backend_of(session_id)
         session = HeldSession(self.manager, session_id, where, reopen if session_id in self._where else None,
                               self.holds.new((tenant,) if self.fenced else None), self.holds)
         stack = contextlib.ExitStack()
@@ -204,6 +197,11 @@ class Service:
                               f"(model {self.catalog.of_backend(session.backend).id!r}), not {model.id!r}"
                               + (f" / backend {backend!r}" if backend else ""), param="model")
         return session, stack
+
+    def _backend_of(self, session_id: str) -> str:
+        """Where this replica last ran the session (no planner call), else where the planner's
+        directory has it (``UnknownSessionError`` where nowhere)."""
+        return self._where.get(session_id) or self.manager.session(session_id).backend
 
     def _remember(self, session: Session) -> None:
         if len(self._where) > REMEMBERED_SESSIONS:
