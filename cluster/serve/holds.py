@@ -44,7 +44,7 @@ from ..session_handle import Session
 from .http_errors import ApiError, SessionLockedError
 
 if TYPE_CHECKING:
-    from ..backend_client import TokenStream
+    from ..backend_client import BackendClient, TokenStream
     from ..session import SessionManager
 
 T = TypeVar("T")
@@ -183,7 +183,3 @@ class HeldSession(Session):
             self._holds.release_kept(self.session_id, self._hold.holder)
             return
         self._holds.release(self.session_id, self._held_on or self.backend, self._hold.holder)
-
-
-if TYPE_CHECKING:
-    from ..backend_client import BackendClient
