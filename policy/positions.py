@@ -45,6 +45,7 @@ class PositionMap:
         self._resident = np.zeros(0, dtype=bool)
         self._pos: IntArray = np.zeros(0, dtype=np.int64)
         self.next_pos = 0
+        self._count = 0  # resident tokens, kept with every change (an executor sums them every step)
 
     @property
     def length(self) -> int:
@@ -53,13 +54,14 @@ class PositionMap:
 
     @property
     def resident_count(self) -> int:
-        return int(self._resident.sum())
+        return self._count
 
     def copy(self) -> PositionMap:
         clone = PositionMap()
         clone._resident = self._resident.copy()
         clone._pos = self._pos.copy()
         clone.next_pos = self.next_pos
+        clone._count = self._count
         return clone
 
     # -- checks ---------------------------------------------------------------------------
@@ -122,6 +124,7 @@ class PositionMap:
         self._resident = np.concatenate([self._resident, np.ones(n, dtype=bool)])
         self._pos = np.concatenate([self._pos, first + np.arange(n, dtype=np.int64)])
         self.next_pos = first + n
+        self._count += n
         return first
 
     def evict(self, rng: Range, rebase: bool) -> EvictOp:
@@ -129,6 +132,7 @@ class PositionMap:
         p0 = int(self._pos[rng.start])
         p1 = int(self._pos[rng.end - 1]) + 1
         self._resident[rng.start : rng.end] = False
+        self._count -= len(rng)  # every one of them was resident (checked above)
         shift = 0
         if rebase:
             shift = -(p1 - p0)
@@ -153,6 +157,7 @@ class PositionMap:
             raise RangeError("resident positions must be >= 0, increase strictly with the log index and "
                              f"lie below next_pos={next_pos}")
         self._resident = mask.copy()
+        self._count = int(mask.sum())
         self._pos = np.where(mask, pos, 0)
         self.next_pos = int(next_pos)
 
@@ -201,6 +206,7 @@ class PositionMap:
             self._pos[tail & self._resident] += op.tail_shift
             self.next_pos += op.tail_shift
         self._resident[rng.start : rng.end] = True
+        self._count += len(rng)  # none of them was resident (plan_admit checked)
         self._pos[rng.start : rng.end] = np.asarray(op.positions, dtype=np.int64)
         self.next_pos = max(self.next_pos, op.positions[-1] + 1)
         return op

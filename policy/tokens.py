@@ -27,7 +27,7 @@ def token_ids(tokens: Iterable[object], vocab_size: int | None = None, what: str
         values = list(tokens)
     except TypeError:
         raise TokenIdError(f"{what} must be a sequence of integers, got {type(tokens).__name__} {tokens!r}") from None
-    if all(type(t) is int for t in values):  # the common case, checked in bulk
+    if not values or set(map(type, values)) == {int}:  # the common case, checked in bulk (in C)
         ints: list[int] = values  # type: ignore[assignment]
         if not ints or (min(ints) >= 0 and (vocab_size is None or max(ints) < vocab_size)):
             return ints

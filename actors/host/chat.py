@@ -21,11 +21,14 @@ Primitives:
   session's last commit) and ``plan_checked(session_id, messages, planned) -> (keep, tokens,
   log length)`` (under it: ``planned`` where the log is still the one it was made on, else planned
   again): a turn's plan made while the step loop runs on, used where nothing changed the log.
+- ``first_true(lo, hi, guess, holds) -> int``: the least point of ``[lo, hi]`` where a monotone
+  ``holds`` is true, searched outward from ``guess`` (where the log's text ends in the rendering's
+  tokens: near the log's own length, so a few detokenizations of the conversation, not ~log2 of it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +116,7 @@ class Chat:
                 break
             agreed += 1
         end = len(log) if agreed == len(log) else self._reads_back_to(
-            whole, 1 if whole and source.add_bos and whole[0] == source.bos_id else 0, said)
+            whole, 1 if whole and source.add_bos and whole[0] == source.bos_id else 0, said, len(log))
         if end is not None:  # the whole log holds the rendering's start, as its tokens or as their text
             return ChatPlan(log, len(log), whole[end:])
         keep, new = self._agreeing_text(log, len(log) - len(body), rendered)
@@ -121,24 +124,20 @@ class Chat:
             keep, new = agreed, whole[agreed:]
         return ChatPlan(log, keep, new, describe_break(source, messages, said, rendered, keep) if keep < len(log) else None)
 
-    def _reads_back_to(self, whole: list[int], lead: int, said: str) -> int | None:
+    def _reads_back_to(self, whole: list[int], lead: int, said: str, guess: int) -> int | None:
         """Where the rendering's own tokens (``whole``, past a BOS: ``lead``) read back as ``said``
         (the log as text), at a token boundary: the log holds the conversation up to there in other
         tokens (a reply as the model wrote it; a tokenizer's space after a control token, which the
         raw rendering lacks but its tokens read back with), so it is kept whole and only the tokens
         after that boundary are appended. None where the rendering reads otherwise or no boundary
-        of its tokens falls there."""
+        of its tokens falls there. ``guess``: where the boundary likely is (the log's length: it
+        holds the same text in nearly as many tokens), searched outward from there."""
         executor = self.ctx.executor
         if not said or not executor.detokenize(whole[lead:], special=True).startswith(said):
             return None
-        lo, hi = lead, len(whole)
-        while lo < hi:  # the fewest of its tokens that read as at least ``said``
-            mid = (lo + hi) // 2
-            if len(executor.detokenize(whole[lead:mid], special=True)) >= len(said):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo if executor.detokenize(whole[lead:lo], special=True) == said else None
+        end = first_true(lead, len(whole), guess,
+                         lambda m: len(executor.detokenize(whole[lead:m], special=True)) >= len(said))
+        return end if executor.detokenize(whole[lead:end], special=True) == said else None
 
     def _agreeing_text(self, log: list[int], start: int, rendered: str) -> tuple[int, list[int]]:
         """The longest start of the log (past its first ``start`` tokens: a BOS) that reads as a start of
@@ -170,3 +169,35 @@ class Chat:
             session = self.ctx.sessions.get(session_id)
             if session is not None:
                 session.prefix_break = prefix_break
+
+
+def first_true(lo: int, hi: int, guess: int, holds: Callable[[int], bool]) -> int:
+    """The least ``m`` in ``[lo, hi]`` for which ``holds(m)``, where ``holds`` is false below some
+    point and true from it on, and true at ``hi``. Searched outward from ``guess`` (steps doubling),
+    then by halves: a few calls where the answer lies near the guess, against ``log2(hi - lo)``
+    for halving the whole range (each call here detokenizes a whole conversation)."""
+    at = min(max(guess, lo), hi)
+    step = 1
+    if holds(at):
+        hi = at
+        while hi - step >= lo:
+            if not holds(hi - step):
+                lo = hi - step + 1
+                break
+            hi -= step
+            step *= 2
+    else:
+        lo = at + 1
+        while lo + step - 1 < hi:
+            if holds(lo + step - 1):
+                hi = lo + step - 1
+                break
+            lo += step
+            step *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -7,8 +7,9 @@ Primitives:
   (``count``, ``refresh_resident``, ``publish``, ``busy``, ``held``, ``free_tokens``), the lock,
   the calls pending (``jobs``: the step loop's ``JobQueue``, built here so every part can look at
   it before the loop that runs it exists), the calls among them that wait for room (``room``: a
-  ``RoomQueue``) and ``retention_wake`` (set when a session with idle or TTL limits comes: it wakes
-  the retention timer).
+  ``RoomQueue``) and ``retention_wake`` (set when the first session with idle or TTL limits comes,
+  or one with a limit under ``RETENTION_POLL_S``: it wakes the retention timer, which otherwise
+  looks at least that often).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from .scheduler import JobQueue, WaitCountingLock
 from .sessions import HostSession
 from .store_ports import StorePort
 
+RETENTION_POLL_S = 1.0  # the longest the retention timer sleeps between looks (a nearer deadline wakes it sooner)
+
 log = logging.getLogger("kvres.backend")
 
 
@@ -56,6 +59,7 @@ class HostContext:
         self.jobs = JobQueue(self.lock, config.name)
         self.room = RoomQueue(config.name, config.max_room_wait_s, config.max_waiting_calls, metrics)
         self.retention_wake = threading.Event()
+        self.retention_looking = False  # the retention timer looks at least every RETENTION_POLL_S now
         self.peak_resident_tokens = 0  # the most the engine held after any step
         self._tenants_shown: set[str] = set(config.tenant_quotas)  # tenant series published (kept at 0 when gone)
         self._clock = itertools.count(1)
@@ -78,7 +82,10 @@ class HostContext:
             s.committed = record if committed is None else committed
             if parked:
                 s.park(record)
-        if policy.idle_suspend_s is not None or policy.ttl_s is not None:
+        limits = [limit for limit in (policy.idle_suspend_s, policy.ttl_s) if limit is not None]
+        # woken for the first such session, or a limit shorter than its longest sleep: not at every
+        # resume (a resumed session's clock starts now, and the timer looks within its sleep anyway)
+        if limits and (not self.retention_looking or min(limits) < RETENTION_POLL_S):
             self.retention_wake.set()
         return s
 

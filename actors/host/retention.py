@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from .context import HostContext
+from .context import RETENTION_POLL_S, HostContext
 
 log = logging.getLogger("kvres.backend")
-POLL_S = 1.0  # the longest the timer sleeps between looks (a deadline nearer than that wakes it sooner)
+POLL_S = RETENTION_POLL_S
 
 
 def pin_cap(ctx: HostContext) -> int:
@@ -58,6 +58,7 @@ class RetentionTimer:
 
     def _run(self) -> None:
         self._wake.wait()  # nothing to look at before the first session with a limit
+        self._ctx.retention_looking = True
         while not self._stopping:
             try:
                 wait = self.check(time.monotonic())

@@ -4,7 +4,9 @@ Primitives:
 - ``HOST_SIDE``: the side's name (``--sides kvres-host``).
 - ``run_host_side(spec) -> dict``: one repeat in a child process (``python -m
   benchmarks.chat_fleet.host_side``, its engine threads and libgomp team its own), returning the
-  driver's run dict (turns/s, TTFT and turn p50 / p99, CPU seconds per turn, prompt tokens).
+  driver's run dict (turns/s, TTFT and turn p50 / p99, CPU seconds per turn, prompt tokens, and
+  ``step_loop``: ``step_loop_per_turn(before, after, wall_s, turns)``, the step loop's steps and
+  time per turn).
   ``spec``: ``HostSpec(model, workload, repeat, tokens_per_conversation, threads, kv_layout,
   cold_ram_bytes, folder)``.
 
@@ -138,8 +140,10 @@ def host_run(spec: HostSpec) -> dict[str, Any]:
         opening_s = in_threads(w.clients, opening)
         waited, idle = wait_quiet([os.getpid()], window_s=1.0, timeout_s=60.0)
         cpu0, t0 = _cpu_s(), time.perf_counter()
+        loop0 = host.stats()["loop"]
         wall = in_threads(w.clients, timed)
         cpu = _cpu_s() - cpu0
+        loop1 = host.stats()["loop"]
     finally:
         host.shutdown()
     turns = max(1, len(timings))
@@ -151,7 +155,19 @@ def host_run(spec: HostSpec) -> dict[str, Any]:
         "cpu_by_process": {"backend host and its client threads": {"cpu_s_per_turn": cpu / turns, "processes": 1}},
         "other_side_cpu_s": None, "prompt_tokens": tokens["prompt"], "cached_tokens": tokens["prompt"] - tokens["prefilled"],
         "prefilled_tokens": tokens["prefilled"], "completion_tokens": tokens["completion"], "retried_requests": 0,
+        "step_loop": step_loop_per_turn(loop0, loop1, wall, turns),
     }
+
+
+def step_loop_per_turn(before: dict[str, float], after: dict[str, float], wall_s: float, turns: int) -> dict[str, float]:
+    """The backend's step loop over the timed part (``stats()["loop"]`` before and after), per turn:
+    its steps, the engine's time in them, the rest of the steps' time (sampling, parking, the
+    loop's Python and its waits for the GIL), and the share of the wall time the loop was stepping."""
+    moved = {key: after[key] - before[key] for key in before}
+    return {"steps": moved["steps"] / turns, "engine_tokens": moved["engine_tokens"] / turns,
+            "engine_ms": 1000 * moved["engine_s"] / turns,
+            "other_step_ms": 1000 * (moved["step_s"] - moved["engine_s"]) / turns,
+            "busy_share": moved["step_s"] / wall_s if wall_s > 0 else 0.0}
 
 
 if __name__ == "__main__":

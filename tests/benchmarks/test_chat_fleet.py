@@ -200,3 +200,22 @@ def test_the_host_side_runs_the_turns_on_the_backend_host_alone(tmp_path: Path) 
     assert run["prefilled_tokens"] / run["turns"] < w.history_tokens  # the new messages, never the history again
     assert run["cpu_s_per_turn"] > 0 and all(t >= 0 for t in run["ttft_samples_s"])
     assert pooled([run])["turns_per_s"] == pytest.approx(run["turns_per_s"])
+    loop = run["step_loop"]  # the step loop per turn: a turn is its prompt's step and a step per token after
+    assert loop["steps"] >= w.reply_tokens / w.slots and loop["engine_tokens"] >= w.reply_tokens
+    assert loop["engine_ms"] > 0 and loop["other_step_ms"] >= 0 and 0 < loop["busy_share"] <= 1.0
+
+
+def test_the_loop_trace_finds_the_timed_part_after_the_quiet_one() -> None:
+    """``loop_trace``: the openings (busy), the wait for quiet processes (no step for a second and
+    more), the timed turns (busy), then nothing; the timed part is the second busy stretch only."""
+    from benchmarks.chat_fleet.loop_trace import timed_part
+
+    def at(t: float, steps: int) -> tuple[float, dict[str, float]]:
+        return t, {"steps": steps, "engine_s": steps / 100, "step_s": steps / 80, "engine_tokens": 4 * steps}
+
+    samples = [at(0.0, 0), at(0.25, 5), at(0.5, 9), at(0.75, 9), at(1.0, 9), at(1.25, 9), at(1.5, 9), at(1.75, 9),
+               at(2.0, 14), at(2.25, 30), at(2.5, 41), at(2.75, 41), at(3.0, 41)]
+    (t0, first), (t1, last) = timed_part(samples)
+    assert (t0, first["steps"], t1, last["steps"]) == (1.75, 9, 2.5, 41)
+    with pytest.raises(ValueError, match="no quiet stretch"):
+        timed_part([at(0.25 * i, 3 * i) for i in range(8)])  # never quiet: no timed part to tell

@@ -106,3 +106,37 @@ def test_without_a_cold_store_an_idle_session_stays_live(tmp_path: Path) -> None
     opened(host, "idle", SessionPolicy().with_retention(idle_suspend_s=0.2))
     assert not wait_until(lambda: state(host, "idle") != "live", timeout_s=1.0)
     assert host.session_stats("idle")["counters"]["idle_suspends"] == 0
+
+
+def test_resuming_a_session_does_not_wake_the_timer_each_time(tmp_path: Path) -> None:
+    """A session with limits is rebuilt at every resume; its clock starts again then, and the timer
+    looks at least every ``RETENTION_POLL_S`` anyway, so a resume does not wake it (with many
+    sessions over few slots a backend resumes one every turn, and each look takes the host's lock).
+    A limit shorter than that still wakes it: such a session is parked in time."""
+    from kvres.actors.host.context import RETENTION_POLL_S
+    from kvres.actors.host.retention import RetentionTimer
+
+    looks: list[float] = []
+    check = RetentionTimer.check
+
+    def counted(self: RetentionTimer, now: float) -> float:
+        looks.append(now)
+        return check(self, now)
+
+    RetentionTimer.check = counted  # type: ignore[method-assign]
+    try:
+        host = make_host(tmp_path)
+        opened(host, "kept", SessionPolicy().with_retention(ttl_s=600, idle_suspend_s=300))
+        assert wait_until(lambda: bool(looks))  # the first session with limits wakes it
+        t0 = time.monotonic()
+        for _ in range(30):
+            host.suspend("kept")
+            host.resume("kept")
+        elapsed = time.monotonic() - t0
+        assert len(looks) <= 2 + elapsed / RETENTION_POLL_S + 1, (len(looks), elapsed)
+        assert state(host, "kept") == "live"
+
+        opened(host, "brief", SessionPolicy().with_retention(idle_suspend_s=0.3))  # under the timer's sleep
+        assert wait_until(lambda: state(host, "brief") == "suspended")
+    finally:
+        RetentionTimer.check = check  # type: ignore[method-assign]

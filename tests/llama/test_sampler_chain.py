@@ -170,6 +170,27 @@ def test_bad_grammars_and_tokens_are_refused_without_a_crash(llama: LlamaExecuto
         sampler.sample(np.zeros(llama.n_vocab, dtype=np.float32))
 
 
+def test_the_sampled_token_is_not_asked_of_the_grammar_twice(llama: LlamaExecutor) -> None:
+    """accept() of the token sample() chose under the grammar does not ask the grammar again (one
+    llama.cpp call a token saved); any other token still is, and one the grammar refuses fails."""
+    sampler = llama.sampler(SamplingParams(grammar='root ::= "yes"'))
+    asked: list[int] = []
+    allows = sampler._allows
+    sampler._allows = lambda token: asked.append(token) or allows(token)  # type: ignore[method-assign]
+    no = llama.tokenize("no", add_bos=False)[0]
+    logits = np.zeros(llama.n_vocab, dtype=np.float32)
+    logits[no] = 10.0  # the argmax, which the grammar refuses
+    token = sampler.sample(logits)
+    assert token != no and asked == [no]
+    with pytest.raises(ValueError, match=f"token {no} is not allowed by the grammar"):
+        sampler.accept(no)  # not the sampled token: asked, and refused
+    assert asked == [no, no]
+    token = sampler.sample(logits)
+    sampler.accept(token)  # the sampled one: taken without a second question
+    assert asked == [no, no, no]
+    sampler.close()
+
+
 def test_many_samplers_come_and_go(llama: LlamaExecutor) -> None:
     """Chains are freed on close or when dropped (a leak would show as growing memory; this only
     checks that creating and freeing many does not fail)."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvres.policy import Range, RangeError
 from kvres.policy.positions import PositionMap
+from tests.hypothesis_profiles import examples
 
 
 def make(n: int) -> PositionMap:
@@ -64,3 +67,36 @@ def test_checks_raise_range_error() -> None:
         m.positions(Range(2, 4))
     with pytest.raises(RangeError, match="increase strictly"):
         m.admit(Range(1, 3), np.array([0, 0]))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "extend", "evict", "admit", "relayout", "copy"]),
+                          st.integers(0, 40), st.integers(1, 12), st.booleans()), max_size=30))
+def test_resident_count_follows_every_change(ops: list[tuple[str, int, int, bool]]) -> None:
+    """The resident count an executor reads every step is kept with each change, not summed:
+    after any run of changes it is what the resident mask says."""
+    m = PositionMap()
+    for op, at, n, flag in ops:
+        ranges = m.resident_ranges()
+        if op == "append":
+            m.append(n)
+        elif op == "extend":
+            m.extend_evicted(n)
+        elif op == "evict" and ranges:
+            r = ranges[at % len(ranges)]
+            m.evict(Range(r.start, min(r.end, r.start + n)), rebase=flag)
+        elif op == "admit":
+            mask = m.resident_mask()
+            gaps = [i for i in range(m.length) if not mask[i]]
+            if gaps:
+                start = gaps[at % len(gaps)]
+                end = start
+                while end < m.length and not mask[end] and end - start < n:
+                    end += 1
+                m.admit(Range(start, end))
+        elif op == "relayout" and m.length:
+            keep = np.arange(m.length) % 2 == (1 if flag else 0)
+            m.relayout(keep, np.cumsum(keep) - 1, int(keep.sum()) + 1)
+        elif op == "copy":
+            m = m.copy()
+        assert m.resident_count == int(m.resident_mask().sum())

@@ -139,7 +139,10 @@ class LlamaModel:
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
         tokens = token_ids(tokens, self.n_vocab)  # llama.cpp aborts the process on an unknown id
         ll = load_llama()
-        ids = (ll.llama_token * max(1, len(tokens)))(*[int(t) for t in tokens])
+        # numpy fills the id array in C: a ctypes array built from a list costs ~15x llama_detokenize
+        # itself, and a chat turn detokenizes its whole conversation a few times
+        held = np.array(tokens if tokens else [0], dtype=np.int32)
+        ids = held.ctypes.data_as(ctypes.POINTER(ll.llama_token))
         cap = 8 * len(tokens) + 16
         for _ in range(2):
             out = ctypes.create_string_buffer(cap)

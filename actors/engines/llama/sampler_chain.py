@@ -116,6 +116,7 @@ class LlamaSampler:
         self._free = weakref.finalize(self, sampler_free, self._chain)
         self._data = np.zeros(model.n_vocab, dtype=TOKEN_DATA)
         self._one = np.zeros(1, dtype=TOKEN_DATA)
+        self._sampled: int | None = None  # the token sample() chose under the grammar's current state
 
     def prime(self, recent_tokens: Sequence[int]) -> None:
         if self._penalties is None:
@@ -133,6 +134,7 @@ class LlamaSampler:
         if self._argmax_first or self._argmax_only:
             best = int(np.argmax(logits))  # the first of equal maxima, as llama.cpp's greedy takes
             if np.isfinite(logits[best]) and (self._argmax_only or self._allows(best)):
+                self._sampled = best
                 return best
         data = self._data
         data["id"] = np.arange(self.n_vocab, dtype=np.int32)
@@ -141,6 +143,7 @@ class LlamaSampler:
         token = sampler_sample(self._chain, data)
         if token < 0:
             raise ValueError("no token is left to sample: the grammar and filters rule every candidate out")
+        self._sampled = token
         return token
 
     def accept(self, token: int) -> None:
@@ -148,7 +151,9 @@ class LlamaSampler:
         token = int(token)
         if not 0 <= token < self.n_vocab:
             raise ValueError(f"token {token} is outside the vocabulary [0, {self.n_vocab})")
-        if self._grammar is not None and not self._allows(token):
+        sampled, self._sampled = self._sampled, None
+        # the token sample() just chose was chosen under the grammar: it is not asked a second time
+        if self._grammar is not None and token != sampled and not self._allows(token):
             raise ValueError(f"token {token} is not allowed by the grammar here")
         sampler_accept(self._chain, token)
 
