@@ -4,10 +4,16 @@ passkey model (answers end with EOS), and the project's default model (its chat 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import REPO_ROOT, shared_model_path
+
+if TYPE_CHECKING:
+    from kvres.actors.host.backend import BackendHost
 
 PASSKEY_MODEL = REPO_ROOT / "models" / "passkey.gguf"
 
@@ -39,3 +45,20 @@ def manager(tmp_path_factory: pytest.TempPathFactory):
     yield mgr
     mgr.shutdown()
     ray.shutdown()
+
+
+def stories_chat_host(folder: Path, name: str, n_ctx: int, n_seq_max: int) -> Iterator[BackendHost]:
+    """A backend host without Ray on stories260K with ``benchmarks.realistic_model``'s chat template
+    (one thread, a KV budget of the whole context), shut down after its test."""
+    from benchmarks.chat_fleet.sides import with_chat_template
+    from benchmarks.realistic_model import CHAT_TEMPLATE
+    from kvres.actors.backend_setup.engine_registry import make_executor
+    from kvres.actors.config import BackendConfig
+    from kvres.actors.host.backend import BackendHost
+
+    model = with_chat_template(shared_model_path(), folder / "stories-chat.gguf", CHAT_TEMPLATE)
+    cfg = BackendConfig(name=name, model_path=model, n_ctx=n_ctx, n_seq_max=n_seq_max, kv_budget_tokens=n_ctx,
+                        n_threads=1)
+    host = BackendHost(cfg, make_executor(cfg, model))
+    yield host
+    host.shutdown()

@@ -12,15 +12,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.chat_fleet.sides import with_chat_template
-from benchmarks.realistic_model import CHAT_TEMPLATE
-from kvres.actors.backend_setup.engine_registry import make_executor
-from kvres.actors.config import BackendConfig
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.sampling import SamplingParams
 
-from ..conftest import shared_model_path
+from .conftest import stories_chat_host
 
 TEXT_ONLY = GenerationRequest(max_tokens=16, sampling=SamplingParams(temperature=0.0, grammar="root ::= [a-z ]+"),
                               ignore_eos=True)
@@ -28,12 +24,7 @@ TEXT_ONLY = GenerationRequest(max_tokens=16, sampling=SamplingParams(temperature
 
 @pytest.fixture()
 def host(tmp_path) -> Iterator[BackendHost]:  # type: ignore[no-untyped-def]
-    model = with_chat_template(shared_model_path(), tmp_path / "stories-chat.gguf", CHAT_TEMPLATE)
-    cfg = BackendConfig(name="plan-ahead", model_path=model, n_ctx=2048, n_seq_max=2, kv_budget_tokens=2048,
-                        n_threads=1)
-    h = BackendHost(cfg, make_executor(cfg, model))
-    yield h
-    h.shutdown()
+    yield from stories_chat_host(tmp_path, "plan-ahead", 2048, 2)
 
 
 def test_a_turn_is_planned_while_the_other_sessions_decode(host: BackendHost) -> None:

@@ -15,18 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.chat_fleet.sides import ChatModel, with_chat_template
+from benchmarks.chat_fleet.sides import ChatModel
 from benchmarks.chat_fleet.workload import ChatWorkload, build_conversations
-from benchmarks.realistic_model import CHAT_TEMPLATE
-from kvres.actors.backend_setup.engine_registry import make_executor
-from kvres.actors.config import BackendConfig
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.host.chat import first_true
 from kvres.actors.sampling import SamplingParams
 from tests.hypothesis_profiles import examples
 
-from ..conftest import shared_model_path
+from .conftest import stories_chat_host
 
 TEXT_ONLY = GenerationRequest(max_tokens=16, sampling=SamplingParams(temperature=0.0, grammar="root ::= [a-z ]+"),
                               ignore_eos=True)
@@ -52,12 +49,7 @@ def test_first_true_is_the_least_point_and_asks_little_near_the_guess(lo: int, s
 
 @pytest.fixture()
 def host(tmp_path) -> Iterator[BackendHost]:  # type: ignore[no-untyped-def]
-    model = with_chat_template(shared_model_path(), tmp_path / "stories-chat.gguf", CHAT_TEMPLATE)
-    cfg = BackendConfig(name="plan-search", model_path=model, n_ctx=4096, n_seq_max=1, kv_budget_tokens=4096,
-                        n_threads=1)
-    h = BackendHost(cfg, make_executor(cfg, model))
-    yield h
-    h.shutdown()
+    yield from stories_chat_host(tmp_path, "plan-search", 4096, 1)
 
 
 def test_a_conversation_read_back_in_other_tokens_is_planned_with_a_few_detokenizations(host: BackendHost) -> None:
