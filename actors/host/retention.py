@@ -24,7 +24,6 @@ from collections.abc import Callable
 from .context import RETENTION_POLL_S, HostContext
 
 log = logging.getLogger("kvres.backend")
-POLL_S = RETENTION_POLL_S
 
 
 def pin_cap(ctx: HostContext) -> int:
@@ -64,17 +63,17 @@ class RetentionTimer:
                 wait = self.check(time.monotonic())
             except Exception:  # the timer must outlive a failed park or close (it is tried again)
                 log.exception("backend %r: retention check failed", self._ctx.name)
-                wait = POLL_S
+                wait = RETENTION_POLL_S
             self._wake.wait(wait)
             self._wake.clear()
 
     def check(self, now: float) -> float:
         """Park and close what is due at ``now``; returns how long until the next deadline (at
-        most ``POLL_S``)."""
+        most ``RETENTION_POLL_S``)."""
         ctx = self._ctx
         due_close: list[str] = []
         due_park: list[str] = []
-        wait = POLL_S
+        wait = RETENTION_POLL_S
         with ctx.lock:
             busy = ctx.busy()
             for sid, s in ctx.sessions.items():
@@ -85,7 +84,7 @@ class RetentionTimer:
                 if ttl is not None and idle >= ttl:
                     due_close.append(sid)
                 elif park is not None and s.live and idle >= park and ctx.store is not None \
-                        and not s.paused_for_tools(now):  # (looked at again within POLL_S once the pause ends)
+                        and not s.paused_for_tools(now):  # (looked at again within RETENTION_POLL_S once the pause ends)
                     due_park.append(sid)  # (without a cold store there is nowhere to park it)
                 for limit in (ttl, park if s.live else None):
                     if limit is not None and idle < limit:
