@@ -133,11 +133,17 @@ class Chat:
         of its tokens falls there. ``guess``: where the boundary likely is (the log's length: it
         holds the same text in nearly as many tokens), searched outward from there."""
         executor = self.ctx.executor
-        if not said or not executor.detokenize(whole[lead:], special=True).startswith(said):
+        texts: dict[int, str] = {}  # each probe's text, decoded once (the answer's is probed, then compared)
+
+        def text_to(m: int) -> str:
+            if m not in texts:
+                texts[m] = executor.detokenize(whole[lead:m], special=True)
+            return texts[m]
+
+        if not said or not text_to(len(whole)).startswith(said):
             return None
-        end = first_true(lead, len(whole), guess,
-                         lambda m: len(executor.detokenize(whole[lead:m], special=True)) >= len(said))
-        return end if executor.detokenize(whole[lead:end], special=True) == said else None
+        end = first_true(lead, len(whole), guess, lambda m: len(text_to(m)) >= len(said))
+        return end if text_to(end) == said else None
 
     def _agreeing_text(self, log: list[int], start: int, rendered: str) -> tuple[int, list[int]]:
         """The longest start of the log (past its first ``start`` tokens: a BOS) that reads as a start of
