@@ -2,7 +2,8 @@
 processes are killed, audited at the end.
 
 Run: ``.venv/bin/python -m benchmarks.soak [--duration-s 1200] [--faults-each 2]
-[--faults backend,coldstore,planner,replica,state,proxy] [--clients 16] [--responses-clients 8]
+[--front local|direct|serve] [--faults backend,coldstore,planner,state[,replica,proxy]] [--clients 16]
+[--responses-clients 8]
 [--conversations-per-client 2] [--turns 8] [--user-words 12] [--reply-tokens 24] [--slots 8]
 [--kv-budget 2048] [--session-budget 192] [--replicas 2] [--window-s 60] [--warmup-s 300]
 [--model PATH] [--out DIR]``. Writes ``soak.json``, ``soak.png`` and ``soak-attempts.jsonl`` (every
@@ -13,7 +14,8 @@ not hold (``--no-fail`` keeps 0).
   llama backend of ``--slots`` sequence slots and a ``--kv-budget``-token KV budget, sessions of a
   streaming policy that keeps ``--session-budget`` tokens resident and spills the rest to the cold
   store, whose small RAM tier sends blocks on to disk), then ``kvres serve --address ... --detach``
-  with ``--replicas`` HTTP fronts (Serve replicas with ``KVRES_SERVE_FRONT=serve``). The model:
+  ``--front`` (default: kvres serve's, ``KVRES_SERVE_FRONT`` else the front inside the backend's
+  process; ``direct``: ``--replicas`` front actors; ``serve``: ``--replicas`` Serve replicas). The model:
   ``--model``, else the project's default chat model.
 - The traffic (``traffic.py``): ``--clients`` threads; ``--responses-clients`` of them hold
   Responses chains (``previous_response_id``), the others chat conversations bound by
@@ -22,7 +24,8 @@ not hold (``--no-fail`` keeps 0).
   most ``--reply-tokens`` tokens, streamed; a conversation ends after ``--turns`` turns, is
   audited (``audit.py``) and deleted, and a fresh one starts.
 - The faults (``faults.py``): ``--faults-each`` rounds of the ``--faults`` kinds (a backend actor,
-  the cold store, the planner, a Serve replica, the serve state actor, the HTTP proxy), SIGKILL of
+  the cold store, the planner, the serve state actor, and where the front has processes of its own
+  a Serve replica or the first direct front and the HTTP proxy or the last one), SIGKILL of
   the actor's process found with Ray's state API, planned evenly from ``--faults-from-s`` to
   ``--faults-to-s`` but each only once the previous one recovered (and ``--settle-s`` after).
 - Resident memory (``memory.py``): every process of the head every ``--rss-every-s`` seconds.
@@ -46,8 +49,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kvres.cluster.serve.launch import FRONTS, default_front
+
 from .audit import ChatRender
-from .cluster import FAULTS, SoakCluster, soak_config
+from .cluster import FAULTS, SoakCluster, faults_of, soak_config
 from .faults import Injector, schedule
 from .memory import RssSampler, rss_trend
 from .report import plot, summarize
@@ -61,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--duration-s", type=float, default=1200.0, help="how long the traffic runs at least (default 20 min)")
     p.add_argument("--faults-each", type=int, default=2, help="faults of each kind (default 2)")
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"the kinds, comma-separated (default {','.join(FAULTS)})")
+    p.add_argument("--front", choices=FRONTS, default=None, help="kvres serve's front (default: its own default)")
+    p.add_argument("--faults", default=None, help=f"the kinds, comma-separated, of {','.join(FAULTS)} (default: every "
+                                                  f"kind the front has; local: {','.join(faults_of('local'))})")
     p.add_argument("--faults-from-s", type=float, default=None, help="the first fault's time (default 10%% of the run)")
     p.add_argument("--faults-to-s", type=float, default=None, help="the last fault's time (default 80%% of the run)")
     p.add_argument("--settle-s", type=float, default=5.0, help="a fault waits this long after the previous recovered")
@@ -87,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    kinds = tuple(k for k in args.faults.split(",") if k)
-    unknown = sorted(set(kinds) - set(FAULTS))
+    front = args.front or default_front()
+    kinds = faults_of(front) if args.faults is None else tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - set(faults_of(front)))
     if unknown:
-        raise SystemExit(f"--faults: unknown kinds {unknown}; the kinds are {', '.join(FAULTS)}")
+        raise SystemExit(f"--faults: kinds {unknown} are not the {front} front's; its kinds are "
+                         f"{', '.join(faults_of(front))}")
     if args.duration_s <= 0 or args.window_s <= 0 or args.faults_each < 0:
         raise SystemExit("--duration-s and --window-s must be > 0, --faults-each >= 0")
     responses = args.clients // 2 if args.responses_clients is None else args.responses_clients
@@ -100,7 +109,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     end = args.duration_s * 0.8 if args.faults_to_s is None else args.faults_to_s
     if not 0 <= start <= end:
         raise SystemExit(f"the faults' span must satisfy 0 <= from <= to, got {start} and {end}")
-    return {"duration_s": args.duration_s, "faults": kinds, "faults_each": args.faults_each, "faults_from_s": start,
+    return {"front": front, "duration_s": args.duration_s, "faults": kinds, "faults_each": args.faults_each, "faults_from_s": start,
             "faults_to_s": end, "settle_s": args.settle_s, "clients": shape.clients,
             "responses_clients": shape.responses_clients, "conversations_per_client": shape.conversations_per_client,
             "sessions": shape.sessions, "turns_per_conversation": shape.turns, "user_words": shape.user_words,
@@ -123,7 +132,7 @@ def run(settings: dict[str, Any], model: Path, out: Path, drain_s: float) -> dic
     folder = Path(tempfile.mkdtemp(prefix="kvres-soak-"))
     config = soak_config(model, folder / "cold", slots=settings["slots"], kv_budget_tokens=settings["kv_budget_tokens"],
                          session_budget_tokens=settings["session_budget_tokens"], threads=settings["threads"])
-    cluster = SoakCluster(config, folder, replicas=settings["replicas"])
+    cluster = SoakCluster(config, folder, replicas=settings["replicas"], front=settings["front"])
     try:
         t0 = time.monotonic()
         cluster.start()

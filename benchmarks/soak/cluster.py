@@ -6,17 +6,19 @@ Primitives:
   slots, fewer than the sessions the traffic keeps), sessions of a streaming policy that spills
   (``budget_tokens``: what a session keeps resident; the rest goes to the cold store), a cold store
   whose RAM tier is small (spilled and parked blocks reach its disk tier in ``disk_dir``).
-- ``SoakCluster(config, folder, replicas=2)``: ``start()`` runs ``kvres start`` (a Ray head on a
-  free port with its own temp folder and the dashboard, whose state API names the actors' pids;
-  tried twice: on a loaded machine the head can time out starting)
-  and ``kvres serve --address ... --detach`` (its default front: ``replicas`` direct fronts sharing a
-  free port of 127.0.0.1; with ``KVRES_SERVE_FRONT=serve``, Serve's replicas and HTTP proxy), both
-  as a user runs them, and waits until the API answers; ``base_url``,
+- ``SoakCluster(config, folder, replicas=2, front=None)``: ``start()`` runs ``kvres start`` (a Ray
+  head on a free port with its own temp folder and the dashboard, whose state API names the actors'
+  pids; tried twice: on a loaded machine the head can time out starting) and ``kvres serve --address
+  ... --front FRONT --detach`` on a free port of 127.0.0.1 (``front``: kvres serve's default where
+  None, ``launch.default_front``; "local": the front inside the backend's process; "direct":
+  ``replicas`` front actors; "serve": Serve's replicas and HTTP proxy), both as a user runs them,
+  and waits until the API answers; ``base_url``,
   ``model_id``, ``healthy()``; ``stop()`` (``kvres stop --ray``: kvres's actors, then the head's
   processes; its temp folder removed).
 - ``FAULTS``: the six kinds of fault: "backend", "coldstore", "planner" (kvres's actors),
   "replica", "proxy" (Serve's; of the direct front, which is both in one process: the first front
-  and the last), "state" (the serve state actor).
+  and the last), "state" (the serve state actor); ``faults_of(front)``: those a front has (the
+  local front has no process of its own: a backend's fault is its front's).
 - ``SoakCluster.pid_of(kind) -> int``: the process of one live actor of that kind, from Ray's state
   API (``ray.util.state.list_actors``); ``kill(kind) -> (pid, monotonic time)``: SIGKILL of it.
 - ``SoakCluster.processes() -> list[int]``: every process of the head (``head_processes``: the GCS,
@@ -40,10 +42,17 @@ from typing import Any
 
 from benchmarks.peers import free_port
 from kvres.cluster.serve.direct_front import front_actor_name
+from kvres.cluster.serve.launch import default_front
 
 FAULTS = ("backend", "coldstore", "planner", "replica", "state", "proxy")
+FRONT_FAULTS = ("replica", "proxy")
 BACKEND = "soak"
 START_TIMEOUT_S = 600.0
+
+
+def faults_of(front: str) -> tuple[str, ...]:
+    """The kinds of fault the soak makes on ``front`` (``launch.FRONTS``)."""
+    return tuple(k for k in FAULTS if k not in FRONT_FAULTS) if front == "local" else FAULTS
 
 
 def soak_config(model: Path, disk_dir: Path, slots: int = 8, kv_budget_tokens: int = 2048, n_ctx: int = 4096,
@@ -72,8 +81,10 @@ def _run(command: list[str], timeout_s: float) -> str:
 
 
 class SoakCluster:
-    def __init__(self, config: Any, folder: Path, replicas: int = 2, num_cpus: int = 2) -> None:
+    def __init__(self, config: Any, folder: Path, replicas: int = 2, num_cpus: int = 2,
+                 front: str | None = None) -> None:
         self.config, self.folder, self.replicas, self.num_cpus = config, folder, replicas, num_cpus
+        self.front = front or default_front()
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.http_port = free_port()
@@ -104,8 +115,8 @@ class SoakCluster:
                 self.port = free_port()
                 self.address = f"127.0.0.1:{self.port}"
         _run([_kvres(), "serve", f"--address={self.address}", f"--namespace={self.namespace}",
-              f"--port={self.http_port}", f"--min-replicas={self.replicas}", f"--max-replicas={self.replicas}",
-              "--detach"], START_TIMEOUT_S)
+              f"--port={self.http_port}", f"--front={self.front}", f"--min-replicas={self.replicas}",
+              f"--max-replicas={self.replicas}", "--detach"], START_TIMEOUT_S)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.healthy():
             if time.monotonic() > deadline:
@@ -146,8 +157,10 @@ class SoakCluster:
             return name == "kvres-planner" and namespace == self.namespace
         if kind == "state":
             return name == "kvres-serve-state" and namespace == self.namespace
-        # the direct front (kvres serve's default) is proxy and replica in one process: a "replica"
-        # fault kills the first front, a "proxy" fault the last (the same one where there is one)
+        if kind in FRONT_FAULTS and kind not in faults_of(self.front):
+            raise ValueError(f"the {self.front} front has no {kind} of its own; its faults are {faults_of(self.front)}")
+        # the direct front is proxy and replica in one process: a "replica" fault kills the first
+        # front, a "proxy" fault the last (the same one where there is one)
         if kind == "replica":
             return cls.startswith("ServeReplica:kvres:") or (
                 cls == "FrontServer" and name == front_actor_name(0) and namespace == self.namespace)

@@ -19,7 +19,7 @@ Primitives:
 - The client's retry rule: a refusal (429, or 409 while another request holds the session) and an
   unreachable server are not failures: the same request goes again after a short wait. A
   connection cut before any answer may have reached a server that died before it answered (the
-  direct front is proxy and replica in one process): once traffic stops such a turn is sent
+  direct front is proxy and replica in one process; the local front is the backend's process too): once traffic stops such a turn is sent
   again within the drain like a retry, and where it cannot complete, its conversation is given
   up (``unfinished``) rather than audited as if the try never ran. A turn
   that failed after the server took it is sent again once the API answers (``/health``) and

@@ -11,7 +11,9 @@ Primitives:
   and a ``direct_front.FrontServer`` serving the application there, on the published port
   (``SO_REUSEPORT``: every backend's front shares it); ``HostedFront.ready()``, ``stop()``.
 - ``start_colocated_fronts(options, backends, host, port)`` (a connected driver): published, then
-  every backend asked to host its front, waited for; ``remove_colocated_fronts(namespace) -> bool``.
+  every backend asked to host its front, waited for (``NoBackendHereError`` first where no backend
+  runs on the driver's node: nothing would listen at the address it prints);
+  ``remove_colocated_fronts(namespace) -> bool``.
 
 Why: on the direct front a bound turn is still a Ray call to the backend and one Ray object per
 chunk of tokens between two processes (docs/serving.md, "The same turns without HTTP, and without
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvres.actors.ray_actors.hosted import publish_hosted, published_hosted, withdraw_hosted
+from kvres.policy import KvresError
 
 from ..in_process import host_here, leave_here
 from .lifetime import SessionLifetime
@@ -40,6 +43,10 @@ if TYPE_CHECKING:
 
 ENTRY = "kvres.cluster.serve.colocated_front:host"
 READY_TIMEOUT_S = 120.0
+
+
+class NoBackendHereError(KvresError, RuntimeError):
+    """No backend of the namespace runs on the node of ``kvres serve --front local``."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,14 @@ def start_colocated_fronts(options: ServeOptions, backends: dict[str, Any], host
 
     assert options.config is not None, "the fronts serve the config the namespace runs"
     check_port_free(host, port)
+    here = ray.get_runtime_context().get_node_id()
+    nodes = dict(zip(backends, ray.get([handle.ping.remote() for handle in backends.values()],
+                                       timeout=READY_TIMEOUT_S), strict=True))
+    if here not in nodes.values():
+        # each front listens on its backend's node: none would listen where this command said it does
+        raise NoBackendHereError(
+            f"--front local listens in the backends' own processes, and none of them ({', '.join(sorted(nodes))}) "
+            f"runs on this node ({here[:12]}): run kvres serve on a backend's node, or use --front direct")
     publish_front(options.namespace, FrontSpec(options.config.model_dump_json(), tuple(options.digests),
                                                options.lifetime.idle_s, options.lifetime.ttl_s, host, port))
     try:

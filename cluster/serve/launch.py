@@ -4,10 +4,10 @@ Primitives:
 - ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
   with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
   or ``--config``, ``--host``
-  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``direct``: the application in
-  kvres's own actors, ``direct_front``; ``local``: the application inside each backend's own process,
-  ``colocated_front``; ``serve``: Ray Serve's proxy and replicas; default
-  ``KVRES_SERVE_FRONT``, else ``direct``), ``--min-replicas``, ``--max-replicas``,
+  (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``local``: the application inside
+  each backend's own process, ``colocated_front``; ``direct``: the application in kvres's own front
+  actors, ``direct_front``; ``serve``: Ray Serve's proxy and replicas; ``default_front()``:
+  ``KVRES_SERVE_FRONT``, else ``local``), ``--min-replicas``, ``--max-replicas``,
   ``--max-ongoing-requests``, ``--num-cpus`` (an embedded cluster's CPUs), ``--session-idle`` /
   ``--session-ttl`` (seconds without a call before an HTTP-opened session is parked / closed; 0:
   never; ``lifetime``), ``--detach``.
@@ -47,11 +47,21 @@ if TYPE_CHECKING:
     from ..session import SessionManager
 
 APP_NAME = "kvres"
-FRONTS = ("serve", "direct", "local")
+FRONTS = ("local", "direct", "serve")
+DEFAULT_FRONT = "local"  # the one front that meets issue #46's turn bars (docs/serving.md, "The front")
 
 
 class ServeStartError(KvresError, RuntimeError):
     """The HTTP front could not start (Serve's own error is quoted)."""
+
+
+def default_front() -> str:
+    """``KVRES_SERVE_FRONT`` where set (a ``ValueError`` names any other value than ``FRONTS``), else
+    ``DEFAULT_FRONT``."""
+    chosen = os.environ.get("KVRES_SERVE_FRONT") or DEFAULT_FRONT
+    if chosen not in FRONTS:
+        raise ValueError(f"KVRES_SERVE_FRONT must be one of {', '.join(FRONTS)}, got {chosen!r}")
+    return chosen
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,14 +84,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", default=None,
                         help="a file with one API key per line, each optionally followed by tenant=LABEL "
                              "(default: KVRES_API_KEYS, KVRES_API_KEY_FILE)")
-    parser.add_argument("--front", choices=FRONTS, default=os.environ.get("KVRES_SERVE_FRONT") or "direct",
-                        help="direct: the application in kvres's own actors, no proxy hop (--min-replicas of them "
-                             "share the port); local: the application inside each backend's own process, no Ray "
-                             "call on a turn of that backend's sessions; serve: Ray Serve's proxy and replicas "
-                             "(autoscaled between --min-replicas and --max-replicas); default: KVRES_SERVE_FRONT, "
-                             "else direct")
+    parser.add_argument("--front", choices=FRONTS, default=None,
+                        help="local: the application inside each backend's own process, no Ray call on a turn of "
+                             "that backend's sessions; direct: the application in kvres's own front actors, no "
+                             "proxy hop (--min-replicas of them share the port); serve: Ray Serve's proxy and "
+                             "replicas (autoscaled between --min-replicas and --max-replicas); default: "
+                             f"KVRES_SERVE_FRONT, else {DEFAULT_FRONT}")
     parser.add_argument("--min-replicas", type=int, default=1,
-                        help="fronts (direct), or Serve replicas at least (default 1)")
+                        help="direct fronts, or Serve replicas at least (default 1; not local: one front per backend)")
     parser.add_argument("--max-replicas", type=int, default=2, help="Serve replicas at most (default 2; serve only)")
     parser.add_argument("--max-ongoing-requests", type=int, default=64,
                         help="requests one Serve replica runs at once (default 64; serve only)")
@@ -192,6 +202,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..session import connect
     from .app import ServeOptions, build
 
+    args.front = args.front or default_front()
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     address = args.address or os.environ.get("RAY_ADDRESS") or None

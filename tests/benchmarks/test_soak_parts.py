@@ -1,6 +1,7 @@
 """The pure parts of ``benchmarks.soak``: the fault schedule, how a turn's tries are grouped and a
 failure is placed against the kills, the windows and recovery of a fault, the memory trend, the
-HTTP answers a client tells apart, and the audit's expectation against a real session log's text."""
+HTTP answers a client tells apart, the faults each front has, and the audit's expectation against
+a real session log's text."""
 
 from __future__ import annotations
 
@@ -156,3 +157,14 @@ def test_a_rerendered_turn_is_a_cache_miss_and_a_given_up_one_may_hold_its_tries
     assert audit["turns_that_found_tokens_missing"] == 1 and audit["turns_rerendered"] == 1
     assert audit["tokens_rerendered"] == 4 and audit["mismatched"] == 1  # e: given up, and short
     assert audit["tokens_lost"] == 4 + 1
+
+
+def test_the_faults_are_those_of_the_front_served() -> None:
+    from benchmarks.soak.__main__ import build_parser, settings_of
+
+    local = settings_of(build_parser().parse_args(["--front", "local"]))
+    assert local["front"] == "local" and local["faults"] == ("backend", "coldstore", "planner", "state")
+    direct = settings_of(build_parser().parse_args(["--front", "direct"]))
+    assert direct["faults"] == ("backend", "coldstore", "planner", "replica", "state", "proxy")
+    with pytest.raises(SystemExit, match=r"\['replica'\] are not the local front's"):
+        settings_of(build_parser().parse_args(["--front", "local", "--faults", "backend,replica"]))

@@ -86,6 +86,13 @@ def _read_output(process: subprocess.Popen[str], sink: list[str], ready: threadi
     ready.set()
 
 
+def served_front() -> str:
+    """The front ``kvres serve`` runs here without ``--front`` (``KVRES_SERVE_FRONT``, else its default)."""
+    from kvres.cluster.serve.launch import default_front
+
+    return default_front()
+
+
 def start_server(folder: Path, port: int, key: str | None, extra_env: dict[str, str] | None = None,
                  tenant_key: str | None = None, config: dict[str, Any] | None = None, replicas: int = 2,
                  backends: list[dict[str, object]] | None = None, args: list[str] | None = None) -> Server:

@@ -1,5 +1,5 @@
 """``kvres serve --front serve``: the same application as a Ray Serve deployment (the package's server
-runs the default, the direct front, two of them sharing the port). A chat turn streamed and not
+runs the default front, inside the backend's process; the session-lifetime module the direct one). A chat turn streamed and not
 through the ``openai`` client, a bound session's second turn prefilling only its new message, keys
 checked, ``/metrics`` served; a direct front on the port Serve's proxy holds fails saying so, before
 it starts anything. (The whole HTTP suite runs on Serve with ``KVRES_SERVE_FRONT=serve``.)"""

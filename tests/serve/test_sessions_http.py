@@ -4,7 +4,6 @@ that leaves mid-stream, the ``/v1/sessions`` routes, ``curl``, concurrent client
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
+from .conftest import served_front
 
 TEXT_ONLY = {"grammar": "root ::= [a-z ]+"}
 
@@ -196,7 +197,7 @@ def test_concurrent_clients_each_on_their_own_session(server) -> None:
     replicas |= {http.get("/v1/models").headers["x-kvres-replica"] for _ in range(20)}
     # stateless replicas: the sessions above were served by both (a front hosted in the backend's
     # process, --front local, is one per backend)
-    assert len(replicas) == (1 if os.environ.get("KVRES_SERVE_FRONT") == "local" else 2)
+    assert len(replicas) == (1 if served_front() == "local" else 2)
     for sid in sids:
         http.delete(f"/v1/sessions/{sid}")
 

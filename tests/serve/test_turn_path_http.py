@@ -31,11 +31,18 @@ def _state_actor_pid(server) -> int:
         time.sleep(0.2)
 
 
-def _turn(http: httpx.Client, model: str, sid: str, text: str, max_tokens: int = 6) -> tuple[int, str]:
+def _turn(http: httpx.Client, model: str, sid: str, text: str, max_tokens: int = 6,
+          streaming: threading.Event | None = None) -> tuple[int, str]:
+    """``streaming``: set once the answer's first bytes arrived (the turn holds its session then)."""
     body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "ignore_eos": True, **TEXT_ONLY}
     with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": sid}) as r:
-        return r.status_code, r.read().decode()
+        parts = []
+        for part in r.iter_text():
+            parts.append(part)
+            if streaming is not None:
+                streaming.set()
+        return r.status_code, "".join(parts)
 
 
 def test_a_bound_turn_calls_nothing_but_its_backend(server) -> None:
@@ -49,16 +56,16 @@ def test_a_bound_turn_calls_nothing_but_its_backend(server) -> None:
             for turn in range(3):
                 code, body = _turn(http, server.model, sid, f"Turn {turn}: go on.")
                 assert code == 200 and "[DONE]" in body and '"error"' not in body, body
-            long_turn = threading.Thread(target=_turn, args=(http, server.model, sid, "On and on.", 400))
+            streaming, long_answer = threading.Event(), []
+            long_turn = threading.Thread(target=lambda: long_answer.append(
+                _turn(http, server.model, sid, "On and on.", 400, streaming)))
             long_turn.start()
-            refused = None
-            for _ in range(200):  # until the long turn holds the session
-                with httpx.Client(base_url=server.base, headers=server.headers(), timeout=30) as other:
-                    refused = _turn(other, server.model, sid, "Me too.")
-                if refused[0] == 409:
-                    break
-            long_turn.join(timeout=60)
-            assert refused is not None and refused[0] == 409 and "session_busy" in refused[1], refused
+            assert streaming.wait(60), long_answer  # the long turn holds the session from here to its end
+            with httpx.Client(base_url=server.base, headers=server.headers(), timeout=30) as other:
+                refused = _turn(other, server.model, sid, "Me too.")
+            long_turn.join(timeout=120)
+            assert refused[0] == 409 and "session_busy" in refused[1], refused
+            assert long_answer and long_answer[0][0] == 200 and "[DONE]" in long_answer[0][1], long_answer
         finally:
             os.kill(pid, signal.SIGCONT)
         assert http.delete(f"/v1/sessions/{sid}").status_code == 200
