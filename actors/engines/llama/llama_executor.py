@@ -156,6 +156,7 @@ class LlamaExecutor(SessionTable[Session], Executor):
         self._sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._eog: frozenset[int] | None = None
+        self._template: tuple[ChatTemplateSource | None] | None = None  # read once: the model is loaded
 
         self.model_id, self._fmt, self._caps = cache.model_id, cache.fmt, cache.caps
         self.payload_format, self.fingerprint = self._fmt.payload_format, self._fmt.fingerprint
@@ -218,7 +219,9 @@ class LlamaExecutor(SessionTable[Session], Executor):
         return self._eog
 
     def chat_template(self) -> ChatTemplateSource | None:
-        return read_chat_template(self.model_path)
+        if self._template is None:  # each chat turn asks: a stat and a path resolve per ask were 5% of the GIL
+            self._template = (read_chat_template(self.model_path),)
+        return self._template[0]
 
     def sampler(self, params: SamplingParams) -> Sampler:
         return LlamaSampler(self._model, params)
