@@ -314,10 +314,22 @@ def test_catalog_ids_and_backends(tmp_path) -> None:
     assert err.value.status == 404 and err.value.param == "model"
 
 
-def test_serve_command_refuses_before_starting_anything(capsys) -> None:
+def test_serve_command_refuses_before_starting_anything(capsys, monkeypatch) -> None:
     assert main(["serve", "--detach"]) == 1
     assert "--detach needs a standing cluster" in capsys.readouterr().err
     assert main(["serve", "--port", "0"]) == 1
+    monkeypatch.setenv("KVRES_SERVE_FRONT", "fast")
+    assert main(["serve"]) == 1
+    assert "KVRES_SERVE_FRONT must be one of local, direct, serve, got 'fast'" in capsys.readouterr().err
+
+
+def test_the_front_by_default_is_the_one_inside_the_backends(monkeypatch) -> None:
+    from kvres.cluster.serve.launch import default_front
+
+    monkeypatch.delenv("KVRES_SERVE_FRONT", raising=False)
+    assert default_front() == "local"
+    monkeypatch.setenv("KVRES_SERVE_FRONT", "direct")
+    assert default_front() == "direct"
 
 
 def test_the_serve_config_builder(monkeypatch) -> None:
