@@ -59,7 +59,7 @@ from kvres.coldstore import new_secret, validate_session_id
 from kvres.coldstore.session_file import peek_session
 from kvres.policy import ArgumentError, KvresError, SessionExistsError, UnknownSessionError
 from kvres.policy.errors import BackendLostError, NodeLostError, PlannerLostError
-from kvres.policy.placement import PlacementError, PlacementPolicy
+from kvres.policy.placement import PlacementError, PlacementPolicy, serves
 
 from .actor_ops import CONNECT_UNDONE, actor_exists, destroy_stores, start_error, status_row
 from .actor_ops import ConnectError as ConnectError  # re-exported: where callers import it from
@@ -367,10 +367,15 @@ class SessionManager:
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         placed = backend is None
         if backend is None:
-            backend = self._place(model, policy, session_id, placement)
+            try:
+                backend = self._place(model, policy, session_id, placement)
+            except SessionExistsError:
+                backend, placed = self._listed(session_id, model), False
         try:
             client = self.backend(backend)  # a known backend, or a KvresError naming the known ones
             client.open_session(session_id, policy)
+        except SessionExistsError:
+            raise  # the backend has a session of that id: the directory points where it is
         except BaseException:
             if placed:
                 self.planner_client.forget(session_id)  # never opened: not pending there
@@ -378,6 +383,15 @@ class SessionManager:
         if not placed:
             self.planner_client.register(session_id, backend)
         return Session(self, session_id, backend)
+
+    def _listed(self, session_id: str, model: str | os.PathLike[str] | None) -> str:
+        """The backend of ``model`` the directory lists ``session_id`` on, to open it there: refused
+        where it has the session; taken where its opener died between placing and opening it."""
+        listed = self.planner_client.where(session_id)
+        report = next((r for r in seeds(self.config) if r.backend == listed), None)
+        if report is None or not serves(report, None if model is None else os.fspath(model)):
+            raise SessionExistsError(session_id)
+        return report.backend
 
     def session(self, session_id: str) -> Session:
         validate_session_id(session_id)

@@ -11,10 +11,10 @@ Primitives:
   handle: its streams take the hold in their own call (a bound turn is one call to the backend:
   hold, lookup and turn together), any other call takes it first, once (``take() -> tenant``);
   ``release()`` at the request's end sends the release unless the stream that took it ended whole
-  (the backend released it then). ``reopen`` (a session this front remembered where it ran): where
-  that backend no longer has it and the planner's directory has it nowhere else (closed meanwhile),
-  it is opened again, once, as a session's first use opens it; the handle follows a session another
-  handle moved.
+  (the backend released it then). ``reopen`` (None for a session the request has just opened): where
+  its backend does not have it and the planner's directory has it nowhere else (closed meanwhile,
+  or listed by an opener that died before its backend opened it), it is opened again, once, as a
+  session's first use opens it; the handle follows a session another handle moved.
 - ``retry_held(start, session_id)``: ``start()`` asked again for ``RELEASE_GRACE_S`` while it raises
   ``SessionHeldError``, then ``SessionLockedError`` (409); a hold fenced off another tenant's
   session (``OtherTenantsSessionError``) is a 409 ``session_exists``.

@@ -179,14 +179,15 @@ class Service:
         def reopen() -> str:
             return self.open_session(model, backend, session_id, tenant, lifetime).backend
 
+        opened = False
         try:
             where = self._backend_of(session_id)
         except UnknownSessionError:
             try:
-                where = reopen()
+                where, opened = reopen(), True
             except SessionExistsError:  # another request opened it just now: its hold decides
                 where = self._backend_of(session_id)
-        session = HeldSession(self.manager, session_id, where, reopen if session_id in self._where else None,
+        session = HeldSession(self.manager, session_id, where, None if opened else reopen,
                               self.holds.new((tenant,) if self.fenced else None), self.holds)
         stack = contextlib.ExitStack()
         stack.callback(session.release)

@@ -40,10 +40,15 @@ class Counted:
 
 
 class FakeBackend:
-    """Stands in for a backend actor: opening a session succeeds, nothing else is expected."""
+    """Stands in for a backend actor: opening a session succeeds once per id, nothing else is expected."""
+
+    def __init__(self) -> None:
+        self.opened: set[str] = set()
 
     def open_session(self, session_id: str, policy: Any) -> None:
-        return None
+        if session_id in self.opened:
+            raise SessionExistsError(session_id)
+        self.opened.add(session_id)
 
     def stats(self) -> dict[str, Any]:
         raise AssertionError("placement must not ask backends for their stats")
