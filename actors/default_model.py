@@ -12,6 +12,10 @@ Primitives:
   once and cached under the user cache directory.
 - ``write_tiny_model(path, seed=0)``: write it (deterministic bytes). Its head_dim is 32, so
   llama.cpp can also hold its KV as q8_0 / q4_0 (the T* tiers).
+- ``model_key(model) -> str``: the name placement knows a model file by, on both sides (what a
+  backend reports, what a session asks for): a path to a file here, resolved (a symbolic link or a
+  relative path names the file it leads to); anything else (a bare file name, a model id, a path
+  to no file here) as given.
 
 The random model speaks nonsense; it exists so the residency machinery has a real llama.cpp
 model to run on without downloading anything.
@@ -24,6 +28,17 @@ import string
 from pathlib import Path
 
 import numpy as np
+
+
+def model_key(model: str | os.PathLike[str]) -> str:
+    name = os.fspath(model)
+    if os.sep not in name:
+        return name
+    try:
+        return str(Path(name).resolve(strict=True))
+    except (OSError, RuntimeError):  # no such file here (another node's path), or a link loop
+        return name
+
 
 REPO_MODELS = Path(__file__).resolve().parent.parent / "models"  # a checkout: actors/../models
 CHAT_MODEL = REPO_MODELS / "chat.gguf"

@@ -29,7 +29,7 @@ import logging
 from typing import Any, Protocol
 
 from kvres.actors.backend_setup.engine_registry import engine_spec
-from kvres.actors.default_model import default_model_path
+from kvres.actors.default_model import default_model_path, model_key
 from kvres.actors.host.journal import SessionRecord
 from kvres.actors.ray_actors.nodes import node_dead
 from kvres.actors.ray_actors.ray_journal import RayJournal
@@ -57,7 +57,7 @@ def seeds(config: KvresConfig) -> list[LoadReport]:
     return [
         LoadReport(b.name, b.kv_budget_tokens, n_seq_max=b.n_seq_max, engine=b.engine,
                    engine_evicts=engine_spec(b.engine).engine_evicts,
-                   model=str(b.model_path or default_model_path()), node=b.node_id or "")
+                   model=model_key(b.model_path or default_model_path()), node=b.node_id or "")
         for b in config.backends
     ]
 
@@ -97,7 +97,7 @@ class Failover:
 
     def _model(self, lost: str) -> str | None:
         cfg = self._config(lost)
-        return None if cfg is None else str(cfg.model_path or default_model_path())
+        return None if cfg is None else model_key(cfg.model_path or default_model_path())
 
     def record_of(self, session_id: str, lost: str) -> SessionRecord:
         record = RayJournal(self._manager.namespace).load(session_id)

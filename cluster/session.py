@@ -45,7 +45,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from kvres.actors.backend_setup.engine_registry import kv_layout_of
 from kvres.actors.backend_setup.engine_threads import engine_process_env
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name, forget_secret
-from kvres.actors.default_model import default_model_path
+from kvres.actors.default_model import default_model_path, model_key
 from kvres.actors.host.journal import SessionRecord
 from kvres.actors.metrics import label_secret
 from kvres.actors.ray_actors.backend_actor import BackendActor, backend_actor_name
@@ -126,8 +126,7 @@ class SessionManager:
             store.collect_orphans.remote(live)
 
     def _adopt(self, name: str, create: Callable[[], Any]) -> Any:
-        """``create()`` the named actor (or get it: every option says ``get_if_exists``); one that
-        did not exist before is recorded, to be killed again if this manager fails to start."""
+        """``create()`` the named actor (or get it); one new is killed again if this manager fails to start."""
         existed = actor_exists(name, self.namespace)
         handle = create()
         if not existed:
@@ -143,9 +142,8 @@ class SessionManager:
                 raise start_error(kind, name, exc) from exc
 
     def _await_backends(self, names: Iterable[str], undone: str = CONNECT_UNDONE) -> None:
-        """Each backend answers once started; one that could not start raises a ``ConnectError``
-        with the engine's error (its record, ``start_attempts``), within its bounded attempts; one
-        Ray is restarting (a head restarted with its GCS kept) is waited for, ``RESTARTING_WAIT_S``."""
+        """Each backend answers once started; one that could not start raises a ``ConnectError`` with the
+        engine's error (``start_attempts``); one Ray is restarting is waited for ``RESTARTING_WAIT_S``."""
         calls = {n: self.backend(n).ping_ref() for n in names if self._backends.get(n) is not None}
         for name, ref in calls.items():
             deadline = time.monotonic() + RESTARTING_WAIT_S
@@ -162,9 +160,8 @@ class SessionManager:
                     ref = self.backend(name).ping_ref()
 
     def _undo_start(self) -> None:
-        """Kill the actors this manager created (the folders of its new cold stores removed
-        first); actors it found running, which others may use, are left alone. A backend killed
-        while starting leaves no record of it; one that failed keeps its reason for ``kvres status``."""
+        """Kill the actors this manager created (its new cold stores' folders removed first), not those
+        it found running; a backend killed while starting leaves no record, one that failed keeps its reason."""
         destroy_stores(self._created_stores)
         for handle in self._created:
             ray.kill(handle)
@@ -175,10 +172,9 @@ class SessionManager:
         self._created_stores.clear()
 
     def _ensure_cold_stores(self) -> dict[str, Any]:
-        """One store per alive node, with the namespace's block secret (made once per namespace
-        and cluster, kept in Ray's GCS and the stores' memory only) and its disk tier in
-        ``<disk_dir>/<namespace>-<store name>`` or, without ``disk_dir``, in the user's private
-        cache on that node (``<user cache>/kvres/coldstore/<namespace>-<store name>``, 0700)."""
+        """One store per alive node, with the namespace's block secret (made once per namespace and
+        cluster, kept in Ray's GCS and the stores' memory only) and its disk tier in ``<disk_dir>/<namespace>-
+        <store name>`` or, without ``disk_dir``, in the user's private cache on that node (0700)."""
         stores: dict[str, Any] = {}
         cfg = self.config.cold_store
         secret = cluster_secret(coldstore_secret_name(self.namespace), new_secret)
@@ -336,7 +332,7 @@ class SessionManager:
         seeded = seeds(self.config)
         residency = policy.residency
         planner = self.planner_client
-        args = (session_id, None if model is None else os.fspath(model),
+        args = (session_id, None if model is None else model_key(model),
                 PlacementPolicy.of(placement, self.config.placement.policy()), residency.engine_need,
                 residency.enforced_budget_tokens or 0)
         try:
@@ -385,11 +381,10 @@ class SessionManager:
         return Session(self, session_id, backend)
 
     def _listed(self, session_id: str, model: str | os.PathLike[str] | None) -> str:
-        """The backend of ``model`` the directory lists ``session_id`` on, to open it there: refused
-        where it has the session; taken where its opener died between placing and opening it."""
+        """The backend of ``model`` listing ``session_id``: it refuses an id it has, takes one whose opener died."""
         listed = self.planner_client.where(session_id)
         report = next((r for r in seeds(self.config) if r.backend == listed), None)
-        if report is None or not serves(report, None if model is None else os.fspath(model)):
+        if report is None or not serves(report, None if model is None else model_key(model)):
             raise SessionExistsError(session_id)
         return report.backend
 
@@ -419,7 +414,10 @@ class SessionManager:
         validate_session_id(session_id)
         placed = backend is None
         if backend is None:
-            backend = self._place(model, policy, session_id, None)
+            try:
+                backend = self._place(model, policy, session_id, None)
+            except SessionExistsError:  # listed: ``_listed``
+                backend, placed = self._listed(session_id, model), False
         else:
             self.backend(backend)  # a known backend, or a KvresError naming the known ones
             if self.planner_client.where(session_id) is not None:
@@ -427,6 +425,8 @@ class SessionManager:
             self.planner_client.register(session_id, backend)
         try:
             self.backend(backend).restore(data, session_id)
+        except SessionExistsError:
+            raise  # the backend has a session of that id: the directory points where it is
         except BaseException:
             self.planner_client.forget(session_id)
             raise
@@ -559,10 +559,10 @@ def connect(
 
     Without an address an embedded local cluster is started, and it ends when this driver exits:
     every session on it ends with it (this is logged); it bounds Ray's task-event store
-    (``ray_task_events.TASK_EVENT_STORE``, under a ``_system_config`` given). kvres's actors report
-    no task events wherever they are created. For sessions that outlive drivers run a
-    standing cluster (``kvres start``, or ``ray start --head``) and connect to its address: kvres's
-    actors are detached there, restart when they die, and any driver may exit.
+    (``ray_task_events.TASK_EVENT_STORE``, under a ``_system_config`` given). kvres's actors report no
+    task events wherever they are created. For sessions that outlive drivers run a standing cluster
+    (``kvres start``, or ``ray start --head``) and connect to its address: kvres's actors are
+    detached there, restart when they die, and any driver may exit.
     """
     started = False
     if not ray.is_initialized():

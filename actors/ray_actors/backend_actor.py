@@ -57,7 +57,7 @@ from kvres.actors.backend_setup.engine_registry import engine_spec, make_executo
 from kvres.actors.backend_setup.kv_config import resolve_kv_layout, resolve_kv_tier
 from kvres.actors.cluster_secrets import cluster_secret, coldstore_secret_name
 from kvres.actors.config import BackendConfig, SessionPolicy
-from kvres.actors.default_model import default_model_path
+from kvres.actors.default_model import default_model_path, model_key
 from kvres.actors.generation import Generation, GenerationRequest
 from kvres.actors.host.backend import BackendHost, SuspendRecord
 from kvres.actors.host.holds import Hold, SessionHolds
@@ -190,7 +190,7 @@ class BackendServer:
         config = resolve_kv_layout(config, model)
         store_name = cold_store_name(self.node_id)
         store = RayStorePort(store_name, namespace)
-        self._reports = LoadReporter(config, str(model), self.node_id, namespace)
+        self._reports = LoadReporter(config, model_key(model), self.node_id, namespace)
         size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
         with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}",
                      stream=log):

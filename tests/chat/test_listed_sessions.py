@@ -2,9 +2,10 @@
 it dies between placing a session and its backend opening it (under ``kvres serve --front local``,
 a backend killed during a conversation's first turn takes the front that was opening it along).
 No opening with that id could succeed before, and the HTTP front answered its turns 404, then 409.
-Now the id opens where it is listed, once (a second opening is refused; an id its backend has keeps
-its listing), and a bound request's first turn (``Service.bound``) runs on it at once. Through
-``kvres.cluster`` sessions on a local Ray cluster (llama.cpp backends b0 and b1)."""
+Now the id opens (or a file restores under it) where it is listed, once (a second opening is
+refused; an id its backend has keeps its listing), and a bound request's first turn
+(``Service.bound``) runs on it at once. Through ``kvres.cluster`` sessions on a local Ray cluster
+(llama.cpp backends b0 and b1)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ def test_an_id_a_dead_opener_listed_opens_where_it_is_listed_once(manager) -> No
         manager.open_session(model=shared_model_path(), session_id=sid)
     assert manager.session(sid).backend == "b1" and manager.session(sid).tokens() == PROMPT
     session.close()
+
+
+def test_a_file_restores_under_an_id_a_dead_opener_listed(manager, tmp_path) -> None:
+    exported = manager.open_session(model=shared_model_path())
+    exported.append(PROMPT)
+    path = exported.export(tmp_path / "s.kvsession")
+    exported.close()
+    sid = _listed_by_a_dead_opener(manager, "b0")
+    restored = manager.restore(path, session_id=sid, model=shared_model_path())
+    assert restored.backend == "b0" and restored.tokens() == PROMPT
+    with pytest.raises(SessionExistsError, match=sid):
+        manager.restore(path, session_id=sid, model=shared_model_path())
+    assert manager.session(sid).tokens() == PROMPT
+    restored.close()
 
 
 def test_an_id_listed_on_a_backend_of_another_model_stays_refused(manager) -> None:
