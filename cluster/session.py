@@ -363,10 +363,7 @@ class SessionManager:
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         placed = backend is None
         if backend is None:
-            try:
-                backend = self._place(model, policy, session_id, placement)
-            except SessionExistsError:
-                backend, placed = self._listed(session_id, model), False
+            backend, placed = self._place_new(model, policy, session_id, placement)
         try:
             client = self.backend(backend)  # a known backend, or a KvresError naming the known ones
             client.open_session(session_id, policy)
@@ -380,13 +377,18 @@ class SessionManager:
             self.planner_client.register(session_id, backend)
         return Session(self, session_id, backend)
 
-    def _listed(self, session_id: str, model: str | os.PathLike[str] | None) -> str:
-        """The backend of ``model`` listing ``session_id``: it refuses an id it has, takes one whose opener died."""
-        listed = self.planner_client.where(session_id)
-        report = next((r for r in seeds(self.config) if r.backend == listed), None)
-        if report is None or not serves(report, None if model is None else model_key(model)):
-            raise SessionExistsError(session_id)
-        return report.backend
+    def _place_new(self, model: str | os.PathLike[str] | None, policy: SessionPolicy, session_id: str,
+                   placement: PlacementPolicy | str | None) -> tuple[str, bool]:
+        """(backend, placed): where placement puts ``session_id``; for an id the directory lists, the
+        backend of ``model`` listing it (it refuses an id it has, takes one whose opener died)."""
+        try:
+            return self._place(model, policy, session_id, placement), True
+        except SessionExistsError:
+            listed = self.planner_client.where(session_id)
+            report = next((r for r in seeds(self.config) if r.backend == listed), None)
+            if report is None or not serves(report, None if model is None else model_key(model)):
+                raise
+            return report.backend, False
 
     def session(self, session_id: str) -> Session:
         validate_session_id(session_id)
@@ -414,10 +416,7 @@ class SessionManager:
         validate_session_id(session_id)
         placed = backend is None
         if backend is None:
-            try:
-                backend = self._place(model, policy, session_id, None)
-            except SessionExistsError:  # listed: ``_listed``
-                backend, placed = self._listed(session_id, model), False
+            backend, placed = self._place_new(model, policy, session_id, None)
         else:
             self.backend(backend)  # a known backend, or a KvresError naming the known ones
             if self.planner_client.where(session_id) is not None:
