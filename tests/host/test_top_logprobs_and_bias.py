@@ -52,10 +52,13 @@ def test_top_logprobs_are_the_engines_log_softmax(tmp_path: Path) -> None:
     for step, (alternatives, chosen) in enumerate(zip(reply.top_logprobs, reply.logprobs, strict=True)):
         logits = np.asarray(llm.scores[len(PROMPT) - 1 + step], dtype=np.float64)
         expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-        best = np.argsort(-expected, kind="stable")[:5]
         assert len(alternatives) == 5
-        assert [t for t, _ in alternatives] == [int(t) for t in best]
-        assert [lp for _, lp in alternatives] == pytest.approx([float(expected[t]) for t in best], abs=1e-2)  # batched float32
+        listed = [t for t, _ in alternatives]
+        # batched float32 against one sequence's: each within 1e-2, and near ties in either order
+        assert [lp for _, lp in alternatives] == pytest.approx([float(expected[t]) for t in listed], abs=1e-2)
+        assert [lp for _, lp in alternatives] == sorted((lp for _, lp in alternatives), reverse=True)
+        left_out = np.delete(expected, listed)
+        assert left_out.max() <= min(lp for _, lp in alternatives) + 1e-2
         assert alternatives[0][0] == reply[step]  # greedy: the chosen token is the most likely one
         assert chosen == pytest.approx(alternatives[0][1], abs=1e-6)
 
