@@ -1,9 +1,10 @@
 """A session's durability: its journal record, written after every call, and what a failure undoes.
 
 Primitives:
-- ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False)``
-  (the session's record to the journal; ``later``: written behind, for changes that add no
-  token), ``commit_call(job, answer)`` (a call's commit, then its answer: where the journal is
+- ``Durability(ctx)``: ``commit(session_id, request_id=None, result=None, backend=None, later=False,
+  replaceable=False)`` (the session's record to the journal; ``later``: written behind, for
+  changes that add no token; ``replaceable``: after a while, unless a newer record replaces it:
+  ``WriteBehindJournal.save_later``), ``commit_call(job, answer)`` (a call's commit, then its answer: where the journal is
   remote, written behind the step loop and answered once written), ``commit_new`` (a new
   session's first record, or no session), ``flush_dirty`` (sessions others' calls changed), ``fail(job, error)`` and ``roll_back(session_id)`` (a failed call commits
   nothing: back to the last commit, from a live session or one preempted during the call); a
@@ -83,6 +84,7 @@ class Durability:
     def commit(
         self, session_id: str, request_id: str | None = None, result: Any = None, backend: str | None = None,
         later: bool = False, written: Callable[[BaseException | None], None] | None = None,
+        replaceable: bool = False,
     ) -> SessionRecord:
         """Write the session's record to the journal (``backend`` overrides who serves it: ""
         while it moves; an ephemeral session's is kept in memory only); a call's commit also
@@ -99,7 +101,7 @@ class Durability:
         elif written is not None:
             self.ctx.journal.save_soon(record, written)
         elif later:
-            self.ctx.journal.save_later(record)
+            self.ctx.journal.save_later(record, replaceable=replaceable)
         else:
             started = time.perf_counter()
             self.ctx.journal.save(record)

@@ -9,13 +9,17 @@ Primitives:
 - ``Journal``: ``save(record)``, ``load(session_id)``, ``delete(session_id)``, ``session_ids()``.
   ``MemoryJournal`` keeps records in this process (a backend without Ray);
   ``kvres.actors.ray_actors.ray_journal.RayJournal`` keeps them in Ray's GCS key-value store.
-- ``WriteBehindJournal(journal)``: the same journal plus ``save_later(record)``, written by a
-  background thread (the newest record per session; a later ``save`` or ``delete`` of the session
-  supersedes it). For changes that add no token (a suspend, a resume, an eviction): if the process
-  dies before the write, the older record still holds every committed token. ``save_soon(record,
-  written)``: the same, and ``written(error)`` told once the record (or a newer one of the session)
-  is written: where the journal is ``remote`` (Ray's GCS) a call's commit is written there, off the
-  step loop, and the call answered once it is (``Durability.commit_call``).
+- ``WriteBehindJournal(journal, later_s=LATER_WRITE_S)``: the same journal plus
+  ``save_later(record, replaceable=False)``, written by a background thread (the newest record
+  per session: a later ``save``, ``save_soon`` or ``delete`` of the session supersedes it;
+  ``replaceable``: not before ``later_s``, so a session parked for room and resumed for its next
+  turn is written once, with that turn). For changes
+  that add no token (a suspend, a resume, an eviction): if the process dies before the write, the
+  older record still holds every committed token. ``save_soon(record, written)``: written at
+  once, and ``written(error)`` told once the record (or a newer one of the session) is written:
+  where the journal is ``remote`` (Ray's GCS) a call's commit is written there, off the step
+  loop, and the call answered once it is (``Durability.commit_call``). ``flush()`` writes what is
+  pending now.
 - ``Directory``: the planner's session -> backend map kept the same way: ``MemoryDirectory``
   (``ray_journal.RayDirectory`` in the GCS).
 
@@ -151,10 +155,21 @@ class MemoryJournal(Journal):
 Written = Callable[[BaseException | None], None]  # told once a record is written (None) or failed (the error)
 
 
+LATER_WRITE_S = 2.0  # how long a replaceable ``save_later`` record waits for a newer record of its session
+
+
+@dataclass
+class _Pending:
+    record: SessionRecord
+    waiting: list[Written]
+    due: float  # time.monotonic() from when it is written
+
+
 class WriteBehindJournal(Journal):
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, later_s: float = LATER_WRITE_S) -> None:
         self._journal = journal
-        self._pending: dict[str, tuple[SessionRecord, list[Written]]] = {}
+        self._later_s = later_s
+        self._pending: dict[str, _Pending] = {}
         self._write_lock = threading.Lock()  # one write at a time: an older record never lands last
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -166,7 +181,8 @@ class WriteBehindJournal(Journal):
     def save(self, record: SessionRecord) -> None:
         with self._write_lock:
             with self._wake:
-                _, waiting = self._pending.pop(record.session_id, (None, []))
+                pending = self._pending.pop(record.session_id, None)
+            waiting = pending.waiting if pending is not None else []
             try:
                 self._journal.save(record)
             except BaseException as exc:
@@ -174,18 +190,28 @@ class WriteBehindJournal(Journal):
                 raise
         _tell(waiting, None)  # the newer record holds what theirs did
 
-    def save_later(self, record: SessionRecord) -> None:
-        self._queue(record, None)
+    def save_later(self, record: SessionRecord, replaceable: bool = False) -> None:
+        """Written by the writer thread (a suspend, a resume, an eviction: no token added);
+        ``replaceable`` (a session parked for room, or brought back for a call): not before
+        ``later_s``, unless a newer record of the session replaces it first, so a session parked
+        and resumed for its next turn is written once, with that turn's commit."""
+        self._queue(record, None, self._later_s if replaceable else 0.0)
 
     def save_soon(self, record: SessionRecord, written: Written) -> None:
-        """``save_later``, and ``written`` told once the record (or a newer one of the session) is
-        written, or with the error where it could not be."""
-        self._queue(record, written)
+        """Written at once by the writer thread (ahead of ``save_later``'s not yet due), and
+        ``written`` told once the record (or a newer one of the session) is written, or with the
+        error where it could not be."""
+        self._queue(record, written, 0.0)
 
-    def _queue(self, record: SessionRecord, written: Written | None) -> None:
+    def _queue(self, record: SessionRecord, written: Written | None, wait_s: float) -> None:
+        now = time.monotonic()
         with self._wake:
-            _, waiting = self._pending.pop(record.session_id, (None, []))
-            self._pending[record.session_id] = (record, [*waiting, *([written] if written else [])])
+            older = self._pending.pop(record.session_id, None)
+            due = now + wait_s
+            if older is not None:  # replaced, never later than the older was due (a session changing often is still written)
+                due = min(due, older.due)
+            self._pending[record.session_id] = _Pending(
+                record, [*(older.waiting if older else []), *([written] if written else [])], due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._write_loop, name="kvres-journal", daemon=True)
                 self._thread.start()
@@ -194,14 +220,14 @@ class WriteBehindJournal(Journal):
     def load(self, session_id: str) -> SessionRecord | None:
         with self._wake:
             pending = self._pending.get(session_id)
-        return pending[0] if pending is not None else self._journal.load(session_id)
+        return pending.record if pending is not None else self._journal.load(session_id)
 
     def delete(self, session_id: str) -> None:
         with self._write_lock:
             with self._wake:
-                _, waiting = self._pending.pop(session_id, (None, []))
+                pending = self._pending.pop(session_id, None)
             self._journal.delete(session_id)
-        _tell(waiting, None)  # the session is gone: nothing of it is left to write
+        _tell(pending.waiting if pending is not None else [], None)  # the session is gone: nothing of it is left to write
 
     def session_ids(self) -> list[str]:
         with self._wake:
@@ -209,32 +235,41 @@ class WriteBehindJournal(Journal):
         return sorted(pending | set(self._journal.session_ids()))
 
     def flush(self) -> None:
-        """Write everything pending now (in the caller's thread); a write that fails is raised
-        (its waiters told) after the rest are written."""
+        """Write everything pending now (in the caller's thread), due or not; a write that fails is
+        raised (its waiters told) after the rest are written."""
+        self._write_due(None)
+
+    def _write_due(self, now: float | None) -> None:
+        """Write the records due by ``now`` (every one when None), the earliest due first."""
         failed: BaseException | None = None
         while True:
             with self._write_lock:
                 with self._wake:
-                    if not self._pending:
+                    due = [(p.due, sid) for sid, p in self._pending.items() if now is None or p.due <= now]
+                    if not due:
                         break
-                    session_id = next(iter(self._pending))  # the oldest queued first
-                    record, waiting = self._pending.pop(session_id)
+                    session_id = min(due)[1]
+                    pending = self._pending.pop(session_id)
                 try:
-                    self._journal.save(record)
+                    self._journal.save(pending.record)
                     error: BaseException | None = None
                 except Exception as exc:
                     error = failed = exc
-            _tell(waiting, error)
+            _tell(pending.waiting, error)
         if failed is not None:
             raise failed
 
     def _write_loop(self) -> None:
         while True:
             with self._wake:
-                while not self._pending:
-                    self._wake.wait()
+                while True:
+                    now = time.monotonic()
+                    first = min((p.due for p in self._pending.values()), default=None)
+                    if first is not None and first <= now:
+                        break
+                    self._wake.wait(None if first is None else first - now)
             try:
-                self.flush()
+                self._write_due(now)
             except Exception:
                 log.exception("a write-behind journal write failed; the session's older record stands")
                 time.sleep(0.5)

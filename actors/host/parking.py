@@ -70,7 +70,8 @@ class Parking:
             if mid_call:  # what its call did so far is parked with it: committed when the call is done
                 ctx.room.counts["preempted"] += 1
             else:
-                s.park(self.durability.commit(session_id, later=True))
+                # parked for room: its record may wait for the commit of the turn that brings it back
+                s.park(self.durability.commit(session_id, later=True, replaceable=forced))
             ctx.publish()
             ctx.jobs.poke()
             if not forced:  # a slot freed: a session parked while paused for tools may come back

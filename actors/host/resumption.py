@@ -87,6 +87,7 @@ class Resumption:
                         "(it evicted tokens that later ones had attended to); its continuation may differ "
                         "from an uninterrupted run", session_id, recomputed)
         if not mid_call:  # (a preempted session's call commits it when it is done)
-            self.durability.commit(session_id, later=True)
+            # brought back for a call: its record may wait for that call's commit
+            self.durability.commit(session_id, later=True, replaceable=bool(ctx.jobs.pending(session_id)))
         ctx.publish()
         return recomputed
