@@ -13,9 +13,9 @@ Primitives:
   ``save_later(record, replaceable=False)``, written by a background thread (the newest record
   per session: a later ``save``, ``save_soon`` or ``delete`` of the session supersedes it;
   ``replaceable``: not before ``later_s``, so a session parked for room and resumed for its next
-  turn is written once, with that turn). For changes
-  that add no token (a suspend, a resume, an eviction): if the process dies before the write, the
-  older record still holds every committed token. ``save_soon(record, written)``: written at
+  turn is written once, with that turn). For changes that add no token (a suspend, a resume, an
+  eviction): if the process dies before the write, the older record still holds every committed
+  token. ``save_soon(record, written)``: written at
   once, and ``written(error)`` told once the record (or a newer one of the session) is written:
   where the journal is ``remote`` (Ray's GCS) a call's commit is written there, off the step
   loop, and the call answered once it is (``Durability.commit_call``). ``flush()`` writes what is

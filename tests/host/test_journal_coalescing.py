@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from kvres.actors.backend_setup.engine_registry import make_executor
-from kvres.actors.config import BackendConfig
+from kvres.actors.config import BackendConfig, SessionPolicy
 from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.host.journal import MemoryJournal, SessionRecord, WriteBehindJournal
@@ -27,19 +27,15 @@ class CountingJournal(MemoryJournal):
     def __init__(self) -> None:
         super().__init__()
         self.writes: Counter[str] = Counter()
-        self.states: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
     def save(self, record: SessionRecord) -> None:
         with self.lock:
             self.writes[record.session_id] += 1
-            self.states.append((record.session_id, record.state))
         super().save(record)
 
 
 def _record(session_id: str, tokens: list[int]) -> SessionRecord:
-    from kvres.actors.config import SessionPolicy
-
     return SessionRecord(session_id=session_id, token_log=tokens, resident_ranges=[], blocks=[], cold=[],
                          policy=SessionPolicy(), last_logits=None, counters={}, fingerprint="fp")
 
