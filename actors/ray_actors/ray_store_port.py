@@ -6,9 +6,10 @@ Primitives:
   writes are write-behind through a local stage (``STAGE_BYTES``), so a resume right after a suspend
   reads nothing over Ray.
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
-  ``WRITE_DEFER_S``, until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it, or after
-  they were queued where that is later): the calls do not share the CPU with them, and a resume
-  right after a suspend takes the blocks back before anything went out;
+  ``WRITE_DEFER_S`` and while the blocks held are at most the stage's size (beyond it the oldest
+  go out), until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it, or after they were
+  queued where that is later): the calls do not share the CPU with them, and a session resumed
+  before its write went out takes its blocks back without the store seeing them;
   ``send_now()`` sends what is queued at once; ``flush()`` returns once it is stored (a session
   handed to another backend, which reads its blocks from the store). ``prefetch(refs)``: start
   reading parked blocks a coming ``take`` will want (a call for a suspended session came in), in
@@ -41,10 +42,15 @@ from .nodes import store_node_dead
 logger = logging.getLogger("kvres.coldstore")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
 STAGE_BYTES = 256 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
-WRITE_DEFER_S = 2.0  # how long a write-behind send may wait for its backend to be between calls
-# and, once it is (or once a control call queued it: a suspend), for the answer of the call that
-# made it to leave first and its driver's next call to come: a resume right after a suspend takes
-# its blocks back from the stage, and the store is sent nothing (no 24 MB copied over and dropped)
+# How long a write-behind send may wait for its backend to be between calls (while the blocks held
+# fit the stage): a session parked for others' room while all slots are busy is often resumed within
+# a few turns of the others, and then takes its blocks back and the store is sent nothing (a
+# 700-token session of a 12-layer model is ~6 MB copied into Ray's object store and the store's RAM,
+# then dropped: ~5% of a realistic fleet's turns on 2 cores). What this risks: a backend that dies
+# recomputes from the token log the parked KV it had not sent (no token is lost).
+WRITE_DEFER_S = 30.0
+# once the backend is between calls (or a control call queued it: a suspend), how long a send waits
+# for the answer of the call that made it to leave first and its driver's next call to come
 SEND_AFTER_IDLE_S = 0.05
 PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
 PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
@@ -57,7 +63,8 @@ class RayStorePort(StorePort):
     everything before them is submitted), so a suspend does not wait for the store and the resume
     that follows reads its blocks here and only tells the store to drop them. While the backend
     runs calls (``defer_writes``) the sender holds its batches until the backend is between calls,
-    a later call of this port needs them out, or the oldest has waited ``WRITE_DEFER_S``: sending
+    a later call of this port needs them out, the oldest has waited ``WRITE_DEFER_S``, or the
+    blocks held outgrow the stage (then the oldest go out, as few as bring it back within): sending
     (serializing in this process, storing in the store's) would otherwise take CPU from the call
     that made them. The sender waits for the store to finish each batch (a failure is logged as
     it happens) and sends what queued meanwhile as one. Every other call waits for its answer."""
@@ -167,6 +174,12 @@ class RayStorePort(StorePort):
 
     def _held_for(self) -> float | None:
         """How much longer the oldest batch waits (None: send it now)."""
+        if self._held_bytes() > self._stage_limit:
+            return None
+        return self._time_left()
+
+    def _time_left(self) -> float | None:
+        """How much longer the oldest batch waits, whatever the bytes held (None: no longer)."""
         if self._flushing or self._urgent:
             return None
         now = time.monotonic()
@@ -174,6 +187,11 @@ class RayStorePort(StorePort):
         if not self._defer:
             left = min(left, max(self._idle_since, self._outbox[0][2]) + SEND_AFTER_IDLE_S - now)
         return left if left > 0 else None
+
+    def _held_bytes(self) -> int:
+        """The payload bytes of the writes queued here (the caller holds ``_sent``)."""
+        return sum(block.payload_nbytes for method, args, _ in self._outbox if method == "put_many"
+                   for block in args[0])
 
     def _send_loop(self) -> None:
         while True:
@@ -202,11 +220,17 @@ class RayStorePort(StorePort):
 
     def _next_batch(self) -> tuple[str, tuple[Any, ...]]:
         """The oldest batch, with the batches of the same call queued right behind it merged in
-        (a prefill that evicts chunk by chunk queues many): one Ray call for them all."""
+        (a prefill that evicts chunk by chunk queues many): one Ray call for them all. Where only
+        the bytes held made it due, the writes merged are just enough to bring them within the
+        stage's size: the younger ones stay held for a resume that may take them back."""
+        excess = self._held_bytes() - self._stage_limit if self._time_left() is not None else None
         method, args, _ = self._outbox.popleft()
         if method in ("put_many", "delete_many"):
             items = list(args[0])
             while self._outbox and self._outbox[0][0] == method and self._outbox[0][1][1:] == args[1:]:
+                if excess is not None and method == "put_many" and \
+                        sum(block.payload_nbytes for block in items) >= excess:
+                    break
                 items.extend(self._outbox.popleft()[1][0])
             args = (items, *args[1:])
         if not self._outbox:

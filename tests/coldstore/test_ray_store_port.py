@@ -68,6 +68,28 @@ def test_deferred_writes_wait_for_the_backend_to_be_idle(store: Any, port: RaySt
     assert _until(lambda: len(_held(store, "idle")) == len(blocks))
 
 
+def test_held_writes_beyond_the_stage_send_just_the_oldest(store: Any) -> None:
+    """While the backend runs calls, the blocks held stay within the stage's size: each write that
+    outgrows it sends the oldest, as few as bring it back within; the younger stay held (a resume
+    may yet take them back) until the backend is between calls."""
+    port = RayStorePort(STORE, NAMESPACE, stage_bytes=3 * 64)  # three blocks of 64 bytes
+    port.defer_writes(True)
+    blocks = _blocks("outgrown", range(0, 20, 4))
+    for block in blocks[:4]:
+        port.put_many([block])
+    assert _until(lambda: _held(store, "outgrown") == [BlockKey.of(blocks[0])])
+    port.put_many([blocks[4]])
+    assert _until(lambda: len(_held(store, "outgrown")) == 2)
+    time.sleep(0.3)
+    assert sorted(_held(store, "outgrown"), key=lambda k: k.token_range.start) == [
+        BlockKey.of(blocks[0]), BlockKey.of(blocks[1])]  # the three youngest still held
+    assert port.pop_many([BlockKey.of(blocks[4])]) == [blocks[4]]  # taken back: never sent
+    port.defer_writes(False)
+    assert _until(lambda: len(_held(store, "outgrown")) == 4)
+    time.sleep(0.2)
+    assert BlockKey.of(blocks[4]) not in _held(store, "outgrown")
+
+
 def test_a_call_of_the_port_sends_what_is_held_first(store: Any, port: RayStorePort) -> None:
     port.defer_writes(True)
     blocks = _blocks("flush", range(0, 16, 4))
