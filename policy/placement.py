@@ -108,9 +108,15 @@ class ReportLimiter:
     """Pushes at most one report per ``min_interval_s``; between those, only when the load moved:
     a session opened, closed, suspended or resumed, or resident tokens changed by more than
     ``change_fraction`` of the budget; and at least every ``heartbeat_s`` while offered reports,
-    so small drifts reach the planner too. ``now`` is any monotonic clock, in seconds."""
+    so small drifts reach the planner too. ``now`` is any monotonic clock, in seconds.
 
-    min_interval_s: float = 0.1
+    Why at most two a second: a backend whose sessions outnumber its slots parks one and brings one
+    back every turn, so its load moves with every turn; each report is a Ray call the planner
+    answers in Python (~1-1.5 ms of CPU on both sides on the 2-core machine), and on two cores every
+    millisecond beside the engine's two threads stalls them both. Placement does not wait for the
+    next report: a session placed since a backend's last report counts against it until then."""
+
+    min_interval_s: float = 0.5
     change_fraction: float = 0.05
     heartbeat_s: float = 2.0
     _pushed: LoadReport | None = field(default=None, init=False, repr=False)

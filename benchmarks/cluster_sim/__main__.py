@@ -40,7 +40,7 @@ import numpy as np
 
 from kvres.policy import Range
 from kvres.policy.backend_planner import BackendPlanInput, SessionView
-from kvres.policy.placement import LoadReport
+from kvres.policy.placement import LoadReport, ReportLimiter
 from kvres.policy.residency import EngineNeed
 
 from .model import Costs, Workload, as_dict, open_latency_s, planner_load, saturation_backends
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n-seq-max", type=int, default=16)
     parser.add_argument("--step-ms", type=float, default=100.0, help="simulated decode step")
     parser.add_argument("--tokens-per-step", type=int, default=4)
-    parser.add_argument("--min-interval-ms", type=float, default=100.0)
+    parser.add_argument("--min-interval-ms", type=float, default=1000 * ReportLimiter.min_interval_s)
     parser.add_argument("--change-fraction", type=float, default=0.05)
     parser.add_argument("--heartbeat-s", type=float, default=2.0)
     parser.add_argument("--old-place-repeats", type=int, default=10)
