@@ -227,11 +227,14 @@ class RayStorePort(StorePort):
         method, args, _ = self._outbox.popleft()
         if method in ("put_many", "delete_many"):
             items = list(args[0])
+            limit = excess if method == "put_many" else None  # the bytes to send, where only they made it due
+            taken = sum(block.payload_nbytes for block in items) if limit is not None else 0
             while self._outbox and self._outbox[0][0] == method and self._outbox[0][1][1:] == args[1:]:
-                if excess is not None and method == "put_many" and \
-                        sum(block.payload_nbytes for block in items) >= excess:
+                if limit is not None and taken >= limit:
                     break
-                items.extend(self._outbox.popleft()[1][0])
+                more = self._outbox.popleft()[1][0]
+                items.extend(more)
+                taken += sum(block.payload_nbytes for block in more) if limit is not None else 0
             args = (items, *args[1:])
         if not self._outbox:
             self._urgent = False
