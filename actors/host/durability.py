@@ -73,7 +73,7 @@ class Durability:
                 job.finish()
                 return
             with self.ctx.lock:
-                if queued and s.committed is queued[0]:
+                if queued and s.committed is not previous:  # (the suspend of a session parked meanwhile: its too)
                     s.committed = previous  # never written: the last record is the one before
                 self.fail(job, error)
                 self.ctx.jobs.poke()
@@ -141,22 +141,25 @@ class Durability:
         """A call that fails commits nothing: its session goes back to its last commit."""
         if not job.done:
             try:
-                self.roll_back(job.session_id)
+                self.roll_back(job.session_id, committing=job.committing)
             except Exception:
                 log.exception("rolling back session %r after a failed call failed", job.session_id)
         job.finish(error)
 
-    def roll_back(self, session_id: str) -> None:
+    def roll_back(self, session_id: str, committing: bool = False) -> None:
         """Undo what a failed call did to a live or preempted session: back to its committed record
         (suspended by it, so the next call resumes it: parked blocks imported, the rest recomputed),
         blocks it spilled or was parked in since released. Nothing to do when none of the call's
-        tokens landed."""
+        tokens landed. ``committing``: the call failed writing its record, and a session parked
+        meanwhile (for others' room) is undone like a preempted one, its suspend's record, still to
+        be written, replaced by the one it goes back to."""
         ctx = self.ctx
         s = ctx.sessions.get(session_id)
         record = None if s is None else s.committed
-        if s is None or record is None or s.state is SessionState.SUSPENDED:
+        parked_committing = s is not None and committing and s.state is SessionState.SUSPENDED
+        if s is None or record is None or (s.state is SessionState.SUSPENDED and not parked_committing):
             return
-        preempted = s.state is SessionState.PREEMPTED
+        preempted = s.state is SessionState.PREEMPTED or parked_committing
         log = s.record.token_log if preempted else ctx.executor.token_log(session_id)
         landed = len(log) != len(record.token_log) or record.state != "live"
         if not landed and s.cold == record.cold:
@@ -174,4 +177,6 @@ class Durability:
         s.park(replace(record, counters=dict(s.counters), state="suspended"))
         s.cold, s.last_logits, s.exact = list(record.cold), record.last_logits, record.exact
         s.forget_turn()
+        if parked_committing:
+            self.commit(session_id, later=True)
         ctx.publish()

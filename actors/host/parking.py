@@ -43,8 +43,11 @@ class Parking:
         ctx = self.ctx
         with ctx.lock:
             s = ctx.get(session_id, live=False)
-            mid_call = bool(ctx.jobs.pending(session_id))  # only pressure parks it then: its call waits for room
-            if not forced and (mid_call or s.state is SessionState.PREEMPTED):
+            # only pressure parks it then: its call waits for room (a call whose record is being
+            # written is done with it: parked as it stands, that record goes with the suspend's)
+            pending = ctx.jobs.pending(session_id)
+            mid_call = any(not job.committing for job in pending)
+            if not forced and (pending or s.state is SessionState.PREEMPTED):
                 raise SessionBusyError(f"session {session_id!r} has a call running; suspend it after")
             if not forced:
                 s.tool_paused_at = None  # parked as its owner or its idle clock asked: not brought back ahead

@@ -19,7 +19,8 @@ Primitives:
   them. Calls are served in the room queue's order (``RoomQueue.order``: priority,
   then arrival); a call no room can be made for waits there (``RoomQueue.wait``) until a call that
   runs frees room, and calls that have not run yet wait behind it; a room check may park the
-  session of a call behind it, never one ahead or one whose call ran; when no call can run, the
+  session of a call behind it, never one ahead or one whose call ran (one whose call is being
+  committed is done with its slot: parked while its record is written); when no call can run, the
   last waiting one that holds room is parked mid-call (``Pressure.preempt``) so the others go on.
   Past ``max_room_wait_s`` a waiting call fails with ``BackendFullError`` carrying a retry-after
   hint. A prompt past its session's context limit is refused before any of it goes in,
@@ -121,7 +122,7 @@ class KVStepper:
         # a stream runs ahead of its reader no further; a call being committed is done stepping
         jobs = [job for job in pending if not job.committing and not job.waits_for_reader()]
         jobs = self.ctx.room.order(jobs, self._priority)
-        ran = {job.session_id for job in pending if job.ran}
+        ran = {job.session_id for job in pending if job.ran and not job.committing}
         served: set[str] = set()  # the sessions of the calls served so far in this step
         stalled: list[Job] = []  # left waiting for room in this step, in the order served
         batch: list[tuple[Job, list[int]]] = []
