@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
 import time
 import weakref
@@ -61,7 +60,6 @@ from kvres.policy.errors import KvresError
 from ..generation import FinishReason, GenerationRequest, StopRule
 from ..sampling import Sampler
 
-_END = object()
 IDLE_WORK_AFTER_S = 0.01  # after the last call, how long until idle work (the answers leave first)
 WAITERS_IN_WITHIN_S = 1.0  # a safety bound only: a waiter gets the lock as soon as the loop lets it go
 STREAM_AHEAD = 8  # tokens a stream produces past what its reader took (its job waits for the reader)
@@ -69,7 +67,6 @@ STREAM_AHEAD = 8  # tokens a stream produces past what its reader took (its job 
 # produce): one Ray object per four tokens, not per token, where the reader keeps up with the steps
 CHUNK_TOKENS = 4
 COMMIT_POLL_S = 0.002  # how often a loop with nothing else to step looks whether a call's record was written
-CHUNK_POLL_S = 0.02  # how often a chunk short of CHUNK_TOKENS looks whether its job produced its last token
 _loops: weakref.WeakSet[StepLoop] = weakref.WeakSet()
 
 
@@ -163,18 +160,29 @@ class Job:
     read: int = 0  # streamed generate: tokens its reader took
     held: bool = False  # a step left it waiting for its reader (whose next read wakes the loop)
     committing: bool = False  # done stepping: its record is being written, and it answers once it is
-    _out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     _done: threading.Event = field(default_factory=threading.Event)
+    # streamed tokens not yet taken by the reader, who is woken once what it waits for is there
+    # (``_want`` tokens, or the last), not at every token: a wake-up is a context switch beside the engine
+    _out: list[int] = field(default_factory=list)
+    _ready: threading.Condition = field(default_factory=threading.Condition)
+    _want: int = 0  # how many tokens the waiting reader needs (0: none waits)
+    _ended: bool = False
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
 
     def emit(self, token: int) -> None:
-        self.remaining -= 1
-        self.produced.append(token)
-        if self.streaming:
-            self._out.put(token)
+        if not self.streaming:
+            self.remaining -= 1
+            self.produced.append(token)
+            return
+        with self._ready:
+            self.remaining -= 1
+            self.produced.append(token)
+            self._out.append(token)
+            if self._want and (len(self._out) >= self._want or self.remaining <= 0):
+                self._ready.notify()
 
     def waits_for_reader(self) -> bool:
         """Whether the step leaves this job out (asked under the lock): a streamed generate
@@ -215,15 +223,29 @@ class Job:
             return
         self.error = error
         self._done.set()
-        self._out.put(_END)
+        with self._ready:
+            self._ended = True
+            self._ready.notify_all()
+
+    def _take(self, least: int) -> list[int]:
+        """The tokens out once there are ``least`` of them, or the job produced its last or ended
+        (empty: it ended and every token was taken)."""
+        with self._ready:
+            while len(self._out) < least and self.remaining > 0 and not self._ended:
+                self._want = least
+                self._ready.wait()
+            self._want = 0
+            if not self._out and not self._ended:  # produced its last, which is not out yet
+                self._want = 1
+                while not self._out and not self._ended:
+                    self._ready.wait()
+                self._want = 0
+            taken, self._out = self._out, []
+            return taken
 
     def tokens(self) -> Iterator[int]:
-        while True:
-            item = self._out.get()
-            if item is _END:
-                break
-            assert isinstance(item, int)
-            yield item
+        while chunk := self._take(1):
+            yield from chunk
         if self.error is not None:
             raise self.error
 
@@ -232,32 +254,10 @@ class Job:
         waits for one: the first token goes out at once); each later one waits until it holds
         ``CHUNK_TOKENS``, or every token the job will produce (it ended, or produced its last), and
         then holds every token out."""
-        ended, least = False, 1
-        while not ended:
-            chunk: list[int] = []
-            item: object = self._out.get()
-            while item is not None:
-                if item is _END:
-                    ended = True
-                    break
-                assert isinstance(item, int)
-                chunk.append(item)
-                item = self._next_for(chunk, least)
-            if chunk:
-                yield chunk
+        least = 1
+        while chunk := self._take(least):
+            yield chunk
             least = CHUNK_TOKENS
-
-    def _next_for(self, chunk: list[int], least: int) -> object:
-        """The next token (or the end) for ``chunk``; None once it is complete."""
-        while True:
-            full = len(chunk) >= least or self.remaining <= 0
-            try:
-                return self._out.get_nowait() if full else self._out.get(timeout=CHUNK_POLL_S)
-            except queue.Empty:
-                if full:
-                    return None
-        if self.error is not None:
-            raise self.error
 
     def wait(self) -> int:
         self._done.wait()

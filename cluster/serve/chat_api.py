@@ -255,7 +255,7 @@ async def _choices_events(turn: _Turn, streams: ChoiceStreams, include_usage: bo
                 head = ""
         if head:
             yield head
-        outcomes = [await turn.service.run(each.outcome) for each in streams.turns]
+        outcomes = [each.outcome() for each in streams.turns]
         closings = [_closing(i, outcome, tools[i]) for i, outcome in enumerate(outcomes)]
         if closings[0][1]:  # choice 0's reply ended in calls: a bound session waits for their results
             await turn.service.run(turn.pause_for_tools, streams.turns[0].session)
@@ -296,19 +296,19 @@ async def _events(turn: _Turn, streaming: StreamingTurn, include_usage: bool, ob
                 head = ""
         if head:
             yield head
-        outcome = await turn.service.run(streaming.outcome)
+        outcome = streaming.outcome()
         closing_choices = closing(outcome)
         for session in paused or ():
             await turn.service.run(turn.pause_for_tools, session)
+        tail = []  # the closing events go out in one send
         for i, choice in enumerate(closing_choices):
             chunk = turn.envelope(obj, [choice])
             if i == len(closing_choices) - 1 and turn.kvres(outcome) is not None:
                 chunk["kvres"] = turn.kvres(outcome)
-            yield sse(chunk)
+            tail.append(sse(chunk))
         turn.note(streaming, outcome.prefix_break)
-        for line in _usage_and_done(turn, obj, include_usage, outcome.prompt_tokens, outcome.cached_tokens,
-                                    outcome.completion_tokens):
-            yield line
+        yield "".join(tail + _usage_and_done(turn, obj, include_usage, outcome.prompt_tokens, outcome.cached_tokens,
+                                             outcome.completion_tokens))
     except Exception as exc:
         yield sse(api_error(exc).body())
         yield SSE_DONE

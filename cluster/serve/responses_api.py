@@ -313,7 +313,7 @@ async def _events(request: Request, call: _Call, streaming: StreamingTurn) -> As
                 opened = True
                 text += content
                 yield head + event("response.output_text.delta", **where, delta=content, logprobs=[])
-        outcome = await call.service.run(streaming.outcome)
+        outcome = streaming.outcome()
         rest, parsed = tools.finish(outcome.text)
         call.parsed = parsed if parsed.calls else None
         if rest:

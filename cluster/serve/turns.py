@@ -217,6 +217,7 @@ class StreamingTurn:
         self._chunks: Iterator[list[int]] | None = None
         self._first: str | None = None
         self._final: tuple[str, int] = ("", 0)
+        self._outcome: TurnOutcome | None = None  # made as the stream ends (_finish)
         self._last_token_at = 0.0
         self._pending: Future[str | None] | None = None
         self._ended = threading.Event()
@@ -258,6 +259,7 @@ class StreamingTurn:
             self._chunks = self._stream.chunks()
         chunk = next(self._chunks, None)
         if chunk is None:
+            self._finish()  # in the same trip to the service's threads as the end of the stream
             return None
         now = time.monotonic()
         if self.ttft_s is None:
@@ -277,6 +279,8 @@ class StreamingTurn:
         self.prompt_tokens = length - len(reply)
         self.cached_tokens = self.prompt_tokens - self.appended
         self._final = (self._in_context.reply(reply), length)
+        self._outcome = _outcome(self._in_context, reply, self._final[0], self.prompt_tokens, self.appended,
+                                 self.plan)
 
     async def deltas(self) -> AsyncIterator[str]:
         piece, covered = self._first, self.text.covered
@@ -287,7 +291,6 @@ class StreamingTurn:
             future = self._pending = self.service.pool.submit(self._pull)
             piece = await asyncio.wrap_future(future)
             covered = self.text.covered
-        await asyncio.wrap_future(self.service.pool.submit(self._finish))
         rest = self.text.finish(self._final[0])
         self.completed = True
         if rest:
@@ -299,9 +302,10 @@ class StreamingTurn:
         return self._stream.generation
 
     def outcome(self) -> TurnOutcome:
-        assert self._in_context is not None
-        return _outcome(self._in_context, self.generation, self._final[0], self.prompt_tokens, self.appended,
-                        self.plan)
+        """The turn's outcome, made as the stream ended (on the service's threads: decoding it may
+        ask the backend): cheap to read once ``deltas()`` is done."""
+        assert self._outcome is not None, "the stream has not ended: iterate deltas() to its end first"
+        return self._outcome
 
     def end(self) -> None:
         with self._end_lock:
