@@ -22,7 +22,8 @@ Primitives:
   makes and starts one): ``start()`` (blocking: the prompt appended and the first token pulled, so
   that an error is still an HTTP status; nothing else on that path), ``deltas()`` (an async
   iterator of text pieces, each chunk of tokens pulled on the service's threads: every token the
-  backend had out, one Ray object, ``TokenStream.chunks``), ``outcome()``, ``ttft_s``,
+  backend had out, one Ray object, ``TokenStream.chunks``; the trip that finds the stream's end
+  also reads how it ended), ``outcome()`` (once ``deltas()`` is done: read then), ``ttft_s``,
   ``gaps`` (the inter-token histogram), ``end()`` (blocking, once: a stream left before its end
   keeps only the tokens whose text was sent, ``sent_tokens``: what ``TextDeltas.covered`` was when
   the last piece handed to the response went out (the response asked for the next), then
