@@ -73,7 +73,7 @@ class Durability:
                 job.finish()
                 return
             with self.ctx.lock:
-                if queued and s.committed is not previous:  # (the suspend of a session parked meanwhile: its too)
+                if queued and s.committed is not previous:  # (or a suspend's since, which carries this call's)
                     s.committed = previous  # never written: the last record is the one before
                 self.fail(job, error)
                 self.ctx.jobs.poke()

@@ -195,6 +195,10 @@ class Job:
         self.held = True  # set before ``read`` is read: a reader reading on meanwhile sees it, and wakes the loop
         behind = len(self.produced) - self.read
         self.held = behind >= self.ahead or (self.remaining <= 0 and behind > 0)
+        if self.held:  # a reader waiting for a fuller chunk than a stopped job will give takes what is out
+            with self._ready:
+                if self._want:
+                    self._ready.notify()
         return self.held
 
     def took(self, wake: Callable[[], None], count: int = 1) -> None:
@@ -231,15 +235,11 @@ class Job:
         """The tokens out once there are ``least`` of them, or the job produced its last or ended
         (empty: it ended and every token was taken)."""
         with self._ready:
-            while len(self._out) < least and self.remaining > 0 and not self._ended:
+            # past its last token (remaining 0) any token out will do; none out: wait for the end
+            while not self._ended and len(self._out) < (least if self.remaining > 0 else 1):
                 self._want = least
                 self._ready.wait()
             self._want = 0
-            if not self._out and not self._ended:  # produced its last, which is not out yet
-                self._want = 1
-                while not self._out and not self._ended:
-                    self._ready.wait()
-                self._want = 0
             taken, self._out = self._out, []
             return taken
 

@@ -97,3 +97,36 @@ def test_an_ephemeral_stream_opens_and_closes_its_session_in_the_call_and_journa
     next(left)
     left.close()
     assert "left" not in host.sessions() and journal.load("left") is None
+
+
+def test_a_stream_that_stops_short_of_a_full_chunk_ends(tmp_path: Path) -> None:
+    """A stop rule ends the job between chunks: the reader waiting for ``CHUNK_TOKENS`` takes what is
+    out (a reader left waiting would hold the job, which waits for it: neither would end)."""
+    import threading
+
+    from kvres.actors.generation import GenerationRequest
+
+    host = _host(tmp_path)
+    host.open_session("twin")
+    host.append("twin", PROMPT)
+    want = list(host.generate("twin", 8))
+    host.open_session("s")
+    host.append("s", PROMPT)
+    stop_at = 2  # the first chunk is the first token alone; the stop comes one token into the next
+    stream = host.stream("s", GenerationRequest(max_tokens=20, stop_token_ids=(want[stop_at],)))
+    chunks: list[list[int]] = []
+
+    def read_all() -> None:
+        try:
+            while True:
+                chunks.append(stream.next_chunk())
+        except StopIteration:
+            pass
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), f"the stream did not end after {chunks}"
+    assert [t for c in chunks for t in c] == want[:stop_at + 1]
+    assert stream.generation is not None and stream.generation.finish_reason == "stop"
+    host.shutdown()
