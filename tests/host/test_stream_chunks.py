@@ -5,9 +5,11 @@ real llama.cpp engine and the shared model, without Ray."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from kvres.actors.config import BackendConfig
+from kvres.actors.generation import GenerationRequest
 from kvres.actors.host.backend import BackendHost
 from kvres.actors.host.scheduler import CHUNK_TOKENS, STREAM_AHEAD
 from tests.conftest import local_host, shared_model_path
@@ -22,6 +24,13 @@ def _host(tmp_path: Path) -> BackendHost:
     return host
 
 
+def _greedy_reply(host: BackendHost, count: int) -> list[int]:
+    """The ``count`` tokens a session given ``PROMPT`` generates (a twin of the one under test)."""
+    host.open_session("twin")
+    host.append("twin", PROMPT)
+    return list(host.generate("twin", count))
+
+
 def _steps(host: BackendHost, count: int = 16) -> None:
     """``count`` steps of the backend's loop, a stream's job among them (another session's generate)."""
     host.generate("other", count)
@@ -29,9 +38,7 @@ def _steps(host: BackendHost, count: int = 16) -> None:
 
 def test_a_chunk_holds_every_token_out_and_the_job_stays_within_stream_ahead(tmp_path: Path) -> None:
     host = _host(tmp_path)
-    host.open_session("twin")
-    host.append("twin", PROMPT)
-    want = list(host.generate("twin", 40))
+    want = _greedy_reply(host, 40)
     host.open_session("other")
     host.append("other", PROMPT)
     host.open_session("s")
@@ -79,9 +86,7 @@ def test_an_ephemeral_stream_opens_and_closes_its_session_in_the_call_and_journa
     """A stateless turn (``stream(..., ephemeral=True)``): the session is opened by the call, never
     written to the journal, and closed once the stream ends, read to its end or left."""
     host = _host(tmp_path)
-    host.open_session("twin")
-    host.append("twin", PROMPT)
-    want = list(host.generate("twin", 12))
+    want = _greedy_reply(host, 12)
     journal = host._ctx.journal
     stream = host.stream("once", 12, prompt=PROMPT, ephemeral=True)
     got = stream.next_chunk()
@@ -102,14 +107,8 @@ def test_an_ephemeral_stream_opens_and_closes_its_session_in_the_call_and_journa
 def test_a_stream_that_stops_short_of_a_full_chunk_ends(tmp_path: Path) -> None:
     """A stop rule ends the job between chunks: the reader waiting for ``CHUNK_TOKENS`` takes what is
     out (a reader left waiting would hold the job, which waits for it: neither would end)."""
-    import threading
-
-    from kvres.actors.generation import GenerationRequest
-
     host = _host(tmp_path)
-    host.open_session("twin")
-    host.append("twin", PROMPT)
-    want = list(host.generate("twin", 8))
+    want = _greedy_reply(host, 8)
     host.open_session("s")
     host.append("s", PROMPT)
     stop_at = 2  # the first chunk is the first token alone; the stop comes one token into the next
