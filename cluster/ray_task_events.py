@@ -7,7 +7,8 @@ Primitives:
 - ``actor_task_events() -> dict``: the option kvres's actors are created with
   (``enable_task_events=False``: their calls report no task events).
 - ``started_cluster_config(given=None) -> dict``: the ``_system_config`` of a cluster kvres starts
-  with ``ray.init`` (an embedded one): ``TASK_EVENT_STORE`` under what the caller gave.
+  with ``ray.init`` (an embedded one): ``TASK_EVENT_STORE`` and ``ray_upkeep.UPKEEP_CONFIG`` under
+  what the caller gave.
 - ``ray_start_arguments(ray_args) -> list[str]``: ``ray start --head``'s arguments with
   ``--system-config`` holding the same, merged with one given among ``ray_args``.
 - ``SystemConfigError``: a ``--system-config`` given that is not a JSON object (a ``KvresError``).
@@ -26,6 +27,8 @@ from typing import Any, Final
 
 from kvres.actors.settings import read_settings
 from kvres.policy import KvresError
+
+from .ray_upkeep import UPKEEP_CONFIG
 
 TASK_EVENT_STORE: Final[Mapping[str, int]] = MappingProxyType({
     "task_events_max_num_task_in_gcs": 10_000,
@@ -67,10 +70,11 @@ def actor_task_events() -> dict[str, bool]:
 
 
 def started_cluster_config(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``ray.init(address="local", _system_config=...)`` of a cluster kvres starts; what the
-    caller gave wins over kvres's bound."""
+    """``ray.init(address="local", _system_config=...)`` of a cluster kvres starts: the task-event
+    store's bound and Ray's upkeep kept small (``ray_upkeep.UPKEEP_CONFIG``); what the caller gave
+    wins over both."""
     bound = {} if _ray_defaults() else dict(TASK_EVENT_STORE)
-    return {**bound, **(given or {})}
+    return {**UPKEEP_CONFIG, **bound, **(given or {})}
 
 
 def ray_start_arguments(ray_args: Sequence[str]) -> list[str]:

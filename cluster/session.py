@@ -71,6 +71,7 @@ from .kvres_config import BackendConfig, KvresConfig, SessionPolicy
 from .planner_client import PlannerClient
 from .ray_auth import follow_local_token
 from .ray_task_events import actor_task_events, started_cluster_config
+from .ray_upkeep import started_with_upkeep
 from .reachability import check_reachable
 from .remote_calls import wait_until_answers
 from .restarts import sweep_previous_runs, unknown_session
@@ -347,9 +348,7 @@ class SessionManager:
     def open_session(
         self,
         model: str | os.PathLike[str] | None = None,
-        policy: SessionPolicy | None = None,
-        session_id: str | None = None,
-        backend: str | None = None,
+        policy: SessionPolicy | None = None, session_id: str | None = None, backend: str | None = None,
         placement: PlacementPolicy | str | None = None,
     ) -> Session:
         """Open a session on ``backend``, or where ``placement`` (default: the configuration's)
@@ -573,7 +572,8 @@ def connect(
             check_reachable(address)  # seconds, not the minutes ray.init retries for
         if (address or "local") == "local":  # a cluster started here: Ray's task-event store bounded
             ray_init["_system_config"] = started_cluster_config(ray_init.get("_system_config"))
-        ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
+        with started_with_upkeep() if (address or "local") == "local" else contextlib.nullcontext():
+            ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
         if started:
             log.warning("kvres started an embedded Ray cluster for this driver: its sessions end when the driver "

@@ -57,6 +57,7 @@ from .head_ports import HeadPorts, PortTakenError, bindable, choose_head_ports
 from .kvres_config import BackendConfig, KvresConfig, json_object
 from .ray_auth import exposed_token_file, follow_local_token, token_auth
 from .ray_task_events import ray_start_arguments
+from .ray_upkeep import upkeep_environment
 from .reachability import DEFAULT_PORT, ClusterUnreachableError, check_reachable, port_open, split_address
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -226,10 +227,11 @@ def gcs_env(gcs_redis: str | None = None, gcs_storage_path: str | None = None) -
 
 def head_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ``ray start --head`` runs in: this one, with the folder of the Python kvres
-    runs in first on PATH, so that a Ray job's ``python`` (run by the head) finds kvres."""
+    runs in first on PATH, so that a Ray job's ``python`` (run by the head) finds kvres, and
+    ``ray_upkeep.UPKEEP_ENVIRONMENT`` where it sets none of it."""
     here = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
-    return {**os.environ, "PATH": here if not path else f"{here}{os.pathsep}{path}", **(extra or {})}
+    return upkeep_environment({**os.environ, "PATH": here if not path else f"{here}{os.pathsep}{path}", **(extra or {})})
 
 
 def _start_head(

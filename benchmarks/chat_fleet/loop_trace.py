@@ -32,16 +32,18 @@ Sample = tuple[float, dict[str, float]]
 
 
 def timed_part(samples: Sequence[Sample]) -> tuple[Sample, Sample]:
-    """The first and last sample of the busy stretch that follows the first quiet one."""
+    """The first and last sample of the busy stretch that follows the first quiet one after the
+    openings' steps (the wait before the first step, while the cluster and the run start, is not it)."""
     quiet_from: Sample | None = None
     start: Sample | None = None
+    opened = False  # the openings have stepped
     for i in range(1, len(samples)):
         moved = samples[i][1]["steps"] != samples[i - 1][1]["steps"]
         if start is None:
             if moved:
-                if quiet_from is not None and samples[i - 1][0] - quiet_from[0] >= QUIET_S:
+                if opened and quiet_from is not None and samples[i - 1][0] - quiet_from[0] >= QUIET_S:
                     start = samples[i - 1]
-                quiet_from = None
+                quiet_from, opened = None, True
             elif quiet_from is None:
                 quiet_from = samples[i - 1]
     if start is None:

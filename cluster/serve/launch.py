@@ -199,6 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from ..config_agreement import ConfigConflictError
     from ..ray_task_events import started_cluster_config
+    from ..ray_upkeep import started_with_upkeep
     from ..session import connect
     from .app import ServeOptions, build
 
@@ -239,8 +240,9 @@ def run_serve(args: argparse.Namespace) -> int:
         follow_local_token()
         ray.init(address=address, namespace=args.namespace, log_to_driver=False)
     else:
-        ray.init(address="local", namespace=args.namespace, log_to_driver=False, include_dashboard=False,
-                 num_cpus=args.num_cpus, _system_config=started_cluster_config())
+        with started_with_upkeep():
+            ray.init(address="local", namespace=args.namespace, log_to_driver=False, include_dashboard=False,
+                     num_cpus=args.num_cpus, _system_config=started_cluster_config())
     stop = _stop_on_sigterm()  # after ray.init, which installs handlers of its own
     manager = None
     try:

@@ -217,5 +217,9 @@ def test_the_loop_trace_finds_the_timed_part_after_the_quiet_one() -> None:
                at(2.0, 14), at(2.25, 30), at(2.5, 41), at(2.75, 41), at(3.0, 41)]
     (t0, first), (t1, last) = timed_part(samples)
     assert (t0, first["steps"], t1, last["steps"]) == (1.75, 9, 2.5, 41)
+    # sampling started before the run's first step: that wait is not the quiet stretch after the openings
+    waiting = [at(0.25 * i, 0) for i in range(6)]
+    (t0, first), (t1, last) = timed_part(waiting + [(t + 1.5, loop) for t, loop in samples[1:]])
+    assert (t0, first["steps"], t1, last["steps"]) == (3.25, 9, 4.0, 41)
     with pytest.raises(ValueError, match="no quiet stretch"):
         timed_part([at(0.25 * i, 3 * i) for i in range(8)])  # never quiet: no timed part to tell

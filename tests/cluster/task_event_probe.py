@@ -4,7 +4,8 @@ configuration the cluster was started with, and the task events it holds of kvre
 ``read_task_events()`` first runs a task of its own and waits until the GCS holds its events (they
 are reported about once a second), so every call made before it has been reported too: an empty
 list of kvres's events then means none were sent. ``most_profile_events``: the most profile events
-(timeline spans) the GCS holds for one task. ``DRIVER`` runs it in a driver of its own
+(timeline spans) the GCS holds for one task; ``upkeep``: the system configuration's values of
+``ray_upkeep.UPKEEP_CONFIG``'s keys. ``DRIVER`` runs it in a driver of its own
 (``python -c DRIVER ADDRESS``) and prints the result as JSON on its last line;
 ``gcs_address_under(pid)`` finds the address of an embedded cluster a process started.
 """
@@ -15,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from kvres.cluster.ray_upkeep import UPKEEP_CONFIG
 
 KVRES_ACTOR_CLASSES = frozenset({"BackendServer", "PlannerServer", "ColdStoreServer", "MeteredColdStoreServer",
                                  "ServeStateActor"})
@@ -51,6 +54,7 @@ def read_task_events(timeout_s: float = 120.0) -> dict[str, Any]:
         "most_profile_events": max((len(e.profile_events.events) for e in events), default=0),
         "kvres_task_events": sorted(n for n in names if _actor_class(n) in KVRES_ACTOR_CLASSES),
         "system_config": {key: system_config.get(key) for key in TASK_EVENT_KEYS},
+        "upkeep": {key: system_config.get(key) for key in UPKEEP_CONFIG},
     }
 
 
@@ -81,3 +85,19 @@ follow_local_token()
 ray.init(address=sys.argv[1], log_to_driver=False)
 print(json.dumps(read_task_events()))
 """
+
+
+def log_monitor_environment(gcs_address: str) -> dict[str, str]:
+    """The environment of the log monitor of the cluster whose GCS is at ``gcs_address`` (this
+    machine's, matched by its port), read from /proc; ``AssertionError`` if there is none."""
+    port = gcs_address.rsplit(":", 1)[-1]
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if any(a.endswith("log_monitor.py") for a in argv) and any(
+                    a.startswith("--gcs-address=") and a.endswith(f":{port}") for a in argv):
+                pairs = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+                return dict(p.split("=", 1) for p in pairs if "=" in p)
+        except OSError:
+            continue
+    raise AssertionError(f"no log monitor of the cluster at {gcs_address} runs here")

@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 
 from kvres.cluster.ray_task_events import TASK_EVENT_STORE
+from kvres.cluster.ray_upkeep import UPKEEP_CONFIG, UPKEEP_ENVIRONMENT
 from kvres.cluster.standing import head_processes, stop_head
 from kvres.policy import KvresError
 from tests.cluster.conftest import free_port
 from tests.cluster.task_event_probe import DRIVER as PROBE
-from tests.cluster.task_event_probe import TASK_EVENT_KEYS
+from tests.cluster.task_event_probe import TASK_EVENT_KEYS, log_monitor_environment
 from tests.conftest import REPO_ROOT, shared_model_path
 from tests.examples.test_examples import _stop_ray_started_in
 
@@ -134,6 +135,8 @@ def test_the_head_bounds_task_events_and_kvres_actors_report_none(standing) -> N
     assert seen["witnessed"], seen  # the probe's own task reached the GCS: the session's calls did too
     assert seen["kvres_task_events"] == [], seen
     assert seen["system_config"] == {key: TASK_EVENT_STORE[key] for key in TASK_EVENT_KEYS}, seen
+    assert seen["upkeep"] == UPKEEP_CONFIG, seen  # and Ray's upkeep kept small
+    assert log_monitor_environment(standing["address"]).items() >= UPKEEP_ENVIRONMENT.items()
 
 
 def test_sessions_outlive_every_driver_and_kvres_stop_removes_everything(standing) -> None:

@@ -11,7 +11,8 @@ import sys
 import uuid
 
 from kvres.cluster.ray_task_events import TASK_EVENT_STORE
-from tests.cluster.task_event_probe import DRIVER, TASK_EVENT_KEYS, gcs_address_under
+from kvres.cluster.ray_upkeep import UPKEEP_CONFIG, UPKEEP_ENVIRONMENT
+from tests.cluster.task_event_probe import DRIVER, TASK_EVENT_KEYS, gcs_address_under, log_monitor_environment
 from tests.conftest import REPO_ROOT
 
 TEXT_ONLY = {"grammar": "root ::= [a-z ]+"}
@@ -39,3 +40,5 @@ def test_serve_turns_leave_no_task_events_and_the_store_is_bounded(server) -> No
     assert seen["witnessed"], seen  # the driver's own task reached the GCS: the turns' calls did too
     assert seen["kvres_task_events"] == [], seen
     assert seen["system_config"] == {key: TASK_EVENT_STORE[key] for key in TASK_EVENT_KEYS}, seen
+    assert seen["upkeep"] == UPKEEP_CONFIG, seen  # and Ray's upkeep kept small
+    assert log_monitor_environment(address).items() >= UPKEEP_ENVIRONMENT.items()
