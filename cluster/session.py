@@ -570,9 +570,10 @@ def connect(
         # no address: start an embedded local cluster ("local"), never a stray one found running
         if address and address not in ("auto", "local") and "://" not in address:
             check_reachable(address)  # seconds, not the minutes ray.init retries for
-        if (address or "local") == "local":  # a cluster started here: Ray's task-event store bounded
+        starting = (address or "local") == "local"  # a cluster started here: Ray's task-event store bounded
+        if starting:
             ray_init["_system_config"] = started_cluster_config(ray_init.get("_system_config"))
-        with started_with_upkeep() if (address or "local") == "local" else contextlib.nullcontext():
+        with started_with_upkeep() if starting else contextlib.nullcontext():  # and its upkeep small
             ray.init(address=address or "local", namespace=namespace, log_to_driver=False, **ray_init)
         started = address is None
         if started:
