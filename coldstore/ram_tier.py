@@ -14,7 +14,9 @@ Blocks are stored as given: no encoding, no checksum. With ``copy_payloads=False
 the caller's payload object (``bytes``, or a buffer the caller promises not to change); with
 ``copy_payloads=True`` any payload that is not ``bytes`` is copied once into a private read-only
 buffer so the tier owns it (use this when payloads are views of memory that will be reused or released, such as
-buffers mapped from Ray's object store).
+buffers mapped from Ray's object store); the buffers come from ``pool`` (``payload_pool.PayloadPool``),
+which keeps those released for the next copies (at most ``POOL_IDLE_MAX_BYTES`` or 1/16 of the budget
+idle): a copy into memory the process already holds costs a memcpy, into fresh memory a page fault per page.
 
 Eviction order: lowest ``priority`` first; least recently used first within a priority.
 The budget is never exceeded: ``put`` evicts first, and a block larger than the whole budget is
@@ -27,16 +29,15 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Collection
 
-import numpy as np
-
 from .block import KVBlock
-from .codec import payload_view
 from .errors import BlockTooLargeError
 from .keys import BlockKey
+from .payload_pool import PayloadPool
 from .tier import BlockTier, Evicted
 
 BLOCK_OVERHEAD_BYTES = 256
 PER_TOKEN_OVERHEAD_BYTES = 16
+POOL_IDLE_MAX_BYTES = 256 << 20  # buffers kept for reuse: at most this, or 1/16 of the budget
 
 
 def ram_cost(block: KVBlock) -> int:
@@ -48,20 +49,13 @@ def ram_cost(block: KVBlock) -> int:
     )
 
 
-def _owned_copy(payload: bytes | bytearray | memoryview) -> memoryview:
-    """A read-only byte view of a private copy of ``payload`` (one memcpy; numpy allocates with
-    huge pages where it can, which makes large copies faster than ``bytes(payload)``)."""
-    owned = np.frombuffer(payload_view(payload), dtype=np.uint8).copy()
-    owned.flags.writeable = False
-    return owned.data
-
-
 class RamTier(BlockTier):
     """Blocks in host RAM under ``budget_bytes``."""
 
     def __init__(self, budget_bytes: int, *, copy_payloads: bool = False) -> None:
         super().__init__(budget_bytes)
         self.copy_payloads = copy_payloads
+        self.pool = PayloadPool(min(budget_bytes // 16, POOL_IDLE_MAX_BYTES)) if copy_payloads else None
         # priority -> key -> (block, cost); each OrderedDict is in LRU order (oldest first).
         self._buckets: dict[int, OrderedDict[BlockKey, tuple[KVBlock, int]]] = {}
         self._priority: dict[BlockKey, int] = {}
@@ -81,8 +75,8 @@ class RamTier(BlockTier):
             raise BlockTooLargeError(
                 f"block {key} costs {cost} bytes in RAM; the RAM tier budget is {self.budget_bytes}"
             )
-        if self.copy_payloads and not isinstance(block.payload, bytes):
-            block = dataclasses.replace(block, payload=_owned_copy(block.payload))
+        if self.pool is not None and not isinstance(block.payload, bytes):
+            block = dataclasses.replace(block, payload=self.pool.copy(block.payload))
         self._remove(key)
         evicted: list[Evicted] = []
         while self._used + cost > self.budget_bytes:

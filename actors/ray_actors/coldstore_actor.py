@@ -23,8 +23,9 @@ Primitives:
 Blocks cross process boundaries without extra copies: ``KVBlock`` pickles its payload as an
 out-of-band ``PickleBuffer`` (protocol 5), so Ray puts the payload bytes in its object store once
 and the receiver maps them (a read-only ``memoryview``) instead of unpickling a copy. On ``put``
-the actor copies that mapped payload once into its own heap (``copy_payloads=True``), so the
-RAM tier owns its bytes and does not pin object-store memory; ``get`` returns the stored block and
+the actor copies that mapped payload once into its own heap (``copy_payloads=True``: into a buffer
+its RAM tier reuses, ``kvres.coldstore.payload_pool``), so the RAM tier owns its bytes and does not
+pin object-store memory; ``get`` returns the stored block and
 Ray again ships the payload out of band. Batch calls (``put_many`` / ``get_many``) amortise the
 ~1 ms cost of a Ray call over many blocks. The store is not thread-safe: keep the actor's default
 ``max_concurrency=1``.
@@ -257,6 +258,8 @@ class MeteredColdStoreServer(ColdStoreServer):
         self._metrics.set_cold(self._node, "ram", stats.ram_bytes, stats.ram_blocks)
         self._metrics.set_cold(self._node, "disk", stats.disk_bytes, stats.disk_blocks)
         self._metrics.set_store_events(self._node, {event: int(getattr(stats, event)) for event in STORE_EVENTS})
+
+
 
 
 ColdStoreActor = ray.remote(ColdStoreServer)

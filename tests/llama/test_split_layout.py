@@ -8,6 +8,7 @@ continue exactly."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,38 @@ def test_stream_blobs_convert_both_ways(make_llama: Callable[..., LlamaExecutor]
     single = one_stream(raw)
     assert len(single) == len(raw) - 4 * 3 and all_streams(single, 4) != raw  # its cells now sit first
     assert one_stream(all_streams(single, 4)) == single
+
+
+def test_blobs_convert_without_copies_where_they_can(make_llama: Callable[..., LlamaExecutor]) -> None:
+    """An export's blob is made in place in the bytes llama.cpp wrote (no copy); a restore's is
+    written into the buffer it is given; a read-only payload (a block mapped from Ray's object
+    store) restores without a copy and continues exactly."""
+    ex = make_llama(kv_layout="split")
+    ex.open_session("s")
+    ex.append("s", PROMPT[:10])
+    ex.open_session("t")
+    ex.append("t", PROMPT[:12])
+    raw = ex._ctx.state_get(1)
+    copied = one_stream(raw)
+    in_place = one_stream(raw, owned=True)
+    assert isinstance(in_place, memoryview) and bytes(in_place) == copied
+    assert np.shares_memory(np.frombuffer(in_place, np.uint8), np.frombuffer(raw, np.uint8))
+    into = np.zeros(len(raw) + 64, dtype=np.uint8)
+    converted = all_streams(copied, 4, into)
+    assert bytes(converted) == all_streams(copied, 4)
+    assert np.shares_memory(np.frombuffer(converted, np.uint8), into)
+    assert all_streams(copied, 4, np.zeros(8, dtype=np.uint8)) == all_streams(copied, 4)  # too small: new bytes
+    assert all_streams(converted, 4) is converted  # already one stream per sequence: itself
+
+    a, b = make_llama(kv_layout="split"), make_llama(kv_layout="split")
+    a.open_session("s")
+    a.append("s", PROMPT)
+    block = a.export_range("s", Range(0, len(PROMPT)))
+    frozen = np.frombuffer(bytes(block.payload), dtype=np.uint8).copy()
+    frozen.flags.writeable = False
+    b.open_session("s", a.token_log("s"))
+    b.import_range("s", replace(block, payload=frozen.data))
+    assert b.generate("s", 8) == a.generate("s", 8)
 
 
 def test_a_session_is_held_to_its_streams_cells(make_llama: Callable[..., LlamaExecutor]) -> None:

@@ -72,7 +72,7 @@ class BlockFormat:
         if self.export_refusal is not None:
             raise CapabilityError(self.export_refusal)
 
-    def block(self, session_id: str, rng: Range, token_ids: Sequence[int], payload: bytes,
+    def block(self, session_id: str, rng: Range, token_ids: Sequence[int], payload: bytes | memoryview,
               positions: Sequence[int]) -> KVBlock:
         return KVBlock(
             fingerprint=self.fingerprint, model_id=self.model_id, engine=ENGINE,

@@ -262,7 +262,7 @@ class CacheOps:
         ctx.seq_rm(scratch, -1, -1)
 
     # -- serialising ----------------------------------------------------------------------
-    def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes:
+    def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes | memoryview:
         """The serialised cells of ``seq`` at positions ``[p0, p1)``; ``whole`` says they are all
         of its cells, so the sequence is read as it is (no copy through the scratch sequence)."""
         # the serialised K rows must carry their rotation, so pending shifts go first

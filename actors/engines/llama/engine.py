@@ -280,12 +280,14 @@ def _uninitialised_bytes(size: int) -> bytes:
 
 
 def _payload_pointer(payload: bytes | bytearray | memoryview) -> tuple[Any, int]:
-    """A ``uint8 *`` over the payload's bytes (no copy for ``bytes`` / ``bytearray``) and its size."""
+    """A ``uint8 *`` over the payload's own bytes (never a copy) and its size. A read-only buffer
+    (a block mapped from Ray's object store) is only ever read through it (``state_set``): copying
+    it first cost a page fault per page of fresh memory on every resume."""
     if isinstance(payload, bytes):
         return ctypes.cast(ctypes.c_char_p(payload), ctypes.POINTER(ctypes.c_uint8)), len(payload)
     view = memoryview(payload).cast("B")
-    if view.readonly:
-        return (ctypes.c_uint8 * view.nbytes).from_buffer_copy(view), view.nbytes
+    if view.readonly:  # the pointer keeps the array, and so the buffer, alive
+        return np.frombuffer(view, dtype=np.uint8).ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), view.nbytes
     return (ctypes.c_uint8 * view.nbytes).from_buffer(view), view.nbytes
 
 

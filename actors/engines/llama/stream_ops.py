@@ -8,7 +8,8 @@ Primitives:
   ``stream_batches``); ``peek`` recomputes the last cell; ``remove`` drops a sequence's tail;
   ``share`` copies a whole sequence (or its first positions) through a state export;
   ``export`` / ``restore`` move a whole sequence, as the one-stream blob a unified cache reads and
-  writes (``one_stream`` / ``all_streams`` convert), so blocks move between layouts. What needs cells moved, a middle removed or a
+  writes (``one_stream`` / ``all_streams`` convert, without a copy on export and into one buffer kept
+  between restores), so blocks move between layouts. What needs cells moved, a middle removed or a
   range of a sequence staged elsewhere raises ``CapabilityError`` (the executor reports
   ``remove_middle`` and ``position_shift`` false, so policies degrade to no eviction).
   ``reserve_for(seq, n)``: ``ContextFullError`` unless the sequence's stream has ``n`` more cells;
@@ -28,6 +29,7 @@ by range need; here a copy goes through the session's serialised state instead.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections.abc import Sequence
 
@@ -43,15 +45,18 @@ from .stream_batches import gap_fillers
 
 _SPLIT = "kv_layout='split'"
 _HEADER = struct.Struct("<3I")  # magic, the source sequence id, n_stream (``state_blob``)
+RESTORE_BUFFER_MAX_BYTES = 256 << 20  # the reused buffer a restore converts a blob in: at most this
 
 
-def one_stream(payload: bytes | bytearray | memoryview) -> bytes:
+def one_stream(payload: bytes | bytearray | memoryview, *, owned: bool = False) -> bytes | memoryview:
     """A split context's sequence blob (one cell count per stream, all but one of them 0) as the
-    one-stream blob a unified cache writes: what kvres stores, whatever the layout."""
+    one-stream blob a unified cache writes: what kvres stores, whatever the layout. ``owned``: the
+    payload is a ``bytes`` nobody else has seen yet (``state_get``'s), whose one-stream blob is
+    written in place, the header just before the stream's cells: a view of it is returned, no copy."""
     buf = memoryview(payload).cast("B")
     magic, seq, n_stream = _HEADER.unpack_from(buf, 0)
     if n_stream == 1:
-        return bytes(buf)
+        return payload if isinstance(payload, bytes) else bytes(buf)
     counts = _HEADER.size
     for s in range(n_stream):
         (count,) = struct.unpack_from("<I", buf, counts)
@@ -59,21 +64,38 @@ def one_stream(payload: bytes | bytearray | memoryview) -> bytes:
             end = buf.nbytes - 4 * (n_stream - 1 - s)  # the streams after it each wrote a 0 count
             if any(buf[end:]):
                 raise BlockMismatchError(f"a sequence state holds cells in more than one of its {n_stream} streams")
-            return _HEADER.pack(magic, seq, 1) + bytes(buf[counts:end])
+            header = _HEADER.pack(magic, seq, 1)
+            if owned and isinstance(payload, bytes):
+                start = counts - _HEADER.size  # over the earlier streams' 0 counts (and the old header)
+                address = ctypes.cast(ctypes.c_char_p(payload), ctypes.c_void_p).value
+                assert address is not None
+                ctypes.memmove(address + start, header, len(header))
+                return buf[start:end]
+            return header + bytes(buf[counts:end])
         counts += 4
     return _HEADER.pack(magic, seq, 1) + struct.pack("<I", 0)
 
 
-def all_streams(payload: bytes | bytearray | memoryview, n_stream: int) -> bytes:
+def all_streams(payload: bytes | bytearray | memoryview, n_stream: int,
+                into: npt.NDArray[np.uint8] | None = None) -> bytes | bytearray | memoryview:
     """A one-stream blob as a context of ``n_stream`` streams reads it (llama.cpp restores the
-    stream that holds cells into the target sequence's own)."""
+    stream that holds cells into the target sequence's own): the payload itself where it already
+    is one, else written into ``into`` where that is large enough (a view of it, valid until
+    ``into`` is written again), else into new bytes."""
     buf = memoryview(payload).cast("B")
     magic, seq, have = _HEADER.unpack_from(buf, 0)
     if have == n_stream:
-        return bytes(buf)
+        return payload
     if have != 1:
         raise BlockMismatchError(f"KV payload holds {have} streams; expected 1")
-    return _HEADER.pack(magic, seq, n_stream) + bytes(buf[_HEADER.size:]) + bytes(4 * (n_stream - 1))
+    total = buf.nbytes + 4 * (n_stream - 1)
+    if into is None or into.size < total:
+        return _HEADER.pack(magic, seq, n_stream) + bytes(buf[_HEADER.size:]) + bytes(4 * (n_stream - 1))
+    out = into[:total]
+    _HEADER.pack_into(out, 0, magic, seq, n_stream)  # type: ignore[arg-type]
+    out[_HEADER.size:buf.nbytes] = np.frombuffer(buf, dtype=np.uint8, offset=_HEADER.size)
+    out[buf.nbytes:] = 0
+    return out.data
 
 
 class StreamOps(CacheOps):
@@ -83,6 +105,7 @@ class StreamOps(CacheOps):
         self.spare = n_sessions if spare else None  # the stream no session holds (``swap``)
         self.n_streams = n_sessions + spare
         self._held: dict[int, int] = {}  # session seq -> cells in its stream
+        self._restore_into: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
 
     def swap(self, a: int, b: int) -> None:
         """Sessions ``a`` and ``b`` exchange streams (cells, positions and all): the next
@@ -205,10 +228,21 @@ class StreamOps(CacheOps):
             self.ctx.seq_rm(dst, p1, -1)
         self._held[dst] = n  # (the caller counts them in ``live``, as for a unified cache's share)
 
-    def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes:
+    def _restore_buffer(self, payload: bytes | bytearray | memoryview) -> npt.NDArray[np.uint8] | None:
+        """The buffer a restore writes its blob in, kept from one restore to the next (a copy into
+        memory the process holds is a memcpy; into fresh memory, a page fault per page), grown with
+        a quarter to spare; None for a blob larger than ``RESTORE_BUFFER_MAX_BYTES``."""
+        needed = memoryview(payload).nbytes + 4 * self.n_streams
+        if needed > RESTORE_BUFFER_MAX_BYTES:
+            return None
+        if self._restore_into.size < needed:
+            self._restore_into = np.empty(min(needed + (needed >> 2), RESTORE_BUFFER_MAX_BYTES), dtype=np.uint8)
+        return self._restore_into
+
+    def export(self, seq: int, p0: int, p1: int, whole: bool = False) -> bytes | memoryview:
         if not whole and (p0 != 0 or p1 - 1 != self.ctx.pos_max(seq)):
             raise CapabilityError(f"exporting positions [{p0}, {p1}) alone: {_SPLIT} exports whole sessions")
-        return one_stream(self.ctx.state_get(seq))
+        return one_stream(self.ctx.state_get(seq), owned=True)
 
     def restore(
         self, seq: int, payload: bytes | bytearray | memoryview, positions: Sequence[int], delta: int,
@@ -218,7 +252,7 @@ class StreamOps(CacheOps):
             raise CapabilityError(f"restoring cells into a session that holds some, or moved by {delta}: "
                                   f"{_SPLIT} restores whole sessions in place")
         self.reserve_for(seq, len(positions))
-        if not self.ctx.state_set(seq, all_streams(payload, self.n_streams)):
+        if not self.ctx.state_set(seq, all_streams(payload, self.n_streams, self._restore_buffer(payload))):
             return False
         self._took(seq, len(positions))
         return True
