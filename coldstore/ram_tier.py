@@ -12,7 +12,7 @@ Primitives:
 
 Blocks are stored as given: no encoding, no checksum. With ``copy_payloads=False`` the tier keeps
 the caller's payload object (``bytes``, or a buffer the caller promises not to change); with
-``copy_payloads=True`` any payload that is not ``bytes`` is copied once into a private read-only
+``copy_payloads=True`` any payload that is not ``bytes`` (or a view of ``bytes``) is copied once into a private read-only
 buffer so the tier owns it (use this when payloads are views of memory that will be reused or released, such as
 buffers mapped from Ray's object store); the buffers come from ``pool`` (``payload_pool.PayloadPool``),
 which keeps those released for the next copies (at most ``POOL_IDLE_MAX_BYTES`` or 1/16 of the budget
@@ -49,6 +49,11 @@ def ram_cost(block: KVBlock) -> int:
     )
 
 
+def _immutable(payload: bytes | bytearray | memoryview) -> bool:
+    """``bytes``, or a view of ``bytes`` (an export made in place): nobody can change it."""
+    return isinstance(payload, bytes) or (isinstance(payload, memoryview) and isinstance(payload.obj, bytes))
+
+
 class RamTier(BlockTier):
     """Blocks in host RAM under ``budget_bytes``."""
 
@@ -75,7 +80,7 @@ class RamTier(BlockTier):
             raise BlockTooLargeError(
                 f"block {key} costs {cost} bytes in RAM; the RAM tier budget is {self.budget_bytes}"
             )
-        if self.pool is not None and not isinstance(block.payload, bytes):
+        if self.pool is not None and not _immutable(block.payload):
             block = dataclasses.replace(block, payload=self.pool.copy(block.payload))
         self._remove(key)
         evicted: list[Evicted] = []

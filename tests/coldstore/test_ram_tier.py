@@ -82,6 +82,10 @@ def test_copy_payloads_owns_the_bytes() -> None:
     immutable = make_block(b"c" * 100, start=50)
     ram.put(immutable)
     assert ram.get(BlockKey.of(immutable)) is immutable  # bytes are adopted, never copied
+    owned = b"d" * 120
+    view = make_block(memoryview(owned)[10:110], start=100)  # a view of bytes (an export made in place)
+    ram.put(view)
+    assert ram.get(BlockKey.of(view)) is view
 
 
 def test_delete_pop_and_contains() -> None:
