@@ -8,8 +8,9 @@ Primitives:
 - ``ColdStore`` with ``PutResult`` and ``Tier`` (interface.py): the one cold-store interface, with
   batched calls.
 - ``BlockTier`` and ``Evicted`` (tier.py): the one tier interface, with the bookkeeping the tiers
-  share; ``RamTier`` (ram_tier.py), ``DiskTier`` (disk_tier.py, atomic writes from fileio.py, its
-  folder checked by ``private_dir`` from safe_dir.py); ``TieredStore`` and ``StoreStats`` (tiered.py).
+  share; ``RamTier`` (ram_tier.py, its private copies in payload_pool.py's reused buffers),
+  ``DiskTier`` (disk_tier.py, atomic writes from fileio.py, its folder checked by ``private_dir``
+  from safe_dir.py); ``TieredStore`` and ``StoreStats`` (tiered.py).
 - The ``ColdStoreError`` family (errors.py).
 """
 
