@@ -260,7 +260,5 @@ class MeteredColdStoreServer(ColdStoreServer):
         self._metrics.set_store_events(self._node, {event: int(getattr(stats, event)) for event in STORE_EVENTS})
 
 
-
-
 ColdStoreActor = ray.remote(ColdStoreServer)
 MeteredColdStoreActor = ray.remote(MeteredColdStoreServer)
