@@ -59,7 +59,6 @@ class RamTier(BlockTier):
 
     def __init__(self, budget_bytes: int, *, copy_payloads: bool = False) -> None:
         super().__init__(budget_bytes)
-        self.copy_payloads = copy_payloads
         self.pool = PayloadPool(min(budget_bytes // 16, POOL_IDLE_MAX_BYTES)) if copy_payloads else None
         # priority -> key -> (block, cost); each OrderedDict is in LRU order (oldest first).
         self._buckets: dict[int, OrderedDict[BlockKey, tuple[KVBlock, int]]] = {}
