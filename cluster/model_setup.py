@@ -5,7 +5,7 @@ Primitives:
   template): one line saying what is wrong and what to do (the command line exits 2).
 - ``check_chat_model(path) -> Path``: the file exists, is a GGUF kvres can read, and carries a
   chat template; else a ``ModelChoiceError``.
-- ``chat_setup(path, kv_memory_bytes=None, sessions=CHAT_SESSIONS) -> ChatSetup``: the
+- ``chat_setup(path, kv_memory_bytes=None, sessions=CHAT_SESSIONS, n_threads=None) -> ChatSetup``: the
   ``KvresConfig`` a chat server of that model runs. One llama.cpp backend with the split layout
   (a KV stream per resident session: no turn attends over the others' cells; a model with a
   sliding window, which the split layout is not for, runs unified, each session capped at the
@@ -15,7 +15,10 @@ Primitives:
   or of host RAM, less the weights and the reserve (``kvres.actors.backend_setup.kv_budget``, the
   T0 sizing: windowed layers billed their window). The default policy keeps every token (kind
   ``none``): a reply attends over the whole conversation, and a session is refused
-  (``context_length_exceeded``) past its context rather than forgetting its start.
+  (``context_length_exceeded``) past its context rather than forgetting its start. The engine's
+  CPU threads are ``n_threads``, else the backend's default (its machine's cores, at most 4).
+- ``check_threads(n) -> int``: ``--threads`` checked (1..``MAX_THREADS``), a ``ModelChoiceError``
+  naming the value otherwise.
 - ``ChatSetup``: ``config``, ``choices`` (``what: value`` lines), ``summary(command)`` (the
   block printed at start), ``session_context`` (the tokens one session holds, prompt and reply).
 
@@ -42,6 +45,7 @@ KV_MEMORY_FRACTION = 0.5
 MIN_SESSION_CONTEXT = 64
 NO_TRAINED_CONTEXT = 4096  # a file that names no trained context: llama.cpp's usual default
 MiB = 1024 * 1024
+MAX_THREADS = 256  # BackendConfig.n_threads's bound
 
 
 class ModelChoiceError(KvresError, ValueError):
@@ -82,6 +86,12 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def check_threads(n: int) -> int:
+    if not 1 <= n <= MAX_THREADS:
+        raise ModelChoiceError(f"--threads must be in 1..{MAX_THREADS} (the engine's CPU threads), got {n}")
+    return n
+
+
 def _backend_name(path: Path) -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", path.name.removesuffix(".gguf"))[:64].strip("-.")
     return name or "model"
@@ -105,12 +115,14 @@ def _mib(n: float) -> str:
 
 
 def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
-               sessions: int = CHAT_SESSIONS) -> ChatSetup:
+               sessions: int = CHAT_SESSIONS, n_threads: int | None = None) -> ChatSetup:
     from kvres.actors.backend_setup.kv_budget import MAX_N_CTX, memory_budget, resolve_kv_memory
     from kvres.actors.backend_setup.kv_layout_choice import has_sliding_window
     from kvres.actors.model_files import read_gguf_metadata
     from kvres.actors.sizing.device_memory import host_memory, llama_gpu_memory
 
+    if n_threads is not None:
+        check_threads(n_threads)
     model = check_chat_model(path)
     meta = read_gguf_metadata(model)
     arch = str(meta.get("general.architecture") or "?")
@@ -125,7 +137,8 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
     base = BackendConfig(name=_backend_name(model), model_path=model, kv_layout="unified" if windowed else "split",
                          n_seq_max=sessions,
                          n_ctx=wanted * sessions, kv_budget_tokens=wanted * sessions,
-                         num_gpus=1.0 if gpu is not None else 0.0, **memory)  # type: ignore[arg-type]
+                         num_gpus=1.0 if gpu is not None else 0.0, n_threads=n_threads,
+                         **memory)  # type: ignore[arg-type]
     budget, source = memory_budget(base, model, device=device)
     try:
         resolved, grant = resolve_kv_memory(base, model, budget, source=source)
@@ -160,6 +173,8 @@ def chat_setup(path: str | os.PathLike[str], kv_memory_bytes: int | None = None,
         ("model", f"{model} ({arch}, {trained_text}; its own chat template)"),
         ("device", f"{gpu.description} (all layers offloaded)" if gpu is not None else "CPU (no GPU llama.cpp can use)"),
         ("KV memory", where),
+        ("threads", f"{n_threads} engine thread{'s' if n_threads != 1 else ''} (--threads)" if n_threads is not None else
+                    "the backend's machine's cores, at most 4 (--threads sets it)"),
         ("context", f"{per_session:,} tokens per session, prompt and reply together ({why})"),
         ("layout", f"unified: the model has a sliding window (llama.cpp's split streams are not for one); {sessions} "
                    f"sessions share the KV cells, each up to its context (KV {backend.type_k}/{backend.type_v}); "

@@ -105,11 +105,14 @@ def _start(args: argparse.Namespace) -> int:
         from ..capacity_report import parse_bytes
         from ..model_setup import chat_setup
 
-        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory),
+                           n_threads=args.threads)
         config = setup.config
         print(setup.summary("kvres start"), file=sys.stderr, flush=True)
     elif args.kv_memory is not None:
         raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
+    elif args.threads is not None:
+        raise ValueError("--threads goes with --model (with --config, set n_threads in its backends)")
     cluster = start_standing(
         namespace=args.namespace, config=config, port=args.port, address=args.address,
         node_ip_address=args.node_ip_address, num_cpus=args.num_cpus, dashboard_port=args.dashboard_port,
@@ -161,6 +164,8 @@ def _standing_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     which.add_argument("--model", default=None, metavar="PATH.gguf",
                        help="one backend for this GGUF chat model, chosen as kvres serve --model chooses")
     start.add_argument("--kv-memory", default=None, metavar="SIZE", help="with --model: its KV memory, e.g. 8GiB")
+    start.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="with --model: the engine's CPU threads (default: the machine's cores, at most 4)")
     start.add_argument("--node-ip-address", default=None, help="ray start --node-ip-address")
     start.add_argument("--num-cpus", type=int, default=None, help="ray start --num-cpus")
     start.add_argument("--dashboard-port", type=int, default=None,

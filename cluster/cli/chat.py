@@ -62,6 +62,8 @@ def register(subparsers: Any) -> None:
                      help="a GGUF chat model (default: the project's chat model)")
     cmd.add_argument("--kv-memory", default=None, metavar="SIZE",
                      help="the KV memory, e.g. 2GiB (default: half the free GPU or host memory less the weights)")
+    cmd.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="the engine's CPU threads (default: the machine's cores, at most 4)")
     cmd.add_argument("--system", default=None, help="a system message to start the conversation with")
     cmd.add_argument("--max-tokens", type=int, default=256, help="the longest reply (default 256)")
     cmd.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
@@ -83,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
     config, model = None, None
     if address is None:
         setup = chat_setup(args.model or default_model_path(),
-                           None if args.kv_memory is None else parse_bytes(args.kv_memory))
+                           None if args.kv_memory is None else parse_bytes(args.kv_memory), n_threads=args.threads)
         config = setup.config
         print(setup.summary("kvres chat"), file=sys.stderr, flush=True)
     elif args.kv_memory is not None:
         raise ValueError("--kv-memory sizes the model of an embedded cluster; a standing cluster's backends have theirs")
+    elif args.threads is not None:
+        raise ValueError("--threads sets the engine of an embedded cluster; a standing cluster's backends have theirs")
     elif args.model is not None:
         model = check_chat_model(args.model)  # served by one of the cluster's backends (placement picks it)
     manager = connect(address=address, namespace=args.namespace, config=config,

@@ -2,7 +2,8 @@
 
 Primitives:
 - ``add_serve_arguments(parser)``: ``--address``, ``--namespace``, ``--stop``, ``--model`` (a GGUF chat model
-  with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory)
+  with every choice made for it, ``kvres.cluster.model_setup``; ``--kv-memory`` sets its KV memory,
+  ``--threads`` its engine's CPU threads)
   or ``--config``, ``--host``
   (127.0.0.1), ``--port`` (8000), ``--api-key-file``, ``--front`` (``local``: the application inside
   each backend's own process, ``colocated_front``; ``direct``: the application in kvres's own front
@@ -78,6 +79,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-memory", default=None, metavar="SIZE",
                         help="with --model: the KV memory, e.g. 8GiB (default: half the free GPU or host memory "
                              "less the weights)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="with --model: the engine's CPU threads (default: the machine's cores, at most 4)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default 127.0.0.1; without an API key always 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
@@ -213,11 +216,14 @@ def run_serve(args: argparse.Namespace) -> int:
     config = None
     if args.kv_memory is not None and not args.model:
         raise ValueError("--kv-memory goes with --model (with --config, set kv_memory_bytes in its backends)")
+    if args.threads is not None and not args.model:
+        raise ValueError("--threads goes with --model (with --config, set n_threads in its backends)")
     if args.model:
         from ..capacity_report import parse_bytes
         from ..model_setup import chat_setup
 
-        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory))
+        setup = chat_setup(args.model, None if args.kv_memory is None else parse_bytes(args.kv_memory),
+                           n_threads=args.threads)
         config = setup.config
         print(setup.summary("kvres serve"), file=sys.stderr, flush=True)
     elif args.config:

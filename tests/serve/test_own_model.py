@@ -57,7 +57,7 @@ def test_the_context_is_the_trained_one_where_the_memory_holds_it(long_model: Pa
     assert (card["context_length"], card["trained_context"]) == (LONG_CONTEXT, LONG_CONTEXT)
     summary = setup.summary("kvres serve")
     assert "trained on 32,768 positions" in summary and "32,768 tokens per session" in summary
-    for what in ("model", "device", "KV memory", "context", "layout", "policy"):
+    for what in ("model", "device", "KV memory", "threads", "context", "layout", "policy"):
         assert f"  {what} " in summary, summary
 
 
@@ -90,6 +90,32 @@ def test_a_model_trained_on_fewer_positions_gets_those() -> None:
     assert ModelCatalog(setup.config.backends).models[0].card()["context_length"] == 512
 
 
+def test_threads_are_the_backends_default_unless_given(long_model: Path) -> None:
+    default = chat_setup(long_model, kv_memory_bytes=64 << 20)
+    assert default.config.backends[0].n_threads is None
+    assert "the backend's machine's cores, at most 4 (--threads sets it)" in default.summary()
+    three = chat_setup(long_model, kv_memory_bytes=64 << 20, n_threads=3)
+    assert three.config.backends[0].n_threads == 3 and "3 engine threads (--threads)" in three.summary()
+    for bad in (0, -2, 257):
+        with pytest.raises(ModelChoiceError, match=rf"--threads must be in 1\.\.256 .*got {bad}$"):
+            chat_setup(long_model, kv_memory_bytes=64 << 20, n_threads=bad)
+
+
+@pytest.mark.parametrize("command", ["serve", "chat", "start"])
+def test_threads_out_of_range_or_without_a_model_is_one_line(command: str) -> None:
+    """Out of range: a usage error of --model's (exit 2); beside --config: as --kv-memory there (exit 1)."""
+    cases = [(["--model", str(CHAT_MODEL), "--threads", "0"], 2,
+              "--threads must be in 1..256 (the engine's CPU threads), got 0")]
+    if command != "chat":  # kvres chat takes no --config: without --model it chats with the project's model
+        cases.append((["--config", "{}", "--threads", "2"], 1, "--threads goes with --model"))
+    for args, code, what in cases:
+        out = subprocess.run([sys.executable, "-m", "kvres.cluster.cli", command, *args],
+                             capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO_ROOT, input="")
+        assert out.returncode == code, (args, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and what in lines[0] and "Traceback" not in out.stderr, (args, out.stderr)
+
+
 @pytest.mark.parametrize("command", ["serve", "chat", "start"])
 def test_a_model_that_cannot_be_served_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
     not_gguf = tmp_path / "weights.safetensors"
@@ -113,13 +139,13 @@ def test_a_model_that_cannot_be_served_is_one_line_and_exit_2(command: str, tmp_
 def test_kvres_chat_on_ones_own_model_prints_its_choices_and_answers(long_model: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "kvres.cluster.cli", "chat", "--model", str(long_model), "--kv-memory", "64MiB",
-         "--max-tokens", "24"],
+         "--threads", "1", "--max-tokens", "24"],
         input="hello\nwhat is 2 plus 3?\n", capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO_ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     expected = chat_setup(long_model, kv_memory_bytes=64 << 20).session_context
     assert "kvres chat: chosen for long-chat.gguf:" in out.stderr
-    assert f"{expected:,} tokens per session" in out.stderr, out.stderr
+    assert f"{expected:,} tokens per session" in out.stderr and "1 engine thread (--threads)" in out.stderr, out.stderr
     lines = out.stdout.splitlines()
     asked = [i for i, line in enumerate(lines) if line.startswith("> ")]
     assert [lines[i] for i in asked] == ["> hello", "> what is 2 plus 3?"], out.stdout
@@ -131,7 +157,7 @@ def test_kvres_serve_model_states_its_context_and_chats(long_model: Path, tmp_pa
     port = free_port()
     env = {**_env(), "KVRES_API_KEYS": key}
     command = [sys.executable, "-m", "kvres.cluster.cli", "serve", "--model", str(CHAT_MODEL), "--port", str(port),
-               "--num-cpus", "2", "--min-replicas", "1", "--max-replicas", "1",
+               "--threads", "2", "--num-cpus", "2", "--min-replicas", "1", "--max-replicas", "1",
                "--namespace", f"kvres-own-model-{secrets.token_hex(4)}"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
@@ -144,6 +170,7 @@ def test_kvres_serve_model_states_its_context_and_chats(long_model: Path, tmp_pa
         wait_healthy(server)
         log = server.log()
         assert "kvres serve: chosen for chat.gguf:" in log and "512 tokens per session" in log, log
+        assert "2 engine threads (--threads)" in log, log
         with server.http() as http:
             cards = http.get("/v1/models").json()["data"]
             assert [(c["id"], c["context_length"], c["trained_context"]) for c in cards] == [("chat", 512, 512)]
