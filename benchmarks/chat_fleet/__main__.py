@@ -24,13 +24,20 @@ alternating which goes first. ``--sides`` may also name ``kvres-local`` and ``kv
 llama-server and ``kvres-local`` with the other kvres sides. ``kvres-host`` runs the same turns on
 kvres's backend host alone, no Ray and no HTTP, in a child process (``benchmarks.chat_fleet.host_side``):
 the bound of what kvres's engine and step loop serve, beside what its front and Ray leave of it.
+
+A driver stopped with SIGTERM (``kill``, a timeout) stops the servers it started before it exits
+(``stop_servers_on_sigterm``): each runs in a session of its own, which a driver ending at once
+would leave running with its Ray cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +189,14 @@ def settings_of(args: argparse.Namespace) -> Settings:
                     cache_ram_mib=args.cache_ram_mib, sides=sides)
 
 
+def stop_servers_on_sigterm() -> None:
+    """SIGTERM raises ``SystemExit`` (exit status 143), so ``run``'s ``finally`` stops the servers."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None, stem: str = "chat_fleet") -> dict[str, Any]:
+    stop_servers_on_sigterm()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)

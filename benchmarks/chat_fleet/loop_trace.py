@@ -7,7 +7,8 @@ Primitives:
   quiet processes, then the timed turns).
 - ``python -m benchmarks.chat_fleet.loop_trace --turns N [--address auto]``: run beside a chat-fleet
   run of one kvres side (``--sides kvres`` or ``kvres-local``, ``--repeats 1``; N its timed turns,
-  conversations x turns); it connects to that run's Ray cluster, samples the backend's step loop
+  conversations x turns); it waits for that run's Ray cluster and backend (``auto``: the one Ray
+  cluster on this machine, found from its raylet; the machine's Ray token where it has one), samples the backend's step loop
   every 0.25 s until the backend is gone, and prints ``host_side.step_loop_per_turn`` of the timed
   part as JSON.
 
@@ -27,6 +28,7 @@ from .host_side import step_loop_per_turn
 
 QUIET_S = 1.0  # no step for this long: the opening turns are over
 SAMPLE_S = 0.25
+START_WAIT_S = 300.0  # for the run's cluster and backend to come up (started beside it)
 
 Sample = tuple[float, dict[str, float]]
 
@@ -53,14 +55,38 @@ def timed_part(samples: Sequence[Sample]) -> tuple[Sample, Sample]:
     return start, end
 
 
-def _samples(address: str) -> list[Sample]:
+def _backend(address: str, wait_s: float) -> Any:
+    """The run's backend actor, waited for while the run starts its cluster and actors: ``auto`` is the
+    one Ray cluster on this machine (found from its raylet, as ``kvres status`` finds it: a cluster
+    ``kvres serve`` embeds is recorded nowhere else), joined with the machine's Ray token where there is one."""
     import ray
 
+    from kvres.cluster.cluster_view import NoClusterError, local_cluster
+    from kvres.cluster.ray_auth import follow_local_token
+
+    deadline = time.monotonic() + wait_s
+    while address == "auto":
+        try:
+            address, _ = local_cluster()
+        except NoClusterError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+    follow_local_token()
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    named = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("kvres-backend-")]
-    if not named:
-        raise SystemExit(f"no kvres backend in the Ray cluster at {address}")
-    backend = ray.get_actor(named[0]["name"], namespace=named[0]["namespace"])
+    while True:
+        named = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("kvres-backend-")]
+        if named:
+            return ray.get_actor(named[0]["name"], namespace=named[0]["namespace"])
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no kvres backend in the Ray cluster at {address}")
+        time.sleep(1.0)
+
+
+def _samples(address: str, wait_s: float = START_WAIT_S) -> list[Sample]:
+    import ray
+
+    backend = _backend(address, wait_s)
     samples: list[Sample] = []
     while True:
         try:
@@ -74,7 +100,8 @@ def _samples(address: str) -> list[Sample]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, required=True, help="the run's timed turns (conversations x turns)")
-    parser.add_argument("--address", default="auto", help="the run's Ray cluster (default: auto, the newest here)")
+    parser.add_argument("--address", default="auto",
+                        help="the run's Ray cluster (default: auto, the one on this machine)")
     args = parser.parse_args()
     (t0, first), (t1, last) = timed_part(_samples(args.address))
     print(json.dumps(step_loop_per_turn(first, last, t1 - t0, args.turns)), flush=True)

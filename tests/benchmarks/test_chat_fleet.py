@@ -223,3 +223,22 @@ def test_the_loop_trace_finds_the_timed_part_after_the_quiet_one() -> None:
     assert (t0, first["steps"], t1, last["steps"]) == (3.25, 9, 4.0, 41)
     with pytest.raises(ValueError, match="no quiet stretch"):
         timed_part([at(0.25 * i, 3 * i) for i in range(8)])  # never quiet: no timed part to tell
+
+
+def test_a_driver_stopped_with_sigterm_runs_its_finally_and_exits_143(tmp_path: Path) -> None:
+    """What ``run``'s ``finally`` does (stop the servers it started) happens when the driver is killed."""
+    marker = tmp_path / "stopped"
+    code = ("import pathlib, sys, time\n"
+            "from benchmarks.chat_fleet.__main__ import stop_servers_on_sigterm\n"
+            "stop_servers_on_sigterm()\n"
+            "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
+            "finally:\n    pathlib.Path(sys.argv[1]).write_text('servers stopped')\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(marker)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.terminate()
+        assert child.wait(timeout=30) == 143
+    finally:
+        child.kill()
+    assert marker.read_text() == "servers stopped"
