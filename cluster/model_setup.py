@@ -45,7 +45,7 @@ KV_MEMORY_FRACTION = 0.5
 MIN_SESSION_CONTEXT = 64
 NO_TRAINED_CONTEXT = 4096  # a file that names no trained context: llama.cpp's usual default
 MiB = 1024 * 1024
-MAX_THREADS = 256  # BackendConfig.n_threads's bound
+MAX_THREADS: int = next(bound.le for bound in BackendConfig.model_fields["n_threads"].metadata if hasattr(bound, "le"))
 
 
 class ModelChoiceError(KvresError, ValueError):
