@@ -26,8 +26,9 @@ kvres's backend host alone, no Ray and no HTTP, in a child process (``benchmarks
 the bound of what kvres's engine and step loop serve, beside what its front and Ray leave of it.
 
 A driver stopped with SIGTERM (``kill``, a timeout) stops the servers it started before it exits
-(``stop_servers_on_sigterm``): each runs in a session of its own, which a driver ending at once
-would leave running with its Ray cluster.
+(``run`` calls ``stop_servers_on_sigterm``, so ``benchmarks.fleet --http`` gets it too): each
+server runs in a session of its own, which a driver ending at once would leave running with its
+Ray cluster.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def _print_run(repeat: int, run: dict[str, Any]) -> None:
 
 
 def run(s: Settings, out: Path, stem: str = "chat_fleet") -> dict[str, Any]:
+    stop_servers_on_sigterm()
     w = s.workload
     binary = llama_server_path() if "llama-server" in s.sides else None  # says to `make peers` before anything
     with tempfile.TemporaryDirectory(prefix="kvres-chat-fleet-") as folder:
@@ -196,7 +198,6 @@ def stop_servers_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None, stem: str = "chat_fleet") -> dict[str, Any]:
-    stop_servers_on_sigterm()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
