@@ -14,7 +14,8 @@ Primitives:
   Tool names, descriptions and parameter names are drawn from pools, so the model copies the
   request's names instead of memorising one.
 - ``json_turn(rng, state) -> (question, answer)``: a question whose answer is a short JSON object
-  (``{"answer": 7}``, ``{"name": "anna", "age": 31}``), for ``response_format`` requests.
+  (``{"answer": 7}``, ``{"name": "anna", "age": 31}``), for ``response_format`` requests;
+  ``json_value(rng, kind)``: one value of a ``JSON_KEYS`` kind (``int``, ``digit``, ``bool``, ...).
 - ``tool_words()``: the words these generators write, for the vocabulary.
 """
 
@@ -185,7 +186,7 @@ def tool_task(rng: random.Random, kind_weights: tuple[float, ...] = KIND_WEIGHTS
     return tools, [{"role": "user", "content": question}, *ex.messages], ex.families
 
 
-def _json_value(rng: random.Random, kind: str) -> Any:
+def json_value(rng: random.Random, kind: str) -> Any:
     if kind == "int":
         return rng.randint(0, 99)
     if kind == "digit":
@@ -213,7 +214,7 @@ def json_turn(rng: random.Random, question: str, answer: str) -> tuple[str, str]
         return ask, json.dumps({key: value})
     keys = rng.sample(sorted(JSON_KEYS), rng.randint(1, 3))
     said = keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + " and " + keys[-1]
-    return rng.choice(_JSON_OBJECT_ASKS).format(keys=said), json.dumps({k: _json_value(rng, JSON_KEYS[k])
+    return rng.choice(_JSON_OBJECT_ASKS).format(keys=said), json.dumps({k: json_value(rng, JSON_KEYS[k])
                                                                         for k in keys})
 
 

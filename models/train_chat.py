@@ -162,7 +162,7 @@ def forced_json_conversation(rng: random.Random) -> ct.Conversation:
     """One turn of any family answered with a JSON object, as ``response_format`` makes a model
     answer whatever it was asked: the grammar forces the ``{``, so training leaves that token out
     (``encode_conversation``) and teaches what follows: short values, closed strings, the end."""
-    from models.chat_tools import JSON_KEYS, _json_value
+    from models.chat_tools import JSON_KEYS, json_value
 
     conv = ct.make_conversation(rng, 1, 1)
     answer = str(conv.messages[-1]["content"]).rstrip(".")
@@ -173,7 +173,7 @@ def forced_json_conversation(rng: random.Random) -> ct.Conversation:
         reply = json.dumps({"answer": value}, ensure_ascii=False)
     else:
         keys = rng.sample(sorted(JSON_KEYS), rng.randint(1, 3))
-        reply = json.dumps({k: _json_value(rng, JSON_KEYS[k]) for k in keys})
+        reply = json.dumps({k: json_value(rng, JSON_KEYS[k]) for k in keys})
     return ct.Conversation([*conv.messages[:-1], {"role": "assistant", "content": reply}], [FORCED_JSON], None)
 
 
