@@ -3,7 +3,8 @@
 Primitives:
 - ``Block(doc, line, info, text)``: one fenced block; ``line`` is the 1-based line of its first
   content line, ``info`` the first word of its info string (``python``, ``bash``, ...).
-- ``blocks(path, root) -> list[Block]``: every fenced block of a Markdown file, in order.
+- ``blocks(path, root) -> list[Block]``: every fenced block of a Markdown file, in order;
+  ``fences(lines)``: where each fenced block opens and closes (what ``blocks`` reads, marked or not).
 - ``Command(doc, line, text)``; ``commands(block) -> list[Command]``: the commands of a shell block
   (``bash``: every line; ``console``: the lines after a ``$ `` prompt, the rest being their output),
   continuation lines (``\\``) joined, blank lines and comment lines dropped.
@@ -18,6 +19,7 @@ Primitives:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,20 +53,28 @@ class Command:
     text: str
 
 
-def blocks(path: Path, root: Path) -> list[Block]:
-    doc = path.relative_to(root).as_posix()
-    found: list[Block] = []
-    lines = path.read_text().splitlines()
+def fences(lines: list[str]) -> Iterator[tuple[int, int, re.Match[str]]]:
+    """Each fenced block of ``lines``: the index of its opening line, of its closing line
+    (``len(lines)`` where it is never closed) and the opening's match (``indent``, ``fence``, ``info``)."""
     i = 0
     while i < len(lines):
         opening = _FENCE.match(lines[i])
         if opening is None:
             i += 1
             continue
-        fence, info = opening["fence"], opening["info"].strip().split(" ")[0]
         end = i + 1
-        while end < len(lines) and not lines[end].strip().startswith(fence):
+        while end < len(lines) and not lines[end].strip().startswith(opening["fence"]):
             end += 1
+        yield i, end, opening
+        i = end + 1
+
+
+def blocks(path: Path, root: Path) -> list[Block]:
+    doc = path.relative_to(root).as_posix()
+    found: list[Block] = []
+    lines = path.read_text().splitlines()
+    for i, end, opening in fences(lines):
+        info = opening["info"].strip().split(" ")[0]
         if end == len(lines):
             raise UnmarkedBlockError(f"{doc}:{i + 1}: a code block opened here is never closed")
         if info not in RUN_PYTHON | RUN_SHELL | SHOWN:
@@ -75,7 +85,6 @@ def blocks(path: Path, root: Path) -> list[Block]:
             )
         body = [line[len(opening["indent"]):] for line in lines[i + 1:end]]
         found.append(Block(doc, i + 2, info, "\n".join(body) + "\n"))
-        i = end + 1
     return found
 
 

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.doc_blocks import fences
+
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
-FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`]*`")
 
 
@@ -37,14 +38,9 @@ def heading_slug(text: str) -> str:
 
 
 def _prose_lines(markdown: str) -> list[tuple[int, str]]:
-    lines, fenced = [], False
-    for number, line in enumerate(markdown.splitlines(), start=1):
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if not fenced:
-            lines.append((number, line))
-    return lines
+    lines = markdown.splitlines()
+    fenced = {i for start, end, _ in fences(lines) for i in range(start, end + 1)}
+    return [(i + 1, line) for i, line in enumerate(lines) if i not in fenced]
 
 
 def anchors_of(markdown: str) -> set[str]:
