@@ -15,6 +15,7 @@ repository.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -24,8 +25,7 @@ import pytest
 from tests.docs.doc_blocks import fences
 
 ROOT = Path(__file__).resolve().parents[2]
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
-IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # a link, or an image (``![...](...)``)
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
 INLINE_CODE = re.compile(r"`[^`]*`")
@@ -61,8 +61,13 @@ def links_of(markdown: str) -> list[tuple[int, str]]:
     found = []
     for number, line in _prose_lines(markdown):
         prose = INLINE_CODE.sub("", line)
-        found += [(number, target) for target in LINK.findall(prose) + IMAGE.findall(prose)]
+        found += [(number, target) for target in LINK.findall(prose)]
     return found
+
+
+@functools.cache
+def _anchors_in(document: Path) -> set[str]:
+    return anchors_of(document.read_text())
 
 
 def _documents() -> list[Path]:
@@ -94,6 +99,6 @@ def test_links_lead_to_files_and_headings_of_the_repository(document: Path) -> N
             broken.append(f"{where} leads out of the repository")
         elif not linked.exists():
             broken.append(f"{where}: no such file")
-        elif anchor and linked.suffix == ".md" and anchor not in anchors_of(linked.read_text()):
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors_in(linked):
             broken.append(f"{where}: no heading or anchor #{anchor} in {linked.relative_to(ROOT)}")
     assert not broken, "\n".join(broken)
