@@ -76,7 +76,7 @@ from .load_reports import LoadReporter
 from .nodes import cold_store_name
 from .progress import loading, watch
 from .ray_journal import RayJournal
-from .ray_store_port import RayStorePort
+from .ray_store_port import RayStorePort, home_stage_bytes
 from .start_attempts import StartAttempts
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class BackendServer:
         config, self.tier_decision = resolve_kv_tier(config, model, placement=placement)
         config = resolve_kv_layout(config, model)
         store_name = cold_store_name(self.node_id)
-        store = RayStorePort(store_name, namespace)
+        store = RayStorePort(store_name, namespace, stage_bytes=home_stage_bytes(store_name, namespace))
         self._reports = LoadReporter(config, model_key(model), self.node_id, namespace)
         size = Path(model).stat().st_size / 2**20 if Path(model).exists() else 0.0
         with loading(f"backend {config.name!r}: loading {Path(model).name} ({size:,.1f} MiB) on {config.engine}",

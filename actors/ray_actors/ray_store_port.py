@@ -3,8 +3,11 @@
 Primitives:
 - ``RayStorePort(name, namespace, stage_bytes=STAGE_BYTES)``: the port (``kvres.actors.host.store_ports.StorePort``)
   over ``ColdStoreActor``s looked up by name; every call, batched ones included, is one Ray call;
-  writes are write-behind through a local stage (``STAGE_BYTES``), so a resume right after a suspend
+  writes are write-behind through a local stage (``stage_bytes``), so a resume right after a suspend
   reads nothing over Ray.
+- ``stage_bytes_for(store_ram_budget_bytes) -> int``: a backend's stage beside its node's store (a
+  quarter of the store's RAM budget, at least ``STAGE_BYTES``); ``home_stage_bytes(store, namespace)``
+  asks the store for its budget (``STAGE_BYTES`` where it does not answer).
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S`` and while the blocks held are at most the stage's size (beyond it the oldest
   go out), until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it, or after they were
@@ -41,7 +44,13 @@ from .nodes import store_node_dead
 
 logger = logging.getLogger("kvres.coldstore")
 STORE_RESTART_WAIT_S = 120.0  # how long a backend waits for a dead cold store to come back
-STAGE_BYTES = 256 << 20  # write-behind stage of a backend's port (blocks of recent suspends)
+STAGE_BYTES = 256 << 20  # the least write-behind stage of a backend's port (blocks of recent suspends)
+# The stage is this share of its node's cold-store RAM budget where that is more (``stage_bytes_for``):
+# a fleet whose parked sessions come back before they would go out (64 of ~14 MB over 4 slots) keeps
+# them in the backend, where sending them, storing them and reading them back cost ~15 ms of CPU a
+# turn in the store and the raylet beside a 2-core engine (docs/notes.md, 2026-12-07, late night).
+STAGE_SHARE_OF_STORE_RAM = 4
+STAGE_LOOKUP_S = 2.0  # how long a backend starting asks its home store for its RAM budget
 # How long a write-behind send may wait for its backend to be between calls (while the blocks held
 # fit the stage): a session parked for others' room while all slots are busy is often resumed within
 # a few turns of the others, and then takes its blocks back and the store is sent nothing (a
@@ -54,6 +63,25 @@ WRITE_DEFER_S = 30.0
 SEND_AFTER_IDLE_S = 0.05
 PREFETCH_WAIT_S = 10.0  # how long a take waits for a read ahead of it still under way, before asking itself
 PREFETCH_BYTES = 256 << 20  # the most a port keeps read ahead for takes to come (the oldest dropped first)
+
+
+def stage_bytes_for(store_ram_budget_bytes: int) -> int:
+    """A home port's stage beside a store of ``store_ram_budget_bytes`` of RAM: a quarter of it, at
+    least ``STAGE_BYTES``."""
+    return max(STAGE_BYTES, store_ram_budget_bytes // STAGE_SHARE_OF_STORE_RAM)
+
+
+def home_stage_bytes(store: str, namespace: str) -> int:
+    """``stage_bytes_for`` the RAM budget of the cold store ``store`` (this node's), asked for at most
+    ``STAGE_LOOKUP_S``; ``STAGE_BYTES`` where it does not answer (not started yet, restarting)."""
+    try:
+        handle: Any = ray.get_actor(store, namespace=namespace)
+        stats: dict[str, int] = ray.get(handle.stats.remote(), timeout=STAGE_LOOKUP_S)
+        return stage_bytes_for(int(stats["ram_budget_bytes"]))
+    except Exception as exc:  # the stage is a cache: its least size serves until the next start
+        logger.info("cold store %s did not say its RAM budget (%s): a stage of %d MiB",
+                    store, type(exc).__name__, STAGE_BYTES >> 20)
+        return STAGE_BYTES
 
 
 class RayStorePort(StorePort):

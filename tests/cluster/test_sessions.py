@@ -360,6 +360,30 @@ def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
         solo.shutdown()
 
 
+def _stage_limit(actor: object) -> int:
+    return int(actor.host._store._stage_limit)  # type: ignore[attr-defined]
+
+
+def test_a_backends_write_behind_stage_is_a_quarter_of_its_stores_ram(tmp_path) -> None:
+    """The backend kvres.cluster starts asks its node's cold store for its RAM budget: with 2 GiB
+    there, 512 MiB of recently parked sessions stay in the backend (the least stage is 256 MiB)."""
+    import uuid
+
+    from kvres.cluster import ColdStoreConfig, KvresConfig, connect
+    from tests.conftest import shared_model_path
+
+    config = KvresConfig(
+        backends=[BackendConfig(name="staged", model_path=shared_model_path(), n_ctx=512,
+                                kv_budget_tokens=256, n_threads=1)],
+        cold_store=ColdStoreConfig(ram_budget_bytes=2 << 30, disk_budget_bytes=16 << 20, disk_dir=tmp_path),
+    )
+    staged = connect(namespace=f"kvres-staged-{uuid.uuid4().hex[:6]}", config=config)
+    try:
+        assert ray.get(staged.backend_handle("staged").__ray_call__.remote(_stage_limit)) == 512 << 20
+    finally:
+        staged.shutdown()
+
+
 def _frozen_objects(actor: object) -> int:
     import gc
 

@@ -247,3 +247,20 @@ def test_a_prefetch_of_blocks_the_store_no_longer_has_leaves_the_take_none(store
     assert port.pop_many([BlockKey.of(b) for b in gone]) == [None, None]
     port.prefetch(_refs(gone, store="kvres-coldstore-elsewhere"))  # another store's: not this port's to read
     assert not port._fetching
+
+
+def test_a_home_stage_is_a_quarter_of_its_stores_ram_budget_and_at_least_the_least_stage(store: Any) -> None:
+    """A backend's stage grows with the RAM its node's store parks sessions in (a fleet whose parked
+    sessions come back within the write deferral then keeps them here); a store that does not
+    answer leaves it at the least stage rather than holding the backend's start."""
+    assert ray_store_port.stage_bytes_for(0) == ray_store_port.STAGE_BYTES
+    assert ray_store_port.stage_bytes_for(4096 << 20) == 1024 << 20
+    assert ray_store_port.stage_bytes_for(ray_store_port.STAGE_BYTES) == ray_store_port.STAGE_BYTES
+    assert ray_store_port.home_stage_bytes(STORE, NAMESPACE) == ray_store_port.STAGE_BYTES  # 16 MiB of RAM
+    big = ColdStoreActor.options(name="kvres-coldstore-port-big", namespace=NAMESPACE).remote(8 << 30)
+    try:
+        ray.get(big.stats.remote())
+        assert ray_store_port.home_stage_bytes("kvres-coldstore-port-big", NAMESPACE) == 2 << 30
+    finally:
+        ray.kill(big)
+    assert ray_store_port.home_stage_bytes("kvres-coldstore-nowhere", NAMESPACE) == ray_store_port.STAGE_BYTES
