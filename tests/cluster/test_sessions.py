@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -334,21 +338,31 @@ def test_backends_push_their_load_to_the_planner(manager) -> None:
     session.close()
 
 
-def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
-    """Plans at engine steps are made in the backend's process: with the planner actor dead, a
-    streaming session still grows to 8x its budget (2,000 generated tokens) under budget."""
+@contextlib.contextmanager
+def _one_backend_cluster(name: str, tmp_path: Path, n_ctx: int, ram_budget_bytes: int) -> Iterator[Any]:
+    """A namespace of its own with one backend ``name`` (KV budget half its context) and a cold store
+    of ``ram_budget_bytes`` of RAM, shut down after."""
     import uuid
 
     from kvres.cluster import ColdStoreConfig, KvresConfig, connect
     from tests.conftest import shared_model_path
 
     config = KvresConfig(
-        backends=[BackendConfig(name="solo", model_path=shared_model_path(), n_ctx=1024,
-                                kv_budget_tokens=512, n_threads=1)],
-        cold_store=ColdStoreConfig(ram_budget_bytes=8 << 20, disk_budget_bytes=16 << 20, disk_dir=tmp_path),
+        backends=[BackendConfig(name=name, model_path=shared_model_path(), n_ctx=n_ctx,
+                                kv_budget_tokens=n_ctx // 2, n_threads=1)],
+        cold_store=ColdStoreConfig(ram_budget_bytes=ram_budget_bytes, disk_budget_bytes=16 << 20, disk_dir=tmp_path),
     )
-    solo = connect(namespace=f"kvres-solo-{uuid.uuid4().hex[:6]}", config=config)
+    manager = connect(namespace=f"kvres-{name}-{uuid.uuid4().hex[:6]}", config=config)
     try:
+        yield manager
+    finally:
+        manager.shutdown()
+
+
+def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
+    """Plans at engine steps are made in the backend's process: with the planner actor dead, a
+    streaming session still grows to 8x its budget (2,000 generated tokens) under budget."""
+    with _one_backend_cluster("solo", tmp_path, n_ctx=1024, ram_budget_bytes=8 << 20) as solo:
         session = solo.open_session(policy=SessionPolicy.streaming(250, recent_tokens=64))
         session.append(PROMPT[:50])
         ray.kill(solo.planner)
@@ -356,8 +370,6 @@ def test_eviction_needs_no_planner_actor(manager, tmp_path) -> None:
         stats = session.stats()
         assert stats["token_count"] == 2050 and stats["resident_tokens"] <= 250
         assert stats["peak_resident_tokens"] <= 250 and stats["counters"]["evictions"] > 0
-    finally:
-        solo.shutdown()
 
 
 def _stage_limit(actor: object) -> int:
@@ -367,21 +379,8 @@ def _stage_limit(actor: object) -> int:
 def test_a_backends_write_behind_stage_is_a_quarter_of_its_stores_ram(tmp_path) -> None:
     """The backend kvres.cluster starts asks its node's cold store for its RAM budget: with 2 GiB
     there, 512 MiB of recently parked sessions stay in the backend (the least stage is 256 MiB)."""
-    import uuid
-
-    from kvres.cluster import ColdStoreConfig, KvresConfig, connect
-    from tests.conftest import shared_model_path
-
-    config = KvresConfig(
-        backends=[BackendConfig(name="staged", model_path=shared_model_path(), n_ctx=512,
-                                kv_budget_tokens=256, n_threads=1)],
-        cold_store=ColdStoreConfig(ram_budget_bytes=2 << 30, disk_budget_bytes=16 << 20, disk_dir=tmp_path),
-    )
-    staged = connect(namespace=f"kvres-staged-{uuid.uuid4().hex[:6]}", config=config)
-    try:
+    with _one_backend_cluster("staged", tmp_path, n_ctx=512, ram_budget_bytes=2 << 30) as staged:
         assert ray.get(staged.backend_handle("staged").__ray_call__.remote(_stage_limit)) == 512 << 20
-    finally:
-        staged.shutdown()
 
 
 def _frozen_objects(actor: object) -> int:
