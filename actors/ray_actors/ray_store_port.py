@@ -5,9 +5,6 @@ Primitives:
   over ``ColdStoreActor``s looked up by name; every call, batched ones included, is one Ray call;
   writes are write-behind through a local stage (``stage_bytes``), so a resume right after a suspend
   reads nothing over Ray.
-- ``stage_bytes_for(store_ram_budget_bytes) -> int``: a backend's stage beside its node's store (a
-  quarter of the store's RAM budget, at least ``STAGE_BYTES``); ``home_stage_bytes(store, namespace)``
-  asks the store for its budget (``STAGE_BYTES`` where it does not answer).
   ``defer_writes(True)`` (its backend is running calls) holds the write-behind sends back, for up to
   ``WRITE_DEFER_S`` and while the blocks held are at most the stage's size (beyond it the oldest
   go out), until ``defer_writes(False)`` (and ``SEND_AFTER_IDLE_S`` after it, or after they were
@@ -18,6 +15,9 @@ Primitives:
   reading parked blocks a coming ``take`` will want (a call for a suspended session came in), in
   order with the writes before it and without waiting, so the resume finds them here instead of
   asking the store inside a step.
+- ``stage_bytes_for(store_ram_budget_bytes) -> int``: a backend's stage beside its node's store (a
+  quarter of the store's RAM budget, at least ``STAGE_BYTES``); ``home_stage_bytes(store, namespace)``
+  asks the store for its budget (``STAGE_BYTES`` where it does not answer).
 
 A store whose node died (``kvres.actors.ray_actors.nodes.store_node_dead``) is gone for good: a call
 of another node's port raises ``ColdStoreGoneError``, which ``StorePort``'s batched calls by
@@ -86,7 +86,7 @@ def home_stage_bytes(store: str, namespace: str) -> int:
 
 class RayStorePort(StorePort):
     """The port over the cold-store actors. Writes to the home store are write-behind: a batch is
-    kept in a small local stage (``stage_bytes``, oldest out first) and handed to a sender thread
+    kept in a local stage (``stage_bytes``, oldest out first) and handed to a sender thread
     that submits it (one Ray call, in order with this port's later calls, which wait until
     everything before them is submitted), so a suspend does not wait for the store and the resume
     that follows reads its blocks here and only tells the store to drop them. While the backend
